@@ -1,0 +1,32 @@
+"""Loads graphmod's native op library and exposes its ops.
+
+The library is built by `pip install -e .` into graphmod/_graphmod_ops.so, or by
+`bazel build //native:_graphmod_ops.so`; GRAPHMOD_OPS_LIBRARY selects another
+build (CI runs the op tests against both).
+"""
+import os
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+
+LIBRARY_ENV = "GRAPHMOD_OPS_LIBRARY"
+
+
+def _library_path() -> str:
+    path = os.environ.get(LIBRARY_ENV) or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "_graphmod_ops.so")
+    if not os.path.exists(path):
+        raise ImportError(
+            f"graphmod's op library is missing at {path}: build it with `pip install -e .` "
+            f"(or `make build`), or point {LIBRARY_ENV} at a Bazel build.")
+    return path
+
+
+library_path = _library_path()
+ops = tf.load_op_library(library_path)
+
+# None of the table ops is differentiable: gradients flow to the looked-up rows
+# and reach the table through the sparse optimizers.
+for _op in ("GraphmodTable", "GraphmodTableFindOrInsert", "GraphmodTableFind",
+            "GraphmodTableExport", "GraphmodTableInfo", "GraphmodTableRemove"):
+    tf_ops.no_gradient(_op)

@@ -1,0 +1,88 @@
+"""Translates TensorFlow initializers into a table's row initializer.
+
+A table initializes each new row from (key, seed) alone, with one of five
+distributions; this module maps what users (and the variables the hook
+converts) already use onto them.
+
+>>> to_table_initializer(tf.compat.v1.truncated_normal_initializer(stddev=0.01), "t", dim=8)
+TableInitializer(kind='truncated_normal', a=0.0, b=0.01)
+"""
+import dataclasses
+import math
+from typing import Any, Optional, Sequence
+
+KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInitializer:
+    """kind with a = constant | uniform low | mean, b = uniform high | stddev."""
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+
+
+def default_initializer(dim: int) -> TableInitializer:
+    # What tf.feature_column.embedding_column uses: truncated normal, 1/sqrt(dim).
+    return TableInitializer("truncated_normal", 0.0, 1.0 / math.sqrt(dim))
+
+
+def to_table_initializer(init: Any, table: str, dim: int,
+                         shape: Optional[Sequence[int]] = None) -> TableInitializer:
+    """Maps None, a number, a TableInitializer or a tf/keras initializer object.
+
+    shape ([rows, dim]) is needed only by fan-based initializers (Glorot, He,
+    VarianceScaling), which the hook inherits from the variable it converts.
+    """
+    if init is None:
+        return default_initializer(dim)
+    if isinstance(init, TableInitializer):
+        if init.kind not in KINDS:
+            raise ValueError(f"graphmod table '{table}': unknown initializer kind '{init.kind}', "
+                             f"expected one of {KINDS}")
+        return init
+    if isinstance(init, (int, float)) and not isinstance(init, bool):
+        return TableInitializer("constant", float(init))
+    if not hasattr(init, "get_config"):
+        raise TypeError(f"graphmod table '{table}': cannot use {init!r} as an initializer; "
+                        "pass a number, a TableInitializer or a tf initializer object")
+    kind = type(init).__name__
+    cfg = init.get_config()
+    if kind in ("Zeros", "zeros_initializer"):
+        return TableInitializer("zeros")
+    if kind in ("Ones", "ones_initializer"):
+        return TableInitializer("constant", 1.0)
+    if kind == "Constant":
+        value = cfg.get("value")
+        try:
+            return TableInitializer("constant", float(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"graphmod table '{table}': a Constant initializer must hold one "
+                             f"number, got {value!r}") from None
+    if kind == "RandomNormal":
+        return TableInitializer("normal", float(cfg["mean"]), float(cfg["stddev"]))
+    if kind == "TruncatedNormal":
+        return TableInitializer("truncated_normal", float(cfg["mean"]), float(cfg["stddev"]))
+    if kind == "RandomUniform":
+        return TableInitializer("uniform", float(cfg["minval"]), float(cfg["maxval"]))
+    if {"scale", "mode", "distribution"} <= set(cfg):
+        return _variance_scaling(cfg, table, shape)
+    raise TypeError(f"graphmod table '{table}': initializer {kind} has no table equivalent; "
+                    "use zeros, constant, uniform, (truncated) normal or a VarianceScaling family one")
+
+
+def _variance_scaling(cfg: dict, table: str, shape: Optional[Sequence[int]]) -> TableInitializer:
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"graphmod table '{table}': {cfg['distribution']} variance scaling needs "
+                         "the variable's [rows, dim] shape to compute its fans")
+    fan_in, fan_out = float(shape[0]), float(shape[1])
+    fan = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[cfg["mode"]]
+    scale = float(cfg["scale"]) / max(1.0, fan)
+    dist = cfg["distribution"]
+    if dist == "uniform":
+        limit = math.sqrt(3.0 * scale)
+        return TableInitializer("uniform", -limit, limit)
+    if dist in ("normal", "untruncated_normal"):
+        return TableInitializer("normal", 0.0, math.sqrt(scale))
+    # TF's constant: the stddev of a unit normal truncated to [-2, 2].
+    return TableInitializer("truncated_normal", 0.0, math.sqrt(scale) / 0.87962566103423978)

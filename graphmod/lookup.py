@@ -1,0 +1,107 @@
+"""sparse_lookup: read table rows for dense, sparse or ragged ids.
+
+>>> emb = graphmod.sparse_lookup(table, features["tags"], is_training=True, combiner="mean")
+"""
+from typing import Optional, Union
+
+import tensorflow as tf
+
+from graphmod._ops import ops
+from graphmod.table import Lookup, Table, graph_state
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+Ids = Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor]
+
+
+def to_keys(table_name: str, ids: tf.Tensor) -> tf.Tensor:
+    """int64 keys of ids: integers as they are, strings by a 64-bit fingerprint."""
+    if ids.dtype == tf.string:
+        flat = tf.reshape(ids, [-1])
+        keys = tf.bitcast(tf.fingerprint(flat), tf.int64)  # FarmHash64, all 64 bits
+        return tf.reshape(keys, tf.shape(ids))
+    if ids.dtype.is_integer:
+        return tf.cast(ids, tf.int64)
+    raise TypeError(f"graphmod table '{table_name}': ids must be integers or strings, "
+                    f"got {ids.dtype.name}")
+
+
+def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool,
+                now: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """Rows of int64 keys (any shape) -> keys.shape + [dim].
+
+    Training lookups insert new keys and are recorded (graphmod.training_lookups)
+    so the sparse optimizers can find their gradients and row handles.
+    """
+    if not is_training:
+        return ops.graphmod_table_find(table.handle, keys, dim=table.dim)
+    if now is None:
+        now = tf.cast(tf.timestamp(), tf.int64)  # wall clock, in seconds
+    rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now, dim=table.dim)
+    graph_state(table.graph).lookups.append(Lookup(table, keys, rows, handles))
+    return rows
+
+
+def sparse_lookup(table: Table, ids: Ids, is_training: bool = True,
+                  combiner: Optional[str] = None, name: Optional[str] = None) -> tf.Tensor:
+    """Embeds ids with table.
+
+    Args:
+      table: from graphmod.create_table.
+      ids: int or string ids: a dense Tensor, a 2-D tf.SparseTensor or a
+        2-D tf.RaggedTensor (a batch of variable-length id lists).
+      is_training: True inserts unseen ids (training); False only reads, and
+        unseen ids get the table's missing value.
+      combiner: None keeps one row per id (dense ids only: result has shape
+        ids.shape + [dim]); "sum", "mean" or "sqrtn" combines each example's
+        ids (the last axis of dense ids) as tf.nn.embedding_lookup_sparse does;
+        examples without ids get zeros. Sparse and ragged ids default to "mean".
+
+    Returns:
+      float32 rows: ids.shape + [dim] without combiner, else [batch, dim].
+
+    >>> emb = graphmod.sparse_lookup(table, tf.constant([[3, 7], [7, 9]]), combiner="sum")
+    """
+    if not isinstance(table, Table):
+        raise TypeError(f"sparse_lookup needs a graphmod table, got {type(table).__name__}")
+    if not isinstance(is_training, bool):
+        raise TypeError(f"graphmod table '{table.name}': is_training must be a Python bool, "
+                        f"got {type(is_training).__name__}")
+    if combiner is not None and combiner not in COMBINERS:
+        raise ValueError(f"graphmod table '{table.name}': combiner must be one of {COMBINERS} "
+                         f"or None, got {combiner!r}")
+    with tf.compat.v1.name_scope(name, f"graphmod_lookup_{table.name}"):
+        if isinstance(ids, tf.SparseTensor):
+            if ids.shape.rank != 2:
+                raise ValueError(f"graphmod table '{table.name}': sparse ids must be 2-D "
+                                 f"[batch, ids], got rank {ids.shape.rank}")
+            rows = lookup_rows(table, to_keys(table.name, ids.values), is_training)
+            return _combine(rows, ids.indices[:, 0], ids.dense_shape[0], combiner or "mean")
+        if isinstance(ids, tf.RaggedTensor):
+            if ids.ragged_rank != 1 or ids.flat_values.shape.rank != 1:
+                raise ValueError(f"graphmod table '{table.name}': ragged ids must be "
+                                 f"[batch, (ids)], got {ids.shape}")
+            rows = lookup_rows(table, to_keys(table.name, ids.flat_values), is_training)
+            return _combine(rows, ids.value_rowids(), ids.nrows(), combiner or "mean")
+        ids = tf.convert_to_tensor(ids)
+        rows = lookup_rows(table, to_keys(table.name, ids), is_training)
+        if combiner is None:
+            return rows
+        if ids.shape.rank is not None and ids.shape.rank < 1:
+            raise ValueError(f"graphmod table '{table.name}': a combiner needs ids of rank >= 1")
+        total = tf.reduce_sum(rows, axis=-2)
+        if combiner == "sum":
+            return total
+        count = tf.maximum(tf.cast(tf.shape(ids)[-1], tf.float32), 1.0)
+        return total / (count if combiner == "mean" else tf.sqrt(count))
+
+
+def _combine(rows: tf.Tensor, segments: tf.Tensor, batch: tf.Tensor, combiner: str) -> tf.Tensor:
+    segments = tf.cast(segments, tf.int32)
+    batch = tf.cast(batch, tf.int32)
+    total = tf.math.unsorted_segment_sum(rows, segments, batch)
+    if combiner == "sum":
+        return total
+    count = tf.math.unsorted_segment_sum(tf.ones_like(segments, tf.float32), segments, batch)
+    scale = count if combiner == "mean" else tf.sqrt(count)
+    return total / tf.maximum(scale, 1.0)[:, None]

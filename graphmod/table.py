@@ -1,0 +1,213 @@
+"""Dynamic embedding tables: create_table and the Table handle.
+
+A table maps any int64 id to a row of `dim` floats that is created the first
+time a training lookup sees the id, so there is no vocabulary size to guess and
+no hash-bucket collision. Its rows, optimizer slots and per-key metadata are
+saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
+
+>>> table = graphmod.create_table("user", dim=16,
+...                               optimizer=graphmod.optimizers.Adagrad(0.05))
+>>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
+"""
+import dataclasses
+import weakref
+import zlib
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.training.saving import saveable_object
+
+from graphmod._ops import ops
+from graphmod.initializers import TableInitializer, to_table_initializer
+
+tf1 = tf.compat.v1
+
+
+@dataclasses.dataclass
+class Lookup:
+    """One training lookup: the raw rows it read and their row handles."""
+    table: "Table"
+    keys: tf.Tensor      # int64 [N]
+    rows: tf.Tensor      # float [N, dim], before any combiner
+    handles: tf.Tensor   # int64 [N], row addresses for by-address optimizers
+
+
+class _GraphState:
+    def __init__(self):
+        self.tables: Dict[str, "Table"] = {}
+        self.lookups: List[Lookup] = []
+
+
+_STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
+
+
+def graph_state(graph: Optional[tf.Graph] = None) -> _GraphState:
+    graph = graph or tf1.get_default_graph()
+    if graph not in _STATES:
+        _STATES[graph] = _GraphState()
+    return _STATES[graph]
+
+
+def tables(graph: Optional[tf.Graph] = None) -> List["Table"]:
+    """The tables created in graph (default: the default graph)."""
+    return list(graph_state(graph).tables.values())
+
+
+def training_lookups(graph: Optional[tf.Graph] = None) -> List[Lookup]:
+    """Training lookups made in graph, in creation order."""
+    return list(graph_state(graph).lookups)
+
+
+class Table:
+    """A handle on one dynamic table in one graph; build it with create_table."""
+
+    def __init__(self, name: str, dim: int, initializer: TableInitializer, optimizer,
+                 default_value: Optional[float], num_shards: int, seed: int):
+        self.name = name
+        self.dim = dim
+        self.initializer = initializer
+        self.optimizer = optimizer
+        self.num_slots = len(optimizer.slot_init) if optimizer is not None else 0
+        self.default_value = default_value
+        self.graph = tf1.get_default_graph()
+        # The handle op sits at the root of the graph, outside any control
+        # dependency of the caller: every op of the table reuses it.
+        with self.graph.control_dependencies(None), tf1.name_scope(None):
+            self.handle = ops.graphmod_table(
+                table_name=name, shared_name=name, dim=dim, num_slots=self.num_slots,
+                slot_init=list(optimizer.slot_init) if optimizer is not None else [],
+                initializer=initializer.kind, init_a=initializer.a, init_b=initializer.b,
+                seed=seed, num_shards=num_shards,
+                missing_is_initializer=default_value is None,
+                default_value=0.0 if default_value is None else float(default_value),
+                name=f"graphmod/{name}/table")
+
+    def __repr__(self) -> str:
+        return f"<graphmod.Table '{self.name}' dim={self.dim} slots={self.num_slots}>"
+
+    def info(self) -> Dict[str, tf.Tensor]:
+        """Scalars: rows held, bytes held, and optimizer steps applied so far."""
+        size, memory, version = ops.graphmod_table_info(self.handle)
+        return {"size": size, "memory_bytes": memory, "version": version}
+
+    def size(self) -> tf.Tensor:
+        return self.info()["size"]
+
+    def export(self, min_version: Any = 0) -> Dict[str, tf.Tensor]:
+        """Rows with version >= min_version: keys, values, slots, counts, last_seen, versions."""
+        out = ops.graphmod_table_export(self.handle, tf.cast(min_version, tf.int64),
+                                        dim=self.dim, num_slots=self.num_slots)
+        return out._asdict()
+
+    def import_rows(self, keys, values, slots=None, counts=None, last_seen=None, versions=None,
+                    replace: bool = False) -> tf.Operation:
+        """Inserts or overwrites rows (missing metadata starts at zero)."""
+        keys = tf.convert_to_tensor(keys, tf.int64)
+        n = tf.shape(keys)[:1]
+        if slots is None:
+            init = tf.constant(list(self.optimizer.slot_init) if self.optimizer else [], tf.float32)
+            slots = tf.tile(tf.reshape(init, [1, self.num_slots, 1]),
+                            tf.concat([n, [1, self.dim]], 0))
+        zeros = tf.zeros(n, tf.int64)
+        return ops.graphmod_table_import(
+            self.handle, keys, tf.convert_to_tensor(values, tf.float32),
+            tf.convert_to_tensor(slots, tf.float32),
+            zeros if counts is None else tf.convert_to_tensor(counts, tf.int64),
+            zeros if last_seen is None else tf.convert_to_tensor(last_seen, tf.int64),
+            zeros if versions is None else tf.convert_to_tensor(versions, tf.int64),
+            replace=replace)
+
+    def remove(self, keys) -> tf.Tensor:
+        """Removes rows; returns how many of the keys had one."""
+        return ops.graphmod_table_remove(self.handle, tf.convert_to_tensor(keys, tf.int64))
+
+    def clear(self) -> tf.Operation:
+        return ops.graphmod_table_clear(self.handle)
+
+
+class _TableSaveable(saveable_object.SaveableObject):
+    """Saves a table as six checkpoint entries `<name>-keys`, `-values`, ...
+
+    Restoring replaces the table's contents with the checkpoint's.
+    """
+    FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
+
+    def __init__(self, table: Table):
+        self.table = table
+        exported = table.export(0)
+        specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
+                 for f in self.FIELDS]
+        super().__init__(table.handle, specs, table.name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        keys, values, slots, counts, last_seen, versions = restored_tensors
+        with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
+            return ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
+                                             last_seen, versions, replace=True)
+
+
+# Saveables cannot go into a MetaGraphDef; without this, every checkpoint logs
+# a warning about the SAVEABLE_OBJECTS collection. They are rebuilt by the code
+# that builds the graph, as variables' savers are.
+tf_ops.register_proto_function(tf1.GraphKeys.SAVEABLE_OBJECTS, proto_type=None,
+                               to_proto=lambda *args, **kwargs: None, from_proto=None)
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or any(c in name for c in " :,"):
+        raise ValueError(f"graphmod table name must be a non-empty string without spaces, "
+                         f"':' or ',', got {name!r}")
+    return name
+
+
+def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
+                 default_value: Optional[float] = None, num_shards: int = 16,
+                 seed: Optional[int] = None, shape_hint: Optional[List[int]] = None) -> Table:
+    """Creates a dynamic embedding table in the default graph.
+
+    Args:
+      name: unique in the graph; also the table's name in checkpoints.
+      dim: row width.
+      initializer: None (truncated normal, stddev 1/sqrt(dim)), a number, a
+        graphmod.initializers.TableInitializer or a tf/keras initializer.
+      optimizer: the graphmod.optimizers instance that will train the table
+        (decides the optimizer slot rows each key keeps); None = no slots (SGD).
+      default_value: what read-only (eval/predict) lookups return for unknown
+        ids: None = the row the id would be initialized with, else this number.
+      num_shards: power of two; shards spread a batch over intra-op threads.
+      seed: row-initialization seed; default derived from the name, so every
+        process gives an id the same initial row.
+      shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
+
+    >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
+    """
+    from graphmod.optimizers import SparseOptimizer  # the optimizers import this module
+
+    name = _check_name(name)
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+        raise ValueError(f"graphmod table '{name}': dim must be a positive integer, got {dim!r}")
+    if optimizer is not None and not isinstance(optimizer, SparseOptimizer):
+        raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
+                        f"optimizer, got {type(optimizer).__name__}")
+    if not isinstance(num_shards, int) or num_shards < 1 or num_shards > 4096 or \
+            num_shards & (num_shards - 1):
+        raise ValueError(f"graphmod table '{name}': num_shards must be a power of two in "
+                         f"[1, 4096], got {num_shards!r}")
+    state = graph_state()
+    if name in state.tables:
+        raise ValueError(f"graphmod table '{name}' already exists in this graph")
+    init = to_table_initializer(initializer, name, dim, shape_hint)
+    if init.kind == "uniform" and not init.a < init.b:
+        raise ValueError(f"graphmod table '{name}': uniform initializer needs low < high, "
+                         f"got [{init.a}, {init.b})")
+    if init.kind in ("normal", "truncated_normal") and init.b < 0:
+        raise ValueError(f"graphmod table '{name}': normal initializer needs stddev >= 0, "
+                         f"got {init.b}")
+    if seed is None:
+        seed = zlib.crc32(name.encode())
+    table = Table(name, dim, init, optimizer, default_value, num_shards, int(seed))
+    state.tables[name] = table
+    tf1.add_to_collection(tf1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(table))
+    return table

@@ -1,0 +1,339 @@
+// CPU kernels adapting graphmod::EmbeddingTable to TensorFlow: a resource
+// holding the table, and one thin kernel per op (ops.cc) that checks its
+// inputs, names the table in every error, and calls the table.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "native/table.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace graphmod {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::ResourceHandle;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+class TableResource : public ::tensorflow::ResourceBase {
+ public:
+  explicit TableResource(TableConfig config) : table(std::move(config)) {}
+  std::string DebugString() const override { return "graphmod table " + table.config().name; }
+  int64_t MemoryUsed() const override { return table.memory_bytes(); }
+  EmbeddingTable table;
+};
+
+namespace {
+
+// Spreads table work over the session's intra-op threads.
+Runner IntraOpRunner(OpKernelContext* ctx) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    pool->ParallelFor(n, cost, fn);
+  };
+}
+
+Status TableError(const EmbeddingTable& t, const std::string& what) {
+  return errors::InvalidArgument("graphmod table '", t.config().name, "': ", what);
+}
+
+// Base of every kernel taking the table as input 0: looks it up, keeps a
+// reference for the duration of Compute.
+class TableKernel : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TableResource* resource = nullptr;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &resource));
+    ::tensorflow::core::ScopedUnref unref(resource);
+    ComputeWithTable(ctx, &resource->table);
+  }
+
+ protected:
+  virtual void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) = 0;
+
+  // The `dim` attr the Python side built the op with must match the table.
+  static Status CheckDim(const EmbeddingTable& t, int dim) {
+    if (dim != t.config().dim)
+      return TableError(t, "the op was built for dim " + std::to_string(dim) +
+                               " but the table has dim " + std::to_string(t.config().dim));
+    return ::tensorflow::OkStatus();
+  }
+};
+
+class TableOp : public OpKernel {
+ public:
+  explicit TableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string init;
+    int64_t seed;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &config_.name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &config_.dim));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &config_.num_slots));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slot_init", &config_.slot_init));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &init));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &config_.init_a));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &config_.init_b));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &config_.num_shards));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("missing_is_initializer", &config_.missing_is_initializer));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
+    config_.seed = static_cast<uint64_t>(seed);
+    OP_REQUIRES(ctx, ParseInitializer(init, &config_.init),
+                errors::InvalidArgument("graphmod table '", config_.name,
+                                        "': unknown initializer '", init, "'"));
+    const std::string error = ValidateConfig(config_);
+    OP_REQUIRES(ctx, error.empty(),
+                errors::InvalidArgument("graphmod table '", config_.name, "': ", error));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::ContainerInfo cinfo;
+    OP_REQUIRES_OK(ctx, cinfo.Init(ctx->resource_manager(), def(), /*use_node_name_as_default=*/true));
+    TableResource* resource = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<TableResource>(
+                            cinfo.container(), cinfo.name(), &resource,
+                            [this](TableResource** out) {
+                              *out = new TableResource(config_);
+                              return ::tensorflow::OkStatus();
+                            }));
+    ::tensorflow::core::ScopedUnref unref(resource);
+    const TableConfig& existing = resource->table.config();
+    OP_REQUIRES(ctx, existing.dim == config_.dim && existing.num_slots == config_.num_slots,
+                errors::InvalidArgument("graphmod table '", config_.name, "' already exists as '",
+                                        existing.name, "' with dim ", existing.dim, " and ",
+                                        existing.num_slots, " slots; asked for dim ",
+                                        config_.dim, " and ", config_.num_slots, " slots"));
+    Tensor* handle;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
+    handle->scalar<ResourceHandle>()() = ::tensorflow::MakeResourceHandle<TableResource>(
+        ctx, cinfo.container(), cinfo.name());
+  }
+
+ private:
+  TableConfig config_;
+};
+
+class FindOrInsertOp : public TableKernel {
+ public:
+  explicit FindOrInsertOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    OP_REQUIRES_OK(ctx, CheckDim(*t, dim_));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& now = ctx->input(2);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(now.shape()),
+                TableError(*t, "`now` must be a scalar, got shape " + now.shape().DebugString()));
+    TensorShape shape = keys.shape();
+    shape.AddDim(dim_);
+    Tensor *values, *handles;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &handles));
+    t->FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), now.scalar<int64_t>()(),
+                    values->flat<float>().data(), handles->flat<int64_t>().data(),
+                    IntraOpRunner(ctx));
+  }
+
+ private:
+  int dim_;
+};
+
+class FindOp : public TableKernel {
+ public:
+  explicit FindOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    OP_REQUIRES_OK(ctx, CheckDim(*t, dim_));
+    const Tensor& keys = ctx->input(1);
+    TensorShape shape = keys.shape();
+    shape.AddDim(dim_);
+    Tensor* values;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    t->Find(keys.flat<int64_t>().data(), keys.NumElements(), values->flat<float>().data(),
+            IntraOpRunner(ctx));
+  }
+
+ private:
+  int dim_;
+};
+
+// The order of the `hparams` input of each optimizer (graphmod/optimizers.py
+// builds it in the same order).
+const std::vector<std::pair<const char*, float Optimizer::*>>& HparamFields(OptimizerKind k) {
+  using O = Optimizer;
+  static const std::vector<std::pair<const char*, float O::*>> sgd = {{"lr", &O::lr}};
+  static const std::vector<std::pair<const char*, float O::*>> adagrad = {
+      {"lr", &O::lr}, {"epsilon", &O::epsilon}};
+  static const std::vector<std::pair<const char*, float O::*>> momentum = {
+      {"lr", &O::lr}, {"momentum", &O::momentum}};
+  static const std::vector<std::pair<const char*, float O::*>> adam = {
+      {"lr", &O::lr},           {"beta1", &O::beta1},
+      {"beta2", &O::beta2},     {"epsilon", &O::epsilon},
+      {"beta1_power", &O::beta1_power}, {"beta2_power", &O::beta2_power}};
+  static const std::vector<std::pair<const char*, float O::*>> ftrl = {
+      {"lr", &O::lr}, {"l1", &O::l1}, {"l2", &O::l2},
+      {"l2_shrinkage", &O::l2_shrinkage}, {"lr_power", &O::lr_power}};
+  static const std::vector<std::pair<const char*, float O::*>> rmsprop = {
+      {"lr", &O::lr}, {"rho", &O::rho}, {"momentum", &O::momentum}, {"epsilon", &O::epsilon}};
+  switch (k) {
+    case OptimizerKind::kSgd: return sgd;
+    case OptimizerKind::kAdagrad: return adagrad;
+    case OptimizerKind::kMomentum: return momentum;
+    case OptimizerKind::kAdam: return adam;
+    case OptimizerKind::kFtrl: return ftrl;
+    case OptimizerKind::kRmsProp: return rmsprop;
+  }
+  return sgd;
+}
+
+class ApplyOp : public TableKernel {
+ public:
+  explicit ApplyOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    std::string name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &name));
+    OP_REQUIRES(ctx, ParseOptimizer(name, &opt_.kind),
+                errors::InvalidArgument("unknown optimizer '", name, "'"));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("by_address", &by_address_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &opt_.nesterov));
+  }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& ids = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    const Tensor& hparams = ctx->input(3);
+    const int64_t dim = t->config().dim;
+    TensorShape want = ids.shape();
+    want.AddDim(dim);
+    OP_REQUIRES(ctx, grads.shape() == want,
+                TableError(*t, "gradients of shape " + grads.shape().DebugString() +
+                                   " do not match ids of shape " + ids.shape().DebugString() +
+                                   " and dim " + std::to_string(dim)));
+    const auto& fields = HparamFields(opt_.kind);
+    std::string names;
+    for (const auto& f : fields) names += std::string(names.empty() ? "" : ", ") + f.first;
+    OP_REQUIRES(ctx, hparams.dims() == 1 && hparams.NumElements() == static_cast<int64_t>(fields.size()),
+                TableError(*t, "hyper-parameters must be the vector [" + names + "], got shape " +
+                                   hparams.shape().DebugString()));
+    Optimizer opt = opt_;
+    for (size_t i = 0; i < fields.size(); ++i) opt.*(fields[i].second) = hparams.flat<float>()(i);
+    const std::string error =
+        t->Apply(opt, ids.flat<int64_t>().data(), by_address_, grads.flat<float>().data(),
+                 ids.NumElements(), IntraOpRunner(ctx));
+    OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
+  }
+
+ private:
+  Optimizer opt_;
+  bool by_address_;
+};
+
+class ExportOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const int64_t dim = t->config().dim, slots = t->config().num_slots;
+    const Tensor& min_version = ctx->input(1);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(min_version.shape()),
+                TableError(*t, "min_version must be a scalar"));
+    Status status;
+    t->Export(min_version.scalar<int64_t>()(), [&](int64_t n) {
+      ExportBuffers out;
+      Tensor* tensors[6];
+      const TensorShape shapes[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
+      for (int i = 0; i < 6 && status.ok(); ++i)
+        status = ctx->allocate_output(i, shapes[i], &tensors[i]);
+      if (!status.ok()) return out;
+      out.keys = tensors[0]->flat<int64_t>().data();
+      out.values = tensors[1]->flat<float>().data();
+      out.slots = tensors[2]->flat<float>().data();
+      out.counts = tensors[3]->flat<int64_t>().data();
+      out.last_seen = tensors[4]->flat<int64_t>().data();
+      out.versions = tensors[5]->flat<int64_t>().data();
+      return out;
+    });
+    OP_REQUIRES_OK(ctx, status);
+  }
+};
+
+class ImportOp : public TableKernel {
+ public:
+  explicit ImportOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("replace", &replace_));
+  }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const int64_t dim = t->config().dim, slots = t->config().num_slots;
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                TableError(*t, "import keys must be a vector, got shape " +
+                                   keys.shape().DebugString()));
+    const int64_t n = keys.NumElements();
+    const char* names[6] = {"keys", "values", "slots", "counts", "last_seen", "versions"};
+    const TensorShape want[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
+    for (int i = 2; i < 7; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).shape() == want[i - 1],
+                  TableError(*t, std::string("import ") + names[i - 1] + " have shape " +
+                                     ctx->input(i).shape().DebugString() + " but the table (dim " +
+                                     std::to_string(dim) + ", " + std::to_string(slots) +
+                                     " slots) needs " + want[i - 1].DebugString()));
+    }
+    const std::string error = t->Import(
+        keys.flat<int64_t>().data(), ctx->input(2).flat<float>().data(),
+        ctx->input(3).flat<float>().data(), ctx->input(4).flat<int64_t>().data(),
+        ctx->input(5).flat<int64_t>().data(), ctx->input(6).flat<int64_t>().data(), n, replace_);
+    OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
+  }
+
+ private:
+  bool replace_;
+};
+
+class InfoOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const int64_t values[3] = {t->size(), t->memory_bytes(), t->version()};
+    for (int i = 0; i < 3; ++i) {
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
+      out->scalar<int64_t>()() = values[i];
+    }
+  }
+};
+
+class RemoveOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& keys = ctx->input(1);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = t->Remove(keys.flat<int64_t>().data(), keys.NumElements());
+  }
+};
+
+class ClearOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext*, EmbeddingTable* t) override { t->Clear(); }
+};
+
+REGISTER_KERNEL_BUILDER(Name("GraphmodTable").Device(DEVICE_CPU), TableOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableFindOrInsert").Device(DEVICE_CPU), FindOrInsertOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableFind").Device(DEVICE_CPU), FindOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableApply").Device(DEVICE_CPU), ApplyOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableExport").Device(DEVICE_CPU), ExportOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableImport").Device(DEVICE_CPU), ImportOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableInfo").Device(DEVICE_CPU), InfoOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableRemove").Device(DEVICE_CPU), RemoveOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableClear").Device(DEVICE_CPU), ClearOp);
+
+}  // namespace
+}  // namespace graphmod

@@ -1,0 +1,146 @@
+// Op registrations and shape functions of graphmod's table ops.
+// Kernels live in kernels.cc; the table itself in table.h.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace graphmod {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// values = keys.shape + [dim]
+Status RowsShape(InferenceContext* c, int keys_input, int output) {
+  int dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Concatenate(c->input(keys_input), c->Vector(dim), &out));
+  c->set_output(output, out);
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("GraphmodTable")
+    .Output("handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("table_name: string")
+    .Attr("dim: int")
+    .Attr("num_slots: int = 0")
+    .Attr("slot_init: list(float) = []")
+    .Attr("initializer: string = 'truncated_normal'")
+    .Attr("init_a: float = 0.0")
+    .Attr("init_b: float = 0.05")
+    .Attr("seed: int = 0")
+    .Attr("num_shards: int = 16")
+    .Attr("missing_is_initializer: bool = true")
+    .Attr("default_value: float = 0.0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("Creates (on first run) or finds a graphmod embedding table.");
+
+REGISTER_OP("GraphmodTableFindOrInsert")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("now: int64")
+    .Output("values: float")
+    .Output("handles: int64")
+    .Attr("dim: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
+      c->set_output(1, c->input(1));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Training lookup: rows of all keys, inserting new keys; also row handles.");
+
+REGISTER_OP("GraphmodTableFind")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("values: float")
+    .Attr("dim: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, 1, 0); })
+    .Doc("Read-only lookup; keys without a row get the table's missing value.");
+
+REGISTER_OP("GraphmodTableApply")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grads: float")
+    .Input("hparams: float")
+    .Attr("optimizer: {'sgd', 'adagrad', 'momentum', 'adam', 'ftrl', 'rmsprop'}")
+    .Attr("by_address: bool = false")
+    .Attr("nesterov: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Sparse optimizer step on the rows of ids (keys, or row handles when by_address).");
+
+REGISTER_OP("GraphmodTableExport")
+    .Input("table: resource")
+    .Input("min_version: int64")
+    .Output("keys: int64")
+    .Output("values: float")
+    .Output("slots: float")
+    .Output("counts: int64")
+    .Output("last_seen: int64")
+    .Output("versions: int64")
+    .Attr("dim: int")
+    .Attr("num_slots: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int dim, num_slots;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+      auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(2, c->MakeShape({n, c->MakeDim(num_slots), c->MakeDim(dim)}));
+      for (int i = 3; i < 6; ++i) c->set_output(i, c->Vector(n));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Every row with version >= min_version: keys, values, slots and metadata.");
+
+REGISTER_OP("GraphmodTableImport")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("counts: int64")
+    .Input("last_seen: int64")
+    .Input("versions: int64")
+    .Attr("replace: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Inserts or overwrites rows (clearing the table first when replace).");
+
+REGISTER_OP("GraphmodTableInfo")
+    .Input("table: resource")
+    .Output("size: int64")
+    .Output("memory_bytes: int64")
+    .Output("version: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Rows, bytes held, and the count of Apply calls so far.");
+
+REGISTER_OP("GraphmodTableRemove")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("removed: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("Removes the rows of keys; returns how many existed.");
+
+REGISTER_OP("GraphmodTableClear")
+    .Input("table: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Removes every row.");
+
+}  // namespace graphmod

@@ -1,0 +1,740 @@
+#include "native/table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace graphmod {
+namespace {
+
+// ---------------------------------------------------------------- hashing
+
+// Murmur3's 64-bit finalizer: every input bit reaches every output bit, so
+// sequential or strided ids spread evenly over shards and groups.
+inline uint64_t Mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+inline uint64_t HashKey(int64_t key) { return Mix(static_cast<uint64_t>(key)); }
+
+// ---------------------------------------------------------------- control bytes
+
+constexpr int8_t kEmpty = -128;  // 0b10000000
+constexpr int8_t kDeleted = -2;  // 0b11111110; full slots hold a 7-bit tag >= 0
+constexpr size_t kGroup = 16;
+
+inline int8_t Tag(uint64_t h) { return static_cast<int8_t>(h & 0x7F); }
+
+// Bit i set when ctrl[i] == tag.
+inline uint32_t MatchTag(const int8_t* ctrl, int8_t tag) {
+#if defined(__SSE2__)
+  __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ctrl));
+  return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_set1_epi8(tag))));
+#else
+  uint32_t m = 0;
+  for (size_t i = 0; i < kGroup; ++i) m |= static_cast<uint32_t>(ctrl[i] == tag) << i;
+  return m;
+#endif
+}
+// Bit i set when ctrl[i] is empty or deleted (the sign bit is set).
+inline uint32_t MatchFree(const int8_t* ctrl) {
+#if defined(__SSE2__)
+  return static_cast<uint32_t>(
+      _mm_movemask_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ctrl))));
+#else
+  uint32_t m = 0;
+  for (size_t i = 0; i < kGroup; ++i) m |= static_cast<uint32_t>(ctrl[i] < 0) << i;
+  return m;
+#endif
+}
+inline uint32_t MatchEmpty(const int8_t* ctrl) { return MatchTag(ctrl, kEmpty); }
+
+// ---------------------------------------------------------------- records
+
+struct RecordHeader {
+  int64_t key;
+  int64_t last_seen;
+  uint32_t count;
+  uint32_t version;
+};
+static_assert(sizeof(RecordHeader) == 24, "record header must stay packed");
+
+inline RecordHeader* Header(char* rec) { return reinterpret_cast<RecordHeader*>(rec); }
+inline float* Values(char* rec) { return reinterpret_cast<float*>(rec + sizeof(RecordHeader)); }
+
+// Row arena geometry: blocks of 64, 128, ... 8192 rows, then 16384 rows each.
+constexpr int kFirstBlockBits = 6;
+constexpr int kMaxBlockBits = 14;
+constexpr int kGeometricBlocks = kMaxBlockBits - kFirstBlockBits;
+constexpr uint64_t kGeometricRows = (1ULL << kMaxBlockBits) - (1ULL << kFirstBlockBits);
+
+inline uint64_t BlockRows(size_t block) {
+  return block < kGeometricBlocks ? (1ULL << (kFirstBlockBits + block)) : (1ULL << kMaxBlockBits);
+}
+inline void LocateRow(uint64_t row, size_t* block, uint64_t* offset) {
+  if (row < kGeometricRows) {
+    const int b = 63 - __builtin_clzll((row >> kFirstBlockBits) + 1);
+    *block = b;
+    *offset = row - ((1ULL << (b + kFirstBlockBits)) - (1ULL << kFirstBlockBits));
+  } else {
+    const uint64_t r = row - kGeometricRows;
+    *block = kGeometricBlocks + (r >> kMaxBlockBits);
+    *offset = r & ((1ULL << kMaxBlockBits) - 1);
+  }
+}
+
+// ---------------------------------------------------------------- initializers
+
+// Uniform in (0, 1) from 24 random bits: never 0, so log() is finite.
+inline float Uniform01(uint64_t x) {
+  return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+// Saturating add for the 32-bit access counter.
+inline uint32_t AddCount(uint32_t count, uint64_t inc) {
+  const uint64_t c = count + inc;
+  return c > std::numeric_limits<uint32_t>::max() ? std::numeric_limits<uint32_t>::max()
+                                                  : static_cast<uint32_t>(c);
+}
+
+}  // namespace
+
+bool ParseInitializer(const std::string& name, Initializer* out) {
+  if (name == "zeros") *out = Initializer::kZeros;
+  else if (name == "constant") *out = Initializer::kConstant;
+  else if (name == "uniform") *out = Initializer::kUniform;
+  else if (name == "normal") *out = Initializer::kNormal;
+  else if (name == "truncated_normal") *out = Initializer::kTruncatedNormal;
+  else return false;
+  return true;
+}
+
+bool ParseOptimizer(const std::string& name, OptimizerKind* out) {
+  if (name == "sgd") *out = OptimizerKind::kSgd;
+  else if (name == "adagrad") *out = OptimizerKind::kAdagrad;
+  else if (name == "momentum") *out = OptimizerKind::kMomentum;
+  else if (name == "adam") *out = OptimizerKind::kAdam;
+  else if (name == "ftrl") *out = OptimizerKind::kFtrl;
+  else if (name == "rmsprop") *out = OptimizerKind::kRmsProp;
+  else return false;
+  return true;
+}
+
+int SlotsNeeded(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return 0;
+    case OptimizerKind::kAdagrad:
+    case OptimizerKind::kMomentum: return 1;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kFtrl:
+    case OptimizerKind::kRmsProp: return 2;
+  }
+  return 0;
+}
+
+std::string ValidateConfig(const TableConfig& c) {
+  if (c.dim <= 0) return "dim must be positive, got " + std::to_string(c.dim);
+  if (c.dim > (1 << 20)) return "dim must be at most 1048576, got " + std::to_string(c.dim);
+  if (c.num_slots < 0 || c.num_slots > 16)
+    return "num_slots must be in [0, 16], got " + std::to_string(c.num_slots);
+  if (static_cast<int>(c.slot_init.size()) != c.num_slots)
+    return "slot_init has " + std::to_string(c.slot_init.size()) + " values for " +
+           std::to_string(c.num_slots) + " slots";
+  if (c.num_shards < 1 || c.num_shards > 4096 || (c.num_shards & (c.num_shards - 1)) != 0)
+    return "num_shards must be a power of two in [1, 4096], got " + std::to_string(c.num_shards);
+  if (c.init == Initializer::kUniform && !(c.init_a < c.init_b))
+    return "uniform initializer needs low < high, got [" + std::to_string(c.init_a) + ", " +
+           std::to_string(c.init_b) + ")";
+  if ((c.init == Initializer::kNormal || c.init == Initializer::kTruncatedNormal) &&
+      !(c.init_b >= 0.f))
+    return "normal initializer needs stddev >= 0, got " + std::to_string(c.init_b);
+  return "";
+}
+
+void SerialRunner(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n > 0) fn(0, n);
+}
+
+// ---------------------------------------------------------------- shard
+
+struct EmbeddingTable::Shard {
+  mutable std::mutex mu;
+  // Index: `groups` groups of 16 control bytes and 16 row numbers.
+  std::unique_ptr<int8_t[]> ctrl;
+  std::unique_ptr<uint32_t[]> slot_row;
+  size_t groups = 0;
+  size_t used = 0;     // full slots == live rows
+  size_t deleted = 0;  // tombstones
+  // Arena: rows [0, rows) have been handed out; freed ones wait in free_rows.
+  std::vector<std::unique_ptr<char[]>> blocks;
+  uint64_t rows = 0;
+  uint64_t arena_rows = 0;  // rows the allocated blocks can hold
+  std::vector<uint32_t> free_rows;
+  size_t stride = 0;
+
+  char* Record(uint64_t row) const {
+    size_t block;
+    uint64_t offset;
+    LocateRow(row, &block, &offset);
+    return blocks[block].get() + offset * stride;
+  }
+  int64_t KeyOf(uint32_t row) const { return Header(Record(row))->key; }
+
+  // Probes for key. Returns the slot holding it (found = true), or else the
+  // first free slot of its probe sequence (valid only when the index has room).
+  size_t Probe(int64_t key, uint64_t h, bool* found) const {
+    *found = false;
+    if (groups == 0) return 0;
+    const size_t mask = groups - 1;
+    const int8_t tag = Tag(h);
+    size_t g = (h >> 7) & mask;
+    size_t free_slot = SIZE_MAX;
+    for (size_t step = 0; step < groups; ++step, g = (g + 1) & mask) {
+      const int8_t* c = ctrl.get() + g * kGroup;
+      for (uint32_t m = MatchTag(c, tag); m != 0; m &= m - 1) {
+        const size_t slot = g * kGroup + __builtin_ctz(m);
+        if (KeyOf(slot_row[slot]) == key) {
+          *found = true;
+          return slot;
+        }
+      }
+      if (free_slot == SIZE_MAX) {
+        const uint32_t f = MatchFree(c);
+        if (f != 0) free_slot = g * kGroup + __builtin_ctz(f);
+      }
+      if (MatchEmpty(c) != 0) break;  // an empty byte ends every probe chain through here
+    }
+    return free_slot;
+  }
+
+  void Prefetch(uint64_t h) const {
+    if (groups != 0) __builtin_prefetch(ctrl.get() + ((h >> 7) & (groups - 1)) * kGroup);
+  }
+
+  // Rebuilds the index with room for at least `want` live rows at 7/8 load.
+  void Rehash(size_t want) {
+    size_t new_groups = 1;
+    while (new_groups * kGroup * 7 < want * 8) new_groups *= 2;
+    std::unique_ptr<int8_t[]> new_ctrl(new int8_t[new_groups * kGroup]);
+    std::unique_ptr<uint32_t[]> new_rows(new uint32_t[new_groups * kGroup]);
+    std::memset(new_ctrl.get(), kEmpty, new_groups * kGroup);
+    const size_t mask = new_groups - 1;
+    for (size_t slot = 0; slot < groups * kGroup; ++slot) {
+      if (ctrl[slot] < 0) continue;
+      const uint32_t row = slot_row[slot];
+      const uint64_t h = HashKey(KeyOf(row));
+      for (size_t g = (h >> 7) & mask;; g = (g + 1) & mask) {
+        const uint32_t f = MatchFree(new_ctrl.get() + g * kGroup);
+        if (f != 0) {
+          const size_t s = g * kGroup + __builtin_ctz(f);
+          new_ctrl[s] = Tag(h);
+          new_rows[s] = row;
+          break;
+        }
+      }
+    }
+    ctrl = std::move(new_ctrl);
+    slot_row = std::move(new_rows);
+    groups = new_groups;
+    deleted = 0;
+  }
+
+  // Makes room for one more key: grows when live rows fill 7/8 of the index,
+  // else purges tombstones in place.
+  void ReserveOne() {
+    const size_t capacity = groups * kGroup;
+    if ((used + deleted + 1) * 8 <= capacity * 7) return;
+    Rehash(used + 1 > capacity * 7 / 16 ? std::max<size_t>(2 * capacity * 7 / 8, used + 1)
+                                        : used + 1);
+  }
+
+  uint32_t AllocRow() {
+    if (!free_rows.empty()) {
+      const uint32_t row = free_rows.back();
+      free_rows.pop_back();
+      return row;
+    }
+    if (rows == arena_rows) {
+      const uint64_t n = BlockRows(blocks.size());
+      blocks.emplace_back(new char[n * stride]);
+      arena_rows += n;
+    }
+    return static_cast<uint32_t>(rows++);
+  }
+
+  // Returns the row of key, inserting a new one (uninitialized) if absent.
+  uint32_t FindOrAdd(int64_t key, uint64_t h, bool* added) {
+    bool found;
+    size_t slot = Probe(key, h, &found);
+    *added = !found;
+    if (found) return slot_row[slot];
+    if ((used + deleted + 1) * 8 > groups * kGroup * 7) {
+      ReserveOne();
+      slot = Probe(key, h, &found);
+    }
+    if (ctrl[slot] == kDeleted) --deleted;
+    const uint32_t row = AllocRow();
+    ctrl[slot] = Tag(h);
+    slot_row[slot] = row;
+    ++used;
+    Header(Record(row))->key = key;
+    return row;
+  }
+
+  void Erase(size_t slot) {
+    free_rows.push_back(slot_row[slot]);
+    ctrl[slot] = kDeleted;  // a tombstone keeps probe chains through this group intact
+    --used;
+    ++deleted;
+  }
+
+  void Reset() {
+    ctrl.reset();
+    slot_row.reset();
+    groups = used = deleted = 0;
+    blocks.clear();
+    rows = arena_rows = 0;
+    free_rows.clear();
+    free_rows.shrink_to_fit();
+  }
+
+  int64_t Bytes() const {
+    return static_cast<int64_t>(groups * kGroup * (sizeof(int8_t) + sizeof(uint32_t)) +
+                                arena_rows * stride + free_rows.capacity() * sizeof(uint32_t));
+  }
+};
+
+// Ids of one batch grouped by shard: order[begin[s], begin[s+1]) are the
+// positions of the ids that live in shard s.
+struct EmbeddingTable::Batch {
+  std::vector<uint64_t> hash;
+  std::vector<int64_t> order;
+  std::vector<int64_t> begin;
+};
+
+EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) {
+  shard_bits_ = 0;
+  while ((1 << shard_bits_) < config_.num_shards) ++shard_bits_;
+  const size_t bytes =
+      sizeof(RecordHeader) + sizeof(float) * config_.dim * (1 + config_.num_slots);
+  stride_ = (bytes + 7) & ~size_t{7};  // keeps the int64 header aligned
+  for (int i = 0; i < config_.num_shards; ++i) {
+    shards_.emplace_back(new Shard);
+    shards_.back()->stride = stride_;
+  }
+}
+
+EmbeddingTable::~EmbeddingTable() = default;
+
+int64_t EmbeddingTable::size() const {
+  int64_t n = 0;
+  for (const auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    n += s->used;
+  }
+  return n;
+}
+
+int64_t EmbeddingTable::memory_bytes() const {
+  int64_t n = 0;
+  for (const auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    n += s->Bytes();
+  }
+  return n;
+}
+
+void EmbeddingTable::InitialRow(int64_t key, float* out) const {
+  const int d = config_.dim;
+  const float a = config_.init_a, b = config_.init_b;
+  // A counter-based stream seeded by (key, seed): the row depends on nothing
+  // else, so any process in any insertion order gives a key the same row.
+  const uint64_t base = Mix(static_cast<uint64_t>(key) ^ Mix(config_.seed ^ 0x5851f42d4c957f2dULL));
+  uint64_t counter = 0;
+  auto next = [&]() { return Mix(base + 0x9e3779b97f4a7c15ULL * ++counter); };
+  switch (config_.init) {
+    case Initializer::kZeros:
+      std::fill(out, out + d, 0.f);
+      return;
+    case Initializer::kConstant:
+      std::fill(out, out + d, a);
+      return;
+    case Initializer::kUniform:
+      for (int j = 0; j < d; ++j) out[j] = a + (b - a) * Uniform01(next());
+      return;
+    case Initializer::kNormal:
+    case Initializer::kTruncatedNormal: {
+      // Box-Muller gives two normals per pair of uniforms; the truncated
+      // variant redraws values beyond two standard deviations (as TF does).
+      const bool truncate = config_.init == Initializer::kTruncatedNormal;
+      float spare = 0.f;
+      bool have_spare = false;
+      for (int j = 0; j < d;) {
+        float z;
+        if (have_spare) {
+          z = spare;
+          have_spare = false;
+        } else {
+          const uint64_t x = next();
+          const float r = std::sqrt(-2.f * std::log(Uniform01(x)));
+          const float t = 6.2831853f * static_cast<float>(x & 0xFFFFFF) * (1.0f / 16777216.0f);
+          z = r * std::cos(t);
+          spare = r * std::sin(t);
+          have_spare = true;
+        }
+        if (truncate && std::fabs(z) > 2.f) continue;
+        out[j++] = a + b * z;
+      }
+      return;
+    }
+  }
+}
+
+EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
+                                                bool ids_are_handles,
+                                                const Runner& run) const {
+  Batch batch;
+  const int64_t shards = config_.num_shards;
+  batch.hash.resize(n);
+  batch.order.resize(n);
+  batch.begin.assign(shards + 1, 0);
+  // Two-pass counting sort, each pass split over chunks that may run in parallel.
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(16, n / 8192));
+  const int64_t per_chunk = (n + chunks - 1) / chunks;
+  std::vector<int64_t> counts(chunks * shards, 0);
+  auto shard_of = [&](int64_t i) -> int64_t {
+    if (ids_are_handles) return static_cast<uint64_t>(ids[i]) >> kHandleRowBits;
+    return shard_bits_ == 0 ? 0 : batch.hash[i] >> (64 - shard_bits_);
+  };
+  run(chunks, per_chunk * 20, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t* count = &counts[c * shards];
+      for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i) {
+        batch.hash[i] = ids_are_handles ? 0 : HashKey(ids[i]);
+        ++count[shard_of(i)];
+      }
+    }
+  });
+  int64_t pos = 0;
+  for (int64_t s = 0; s < shards; ++s) {
+    batch.begin[s] = pos;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k = counts[c * shards + s];
+      counts[c * shards + s] = pos;
+      pos += k;
+    }
+  }
+  batch.begin[shards] = pos;
+  run(chunks, per_chunk * 10, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t* next = &counts[c * shards];
+      for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i)
+        batch.order[next[shard_of(i)]++] = i;
+    }
+  });
+  return batch;
+}
+
+void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, float* values,
+                                  int64_t* handles, const Runner& run) {
+  if (n == 0) return;
+  const Batch batch = Partition(keys, n, false, run);
+  const int d = config_.dim, slots = config_.num_slots;
+  // New rows carry the version the next Apply will stamp, so an incremental
+  // export of "everything after version v" includes rows inserted after v.
+  const int64_t version = version_.load() + 1;
+  const int64_t per_shard = n / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      const int64_t b = batch.begin[s], e = batch.begin[s + 1];
+      for (int64_t p = b; p < e; ++p) {
+        if (p + 8 < e) shard.Prefetch(batch.hash[batch.order[p + 8]]);
+        const int64_t i = batch.order[p];
+        bool added;
+        const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[i], &added);
+        char* rec = shard.Record(row);
+        RecordHeader* h = Header(rec);
+        if (added) {
+          InitialRow(keys[i], Values(rec));
+          float* slot = Values(rec) + d;
+          for (int k = 0; k < slots; ++k, slot += d)
+            std::fill(slot, slot + d, config_.slot_init[k]);
+          h->count = 0;
+          h->version = static_cast<uint32_t>(version);
+        }
+        h->count = AddCount(h->count, 1);
+        h->last_seen = now;
+        std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
+        if (handles != nullptr) handles[i] = (s << kHandleRowBits) | row;
+      }
+    }
+  });
+}
+
+void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
+                          const Runner& run) const {
+  if (n == 0) return;
+  const Batch batch = Partition(keys, n, false, run);
+  const int d = config_.dim;
+  const int64_t per_shard = n / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * 100, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      const int64_t b = batch.begin[s], e = batch.begin[s + 1];
+      for (int64_t p = b; p < e; ++p) {
+        if (p + 8 < e) shard.Prefetch(batch.hash[batch.order[p + 8]]);
+        const int64_t i = batch.order[p];
+        bool found;
+        const size_t slot = shard.Probe(keys[i], batch.hash[i], &found);
+        float* out = values + i * d;
+        if (found) {
+          std::memcpy(out, Values(shard.Record(shard.slot_row[slot])), sizeof(float) * d);
+        } else if (config_.missing_is_initializer) {
+          InitialRow(keys[i], out);
+        } else {
+          std::fill(out, out + d, config_.default_value);
+        }
+      }
+    }
+  });
+}
+
+namespace {
+
+// One optimizer step on one row; g is the summed gradient of the row.
+void UpdateRow(const Optimizer& o, float* var, float* slots, const float* g, int d) {
+  switch (o.kind) {
+    case OptimizerKind::kSgd:
+      for (int j = 0; j < d; ++j) var[j] -= o.lr * g[j];
+      return;
+    case OptimizerKind::kAdagrad: {
+      float* acc = slots;
+      for (int j = 0; j < d; ++j) {
+        acc[j] += g[j] * g[j];
+        var[j] -= o.lr * g[j] / (std::sqrt(acc[j]) + o.epsilon);
+      }
+      return;
+    }
+    case OptimizerKind::kMomentum: {
+      float* acc = slots;
+      for (int j = 0; j < d; ++j) {
+        acc[j] = o.momentum * acc[j] + g[j];
+        var[j] -= o.nesterov ? o.lr * g[j] + o.lr * o.momentum * acc[j] : o.lr * acc[j];
+      }
+      return;
+    }
+    case OptimizerKind::kAdam: {
+      float* m = slots;
+      float* v = slots + d;
+      const float lr_t = o.lr * std::sqrt(1.f - o.beta2_power) / (1.f - o.beta1_power);
+      for (int j = 0; j < d; ++j) {
+        m[j] = o.beta1 * m[j] + (1.f - o.beta1) * g[j];
+        v[j] = o.beta2 * v[j] + (1.f - o.beta2) * g[j] * g[j];
+        var[j] -= lr_t * m[j] / (std::sqrt(v[j]) + o.epsilon);
+      }
+      return;
+    }
+    case OptimizerKind::kFtrl: {
+      float* acc = slots;
+      float* linear = slots + d;
+      auto powered = [&](float x) {
+        return o.lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -o.lr_power);
+      };
+      for (int j = 0; j < d; ++j) {
+        const float shrunk = g[j] + 2.f * o.l2_shrinkage * var[j];
+        const float acc_new = acc[j] + g[j] * g[j];
+        linear[j] += shrunk - (powered(acc_new) - powered(acc[j])) / o.lr * var[j];
+        const float quadratic = powered(acc_new) / o.lr + 2.f * o.l2;
+        var[j] = std::fabs(linear[j]) > o.l1
+                     ? ((linear[j] > 0 ? o.l1 : -o.l1) - linear[j]) / quadratic
+                     : 0.f;
+        acc[j] = acc_new;
+      }
+      return;
+    }
+    case OptimizerKind::kRmsProp: {
+      float* ms = slots;
+      float* mom = slots + d;
+      for (int j = 0; j < d; ++j) {
+        ms[j] = o.rho * ms[j] + (1.f - o.rho) * g[j] * g[j];
+        mom[j] = o.momentum * mom[j] + o.lr * g[j] / std::sqrt(ms[j] + o.epsilon);
+        var[j] -= mom[j];
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
+                                  bool ids_are_handles, const float* grads, int64_t n,
+                                  const Runner& run) {
+  if (SlotsNeeded(opt.kind) > config_.num_slots)
+    return "the optimizer needs " + std::to_string(SlotsNeeded(opt.kind)) +
+           " slot rows per key but the table was created with " +
+           std::to_string(config_.num_slots);
+  if (ids_are_handles) {
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] < 0 || (static_cast<uint64_t>(ids[i]) >> kHandleRowBits) >=
+                            static_cast<uint64_t>(config_.num_shards))
+        return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+               " does not belong to this table";
+  }
+  const uint32_t version = static_cast<uint32_t>(++version_);
+  if (n == 0) return "";
+  const Batch batch = Partition(ids, n, ids_are_handles, run);
+  const int d = config_.dim;
+  std::mutex error_mu;
+  std::string error;
+  const int64_t per_shard = n / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * (200 + 10 * d), [&](int64_t s0, int64_t s1) {
+    std::vector<std::pair<uint32_t, int64_t>> hits;  // (row, position in batch)
+    std::vector<float> sum(d);
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      hits.clear();
+      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+        const int64_t i = batch.order[p];
+        if (ids_are_handles) {
+          const uint64_t row = ids[i] & ((1ULL << kHandleRowBits) - 1);
+          if (row >= shard.rows) {
+            std::lock_guard<std::mutex> elock(error_mu);
+            error = "row handle " + std::to_string(ids[i]) + " at position " +
+                    std::to_string(i) + " does not belong to this table";
+            return;
+          }
+          hits.emplace_back(static_cast<uint32_t>(row), i);
+        } else {
+          bool found;
+          const size_t slot = shard.Probe(ids[i], batch.hash[i], &found);
+          if (found) hits.emplace_back(shard.slot_row[slot], i);
+        }
+      }
+      // Sorting by row brings duplicates together, so each row is updated once
+      // with the sum of its gradients (what tf's sparse apply does).
+      std::sort(hits.begin(), hits.end());
+      for (size_t a = 0; a < hits.size();) {
+        size_t b = a;
+        std::copy(grads + hits[a].second * d, grads + (hits[a].second + 1) * d, sum.begin());
+        while (++b < hits.size() && hits[b].first == hits[a].first) {
+          const float* g = grads + hits[b].second * d;
+          for (int j = 0; j < d; ++j) sum[j] += g[j];
+        }
+        char* rec = shard.Record(hits[a].first);
+        UpdateRow(opt, Values(rec), Values(rec) + d, sum.data(), d);
+        Header(rec)->version = version;
+        a = b;
+      }
+    }
+  });
+  return error;
+}
+
+int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
+  int64_t removed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = HashKey(keys[i]);
+    Shard& shard = *shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)];
+    std::lock_guard<std::mutex> lock(shard.mu);
+    bool found;
+    const size_t slot = shard.Probe(keys[i], h, &found);
+    if (found) {
+      shard.Erase(slot);
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+void EmbeddingTable::Clear() {
+  for (auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->Reset();
+  }
+}
+
+void EmbeddingTable::Export(int64_t min_version,
+                            const std::function<ExportBuffers(int64_t n)>& alloc) const {
+  // All shard locks are held so the count and the rows written agree.
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (const auto& s : shards_) locks.emplace_back(s->mu);
+  auto selected = [&](const Shard& s, size_t slot) {
+    return s.ctrl[slot] >= 0 && Header(s.Record(s.slot_row[slot]))->version >= min_version;
+  };
+  int64_t n = 0;
+  for (const auto& s : shards_)
+    for (size_t slot = 0; slot < s->groups * kGroup; ++slot) n += selected(*s, slot);
+  const ExportBuffers out = alloc(n);
+  const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  int64_t i = 0;
+  for (const auto& s : shards_) {
+    for (size_t slot = 0; slot < s->groups * kGroup; ++slot) {
+      if (!selected(*s, slot)) continue;
+      char* rec = s->Record(s->slot_row[slot]);
+      const RecordHeader* h = Header(rec);
+      if (out.keys) out.keys[i] = h->key;
+      if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
+      if (out.slots)
+        std::memcpy(out.slots + i * slot_floats, Values(rec) + d, sizeof(float) * slot_floats);
+      if (out.counts) out.counts[i] = h->count;
+      if (out.last_seen) out.last_seen[i] = h->last_seen;
+      if (out.versions) out.versions[i] = h->version;
+      ++i;
+    }
+  }
+}
+
+std::string EmbeddingTable::Import(const int64_t* keys, const float* values, const float* slots,
+                                   const int64_t* counts, const int64_t* last_seen,
+                                   const int64_t* versions, int64_t n, bool replace) {
+  for (int64_t i = 0; counts != nullptr && i < n; ++i)
+    if (counts[i] < 0) return "negative access count " + std::to_string(counts[i]) +
+                              " for key " + std::to_string(keys[i]);
+  if (replace) Clear();
+  const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  int64_t max_version = 0;
+  const Batch batch = Partition(keys, n, false, SerialRunner);
+  for (int s = 0; s < config_.num_shards; ++s) {
+    Shard& shard = *shards_[s];
+    std::lock_guard<std::mutex> lock(shard.mu);
+    for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+      const int64_t i = batch.order[p];
+      bool added;
+      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[i], &added));
+      RecordHeader* h = Header(rec);
+      std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
+      float* slot = Values(rec) + d;
+      if (slots != nullptr) {
+        std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
+      } else {
+        for (int k = 0; k < config_.num_slots; ++k, slot += d)
+          std::fill(slot, slot + d, config_.slot_init[k]);
+      }
+      h->count = counts ? AddCount(0, counts[i]) : 0;
+      h->last_seen = last_seen ? last_seen[i] : 0;
+      h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
+      max_version = std::max<int64_t>(max_version, h->version);
+    }
+  }
+  // Later updates must carry versions above every imported one.
+  int64_t cur = version_.load();
+  while (cur < max_version && !version_.compare_exchange_weak(cur, max_version)) {
+  }
+  return "";
+}
+
+}  // namespace graphmod

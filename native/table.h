@@ -1,0 +1,158 @@
+// graphmod's embedding table: int64 key -> float row of `dim` values plus
+// `num_slots` optimizer-slot rows and per-key metadata.
+//
+// This file knows nothing of TensorFlow; native/kernels.cc adapts it.
+//
+// Layout. The table is split into shards (power of two, chosen by the top bits
+// of the key's hash) so one batch spreads over threads with one lock taken per
+// shard and batch, never per key. Each shard has
+//   - an index: Swiss-table style open addressing over groups of 16 control
+//     bytes (7-bit hash tag, or empty/deleted) probed with one SIMD compare,
+//     mapping to a 32-bit row number; it is rebuilt (grown) as keys arrive;
+//   - a row arena: blocks that never move once allocated, so a row's address
+//     (its "handle") stays valid while the index grows. Blocks grow
+//     geometrically up to a cap, so small tables stay small and large ones
+//     waste little.
+// A record is [key | last_seen | count | version | values[dim] | slots[S*dim]].
+// Keeping the key in the record (not in the index) makes the index 5 bytes per
+// slot; the record is fetched anyway to copy the values out.
+#ifndef GRAPHMOD_NATIVE_TABLE_H_
+#define GRAPHMOD_NATIVE_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace graphmod {
+
+enum class Initializer { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal };
+
+// Parses "zeros", "constant", "uniform", "normal", "truncated_normal".
+bool ParseInitializer(const std::string& name, Initializer* out);
+
+struct TableConfig {
+  std::string name;  // used in every error message
+  int dim = 0;
+  int num_slots = 0;
+  std::vector<float> slot_init;  // initial value of each slot row, size num_slots
+  Initializer init = Initializer::kTruncatedNormal;
+  float init_a = 0.f;   // constant value | uniform low  | normal mean
+  float init_b = 0.05f; // (unused)       | uniform high | normal stddev
+  uint64_t seed = 0;
+  int num_shards = 16;  // power of two
+  // What a read-only Find returns for a key that has no row: the row the key
+  // would be initialized with (true), or `default_value` in every element.
+  bool missing_is_initializer = true;
+  float default_value = 0.f;
+};
+
+// Returns "" when the config is usable, else what is wrong with it.
+std::string ValidateConfig(const TableConfig& config);
+
+// Runs fn(begin, end) over [0, n) in parallel. cost_per_unit is a rough count
+// of cycles per unit, so the runner can decide how finely to split.
+using Runner = std::function<void(int64_t n, int64_t cost_per_unit,
+                                  const std::function<void(int64_t, int64_t)>& fn)>;
+// Runs everything on the calling thread.
+void SerialRunner(int64_t n, int64_t cost_per_unit,
+                  const std::function<void(int64_t, int64_t)>& fn);
+
+enum class OptimizerKind { kSgd, kAdagrad, kMomentum, kAdam, kFtrl, kRmsProp };
+
+// Parses "sgd", "adagrad", "momentum", "adam", "ftrl", "rmsprop".
+bool ParseOptimizer(const std::string& name, OptimizerKind* out);
+// Slot rows the optimizer keeps per key.
+int SlotsNeeded(OptimizerKind kind);
+
+// Hyper-parameters of one sparse update; each optimizer reads its own fields,
+// with the formulas of tf.compat.v1.train's optimizers.
+struct Optimizer {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 0.f;
+  float epsilon = 0.f;       // adagrad (keras style, 0 = tf.compat.v1), adam, rmsprop
+  float momentum = 0.f;      // momentum, rmsprop
+  bool nesterov = false;     // momentum
+  float beta1 = 0.9f, beta2 = 0.999f;  // adam
+  float beta1_power = 1.f, beta2_power = 1.f;  // adam: beta^t of this step
+  float l1 = 0.f, l2 = 0.f, l2_shrinkage = 0.f, lr_power = -0.5f;  // ftrl
+  float rho = 0.9f;          // rmsprop decay
+};
+
+// Row handle: shard number in the high bits, row number in the low 40 bits.
+constexpr int kHandleRowBits = 40;
+
+// Where Export writes; filled by the caller's allocator once the row count is
+// known. slots holds num_slots*dim floats per row.
+struct ExportBuffers {
+  int64_t* keys = nullptr;
+  float* values = nullptr;
+  float* slots = nullptr;
+  int64_t* counts = nullptr;
+  int64_t* last_seen = nullptr;
+  int64_t* versions = nullptr;
+};
+
+class EmbeddingTable {
+ public:
+  // The config must have passed ValidateConfig.
+  explicit EmbeddingTable(TableConfig config);
+  ~EmbeddingTable();
+  EmbeddingTable(const EmbeddingTable&) = delete;
+  EmbeddingTable& operator=(const EmbeddingTable&) = delete;
+
+  const TableConfig& config() const { return config_; }
+  int64_t size() const;
+  // Bytes held by indexes and row arenas.
+  int64_t memory_bytes() const;
+  // Apply calls so far; rows touched by the n-th call carry version n.
+  int64_t version() const { return version_.load(); }
+
+  // Training read: copies the row of every key into values (n*dim), inserting
+  // rows for new keys; counts one access per occurrence and stamps last_seen
+  // with `now`. handles (n, may be null) receive the row handles.
+  void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, float* values,
+                    int64_t* handles, const Runner& run);
+  // Read-only: keys without a row get the missing value (see TableConfig).
+  void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
+  // Sparse update. ids are keys, or handles from FindOrInsert when
+  // ids_are_handles. Gradients of duplicate ids are summed first; gradients
+  // of keys without a row are dropped. Returns "" or the error.
+  std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
+                    const float* grads, int64_t n, const Runner& run);
+  // Removes the keys' rows (absent keys are ignored); returns rows removed.
+  int64_t Remove(const int64_t* keys, int64_t n);
+  void Clear();
+  // Writes every row whose version >= min_version. alloc(n) is called once,
+  // under the table's locks, with the number of rows to write.
+  void Export(int64_t min_version,
+              const std::function<ExportBuffers(int64_t n)>& alloc) const;
+  // Inserts or overwrites rows; slots/counts/last_seen/versions may be null
+  // (slots then start from slot_init, metadata from zero). With replace, the
+  // table is cleared first. Returns "" or the error.
+  std::string Import(const int64_t* keys, const float* values, const float* slots,
+                     const int64_t* counts, const int64_t* last_seen,
+                     const int64_t* versions, int64_t n, bool replace);
+
+  // The initial values row `key` gets (deterministic in key and seed).
+  void InitialRow(int64_t key, float* out) const;
+
+ private:
+  struct Shard;
+  struct Batch;
+  Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
+                  const Runner& run) const;
+
+  TableConfig config_;
+  int shard_bits_;
+  size_t stride_;  // bytes per record
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<int64_t> version_{0};
+};
+
+}  // namespace graphmod
+
+#endif  // GRAPHMOD_NATIVE_TABLE_H_
