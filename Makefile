@@ -1,0 +1,62 @@
+# graphmod: every setup step lives here, so a new machine needs only
+#   make demo    (set up, build, train the demo model)
+#   make test    (set up, build both ways, run every test)
+PYTHON_SYSTEM ?= python3
+VENV := .venv
+PY := $(abspath $(VENV))/bin/python
+PIP := $(PY) -m pip
+BAZEL_LIB := bazel-bin/native/_graphmod_ops.so
+OPS_LIB := graphmod/_graphmod_ops.so
+NATIVE := $(wildcard native/*.cc native/*.h)
+# Horovod builds its TF ops against the installed TF, with Gloo and no MPI.
+HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+
+.PHONY: setup build bazel native-test test test-python test-bazel-ops demo bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt Makefile
+	test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
+	$(HOROVOD_ENV) $(PIP) install -q --no-build-isolation horovod==0.28.1
+	# The lookup benchmark's peer; its declared deps would replace our TF.
+	$(PIP) install -q --no-deps tensorflow-recommenders-addons==0.7.2
+	touch $@
+
+# pip builds the op library in place (graphmod/_graphmod_ops.so).
+build: $(OPS_LIB)
+$(OPS_LIB): $(VENV)/.installed $(NATIVE) setup.py pyproject.toml
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+# The same library and the C++ table test, built offline by Bazel.
+bazel: $(VENV)/.installed
+	scripts/install_bazel.sh
+	PYTHON_BIN_PATH=$(PY) bazel build //native:_graphmod_ops.so //native:table_test
+
+native-test: bazel
+	PYTHON_BIN_PATH=$(PY) bazel test //native:table_test
+
+test-python: build
+	$(PY) -m pytest -q tests
+
+# The op tests once more, against the Bazel-built library.
+test-bazel-ops: build bazel
+	GRAPHMOD_OPS_LIBRARY=$(abspath $(BAZEL_LIB)) $(PY) -m pytest -q tests/test_ops.py
+
+test: native-test test-python test-bazel-ops
+
+demo: build
+	$(PY) examples/demo.py
+
+bench: build
+	$(PY) benchmarks/lookup.py --regime small --dim 16 --json benchmarks/results/lookup_small_16.json
+	$(PY) benchmarks/lookup.py --regime small --dim 64 --json benchmarks/results/lookup_small_64.json
+	$(PY) benchmarks/lookup.py --regime large --dim 16 --json benchmarks/results/lookup_large_16.json
+	$(PY) benchmarks/lookup.py --regime large --dim 64 --json benchmarks/results/lookup_large_64.json
+
+clean:
+	rm -rf build *.egg-info $(OPS_LIB)
+	-bazel clean

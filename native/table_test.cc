@@ -1,0 +1,297 @@
+// Unit tests of graphmod::EmbeddingTable alone (no TensorFlow).
+// Built by `bazel test //native:table_test` and by `make native-test`.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "native/table.h"
+
+using graphmod::EmbeddingTable;
+using graphmod::ExportBuffers;
+using graphmod::Initializer;
+using graphmod::Optimizer;
+using graphmod::OptimizerKind;
+using graphmod::TableConfig;
+
+namespace {
+
+int failures = 0;
+
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                     \
+    }                                                                 \
+  } while (0)
+
+TableConfig Config(int dim, int slots = 0) {
+  TableConfig c;
+  c.name = "test";
+  c.dim = dim;
+  c.num_slots = slots;
+  c.slot_init.assign(slots, 0.5f);
+  c.init = Initializer::kNormal;
+  c.init_b = 1.f;
+  c.seed = 7;
+  return c;
+}
+
+// Runs the chunks on real threads, as TF's intra-op pool would.
+void ThreadRunner(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
+  std::vector<std::thread> threads;
+  const int64_t parts = std::min<int64_t>(n, 4);
+  for (int64_t p = 0; p < parts; ++p)
+    threads.emplace_back([&, p] { fn(n * p / parts, n * (p + 1) / parts); });
+  for (auto& t : threads) t.join();
+}
+
+struct Exported {
+  std::vector<int64_t> keys, counts, last_seen, versions;
+  std::vector<float> values, slots;
+};
+
+Exported ExportAll(const EmbeddingTable& t, int64_t min_version = 0) {
+  Exported e;
+  const int d = t.config().dim, s = t.config().num_slots;
+  t.Export(min_version, [&](int64_t n) {
+    e.keys.resize(n);
+    e.counts.resize(n);
+    e.last_seen.resize(n);
+    e.versions.resize(n);
+    e.values.resize(n * d);
+    e.slots.resize(n * d * s);
+    ExportBuffers b;
+    b.keys = e.keys.data();
+    b.values = e.values.data();
+    b.slots = e.slots.data();
+    b.counts = e.counts.data();
+    b.last_seen = e.last_seen.data();
+    b.versions = e.versions.data();
+    return b;
+  });
+  return e;
+}
+
+void TestGrowthKeepsRowsAndHandles() {
+  EmbeddingTable t(Config(8));
+  std::vector<int64_t> keys = {0, -1, std::numeric_limits<int64_t>::min(),
+                               std::numeric_limits<int64_t>::max()};
+  std::mt19937_64 rng(1);
+  while (keys.size() < 200000) keys.push_back(static_cast<int64_t>(rng()));
+  std::vector<float> first(8 * 4), values(8 * keys.size());
+  std::vector<int64_t> first_handles(4), handles(keys.size());
+  t.FindOrInsert(keys.data(), 4, 1, first.data(), first_handles.data(), graphmod::SerialRunner);
+  t.FindOrInsert(keys.data(), keys.size(), 2, values.data(), handles.data(), ThreadRunner);
+  CHECK(t.size() == static_cast<int64_t>(keys.size()));
+  for (int i = 0; i < 4; ++i) {
+    CHECK(handles[i] == first_handles[i]);  // rows never move while the index grows
+    CHECK(std::equal(first.begin() + 8 * i, first.begin() + 8 * i + 8, values.begin() + 8 * i));
+  }
+  std::vector<float> expect(8);
+  for (size_t i = 0; i < keys.size(); i += 997) {
+    t.InitialRow(keys[i], expect.data());
+    CHECK(std::equal(expect.begin(), expect.end(), values.begin() + 8 * i));
+  }
+  // Read-only find agrees, and does not insert.
+  std::vector<float> found(8 * keys.size());
+  t.Find(keys.data(), keys.size(), found.data(), ThreadRunner);
+  CHECK(found == values);
+  const int64_t unknown = 123456789;
+  t.Find(&unknown, 1, found.data(), graphmod::SerialRunner);
+  CHECK(t.size() == static_cast<int64_t>(keys.size()));
+  // Memory: a 56-byte record plus index and arena slack; at this size the
+  // last geometric block is partly empty, so allow 1.5x records + the index.
+  const double per_key = static_cast<double>(t.memory_bytes()) / t.size();
+  std::printf("bytes per key (dim 8, 200k keys): %.1f\n", per_key);
+  CHECK(per_key <= 1.5 * (4 * 8 + 24) + 12);
+}
+
+void TestDeterministicInit() {
+  // Same key and seed: same row, in any insertion order; other seed: other row.
+  EmbeddingTable a(Config(16)), b(Config(16));
+  TableConfig other = Config(16);
+  other.seed = 8;
+  EmbeddingTable c(other);
+  std::vector<int64_t> keys = {5, 9, 11, -3};
+  std::vector<int64_t> rev(keys.rbegin(), keys.rend());
+  std::vector<float> va(64), vb(64), vc(64);
+  a.FindOrInsert(keys.data(), 4, 0, va.data(), nullptr, graphmod::SerialRunner);
+  b.FindOrInsert(rev.data(), 4, 0, vb.data(), nullptr, graphmod::SerialRunner);
+  c.FindOrInsert(keys.data(), 4, 0, vc.data(), nullptr, graphmod::SerialRunner);
+  for (int i = 0; i < 4; ++i)
+    CHECK(std::equal(va.begin() + 16 * i, va.begin() + 16 * i + 16, vb.begin() + 16 * (3 - i)));
+  CHECK(va != vc);
+  // Truncated normal stays within two standard deviations.
+  TableConfig tn = Config(64);
+  tn.init = Initializer::kTruncatedNormal;
+  tn.init_b = 0.1f;
+  EmbeddingTable t(tn);
+  std::vector<float> row(64);
+  double sum = 0, sq = 0;
+  for (int64_t k = 0; k < 2000; ++k) {
+    t.InitialRow(k, row.data());
+    for (float x : row) {
+      CHECK(std::fabs(x) <= 0.2f + 1e-6f);
+      sum += x;
+      sq += x * x;
+    }
+  }
+  const double mean = sum / (2000 * 64), sd = std::sqrt(sq / (2000 * 64) - mean * mean);
+  CHECK(std::fabs(mean) < 0.005);
+  CHECK(sd > 0.08 && sd < 0.095);  // 0.88 x 0.1 for a unit normal truncated at 2
+}
+
+void TestApplySumsDuplicates() {
+  EmbeddingTable t(Config(2, 1));
+  std::vector<int64_t> keys = {4, 4, 6};
+  std::vector<float> values(6);
+  std::vector<int64_t> handles(3);
+  t.FindOrInsert(keys.data(), 3, 0, values.data(), handles.data(), graphmod::SerialRunner);
+  Optimizer adagrad;
+  adagrad.kind = OptimizerKind::kAdagrad;
+  adagrad.lr = 1.f;
+  std::vector<float> grads = {1, 1, 2, 2, 3, 3};
+  CHECK(t.Apply(adagrad, handles.data(), true, grads.data(), 3, ThreadRunner).empty());
+  Exported e = ExportAll(t);
+  std::map<int64_t, int> at;
+  for (size_t i = 0; i < e.keys.size(); ++i) at[e.keys[i]] = i;
+  // Key 4: gradient 1 + 2 = 3 in one update: acc = 0.5 + 9, var -= 3 / sqrt(9.5).
+  CHECK(std::fabs(e.slots[2 * at[4]] - 9.5f) < 1e-5f);
+  CHECK(std::fabs(e.values[2 * at[4]] - (values[0] - 3.f / std::sqrt(9.5f))) < 1e-5f);
+  CHECK(std::fabs(e.values[2 * at[6]] - (values[4] - 3.f / std::sqrt(9.5f))) < 1e-5f);
+  CHECK(e.counts[at[4]] == 2 && e.counts[at[6]] == 1);
+  // By key gives the same as by handle; unknown keys are dropped.
+  std::vector<int64_t> by_key = {6, 99};
+  std::vector<float> g2 = {1, 1, 1, 1};
+  CHECK(t.Apply(adagrad, by_key.data(), false, g2.data(), 2, graphmod::SerialRunner).empty());
+  CHECK(t.size() == 2);
+  // Handles from nowhere and optimizers needing missing slots are refused.
+  int64_t bad = (int64_t{99} << graphmod::kHandleRowBits) | 1;
+  CHECK(!t.Apply(adagrad, &bad, true, g2.data(), 1, graphmod::SerialRunner).empty());
+  bad = 1000;
+  CHECK(!t.Apply(adagrad, &bad, true, g2.data(), 1, graphmod::SerialRunner).empty());
+  Optimizer adam;
+  adam.kind = OptimizerKind::kAdam;
+  CHECK(!t.Apply(adam, by_key.data(), false, g2.data(), 1, graphmod::SerialRunner).empty());
+}
+
+void TestRemoveExportImport() {
+  EmbeddingTable t(Config(4, 2));
+  std::vector<int64_t> keys(5000);
+  for (int i = 0; i < 5000; ++i) keys[i] = i * 7919 - 20000;
+  std::vector<float> values(4 * keys.size());
+  t.FindOrInsert(keys.data(), keys.size(), 42, values.data(), nullptr, ThreadRunner);
+  CHECK(t.Remove(keys.data(), 2500) == 2500);
+  CHECK(t.Remove(keys.data(), 10) == 0);
+  CHECK(t.size() == 2500);
+  // Reinsert after removal reuses freed rows and finds the fresh initial rows.
+  t.FindOrInsert(keys.data(), 100, 43, values.data(), nullptr, ThreadRunner);
+  CHECK(t.size() == 2600);
+  Exported e = ExportAll(t);
+  CHECK(e.keys.size() == 2600);
+  EmbeddingTable u(Config(4, 2));
+  CHECK(u.Import(e.keys.data(), e.values.data(), e.slots.data(), e.counts.data(),
+                 e.last_seen.data(), e.versions.data(), e.keys.size(), true)
+            .empty());
+  Exported f = ExportAll(u);
+  std::map<int64_t, size_t> ei, fi;
+  for (size_t i = 0; i < e.keys.size(); ++i) ei[e.keys[i]] = i;
+  for (size_t i = 0; i < f.keys.size(); ++i) fi[f.keys[i]] = i;
+  CHECK(ei.size() == fi.size());
+  for (const auto& kv : ei) {
+    const size_t a = kv.second, b = fi[kv.first];
+    CHECK(std::equal(e.values.begin() + 4 * a, e.values.begin() + 4 * a + 4, f.values.begin() + 4 * b));
+    CHECK(e.last_seen[a] == f.last_seen[b] && e.counts[a] == f.counts[b]);
+  }
+  u.Clear();
+  CHECK(u.size() == 0 && ExportAll(u).keys.empty());
+}
+
+void TestVersions() {
+  EmbeddingTable t(Config(1));
+  std::vector<int64_t> keys = {1, 2, 3};
+  std::vector<float> v(3), g = {1, 1, 1};
+  t.FindOrInsert(keys.data(), 3, 0, v.data(), nullptr, graphmod::SerialRunner);
+  Optimizer sgd;
+  sgd.lr = 0.1f;
+  CHECK(t.Apply(sgd, keys.data(), false, g.data(), 1, graphmod::SerialRunner).empty());
+  const int64_t after_first = t.version();
+  CHECK(t.Apply(sgd, keys.data() + 1, false, g.data(), 1, graphmod::SerialRunner).empty());
+  // Only key 2 changed after the first apply.
+  Exported e = ExportAll(t, after_first + 1);
+  CHECK(e.keys.size() == 1 && e.keys[0] == 2);
+}
+
+void TestConcurrentUse() {
+  // Threads look up and update overlapping keys at once: no crash, no lost row.
+  EmbeddingTable t(Config(8, 1));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&t, w] {
+      std::mt19937_64 rng(w);
+      Optimizer adagrad;
+      adagrad.kind = OptimizerKind::kAdagrad;
+      adagrad.lr = 0.01f;
+      std::vector<int64_t> keys(512), handles(512);
+      std::vector<float> values(512 * 8), grads(512 * 8, 0.1f);
+      for (int step = 0; step < 200; ++step) {
+        for (auto& k : keys) k = static_cast<int64_t>(rng() % 20000);
+        t.FindOrInsert(keys.data(), keys.size(), step, values.data(), handles.data(),
+                       ThreadRunner);
+        if (!t.Apply(adagrad, handles.data(), true, grads.data(), keys.size(), ThreadRunner)
+                 .empty())
+          ++failures;
+        if (step % 50 == 0) t.Remove(keys.data(), 16);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  Exported e = ExportAll(t);
+  CHECK(static_cast<int64_t>(e.keys.size()) == t.size());
+  std::vector<int64_t> sorted = e.keys;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+  for (int64_t k : sorted) CHECK(k >= 0 && k < 20000);
+}
+
+void TestValidation() {
+  TableConfig c = Config(0);
+  CHECK(!graphmod::ValidateConfig(c).empty());
+  c = Config(4);
+  c.num_shards = 3;
+  CHECK(!graphmod::ValidateConfig(c).empty());
+  c = Config(4, 2);
+  c.slot_init.pop_back();
+  CHECK(!graphmod::ValidateConfig(c).empty());
+  c = Config(4);
+  c.init = Initializer::kUniform;
+  c.init_a = 1.f;
+  c.init_b = 0.f;
+  CHECK(!graphmod::ValidateConfig(c).empty());
+  CHECK(graphmod::ValidateConfig(Config(4, 2)).empty());
+}
+
+}  // namespace
+
+int main() {
+  TestGrowthKeepsRowsAndHandles();
+  TestDeterministicInit();
+  TestApplySumsDuplicates();
+  TestRemoveExportImport();
+  TestVersions();
+  TestConcurrentUse();
+  TestValidation();
+  if (failures != 0) {
+    std::fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  std::printf("table_test: all checks passed\n");
+  return 0;
+}

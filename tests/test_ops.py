@@ -1,0 +1,337 @@
+"""Tests of the native table ops through their Python API.
+
+Run against the pip-built library and, with GRAPHMOD_OPS_LIBRARY pointing at
+bazel-bin/native/_graphmod_ops.so, against the Bazel-built one (make test).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings, strategies as st
+
+import graphmod
+from graphmod._ops import library_path
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+
+I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+DIM = 3
+
+
+def test_library_under_test_is_the_requested_one():
+    want = os.environ.get("GRAPHMOD_OPS_LIBRARY")
+    if want:
+        assert os.path.samefile(library_path, want)
+    else:
+        assert library_path.endswith(os.path.join("graphmod", "_graphmod_ops.so"))
+
+
+# ------------------------------------------------------------------ model-based
+
+
+class Harness:
+    """One graph with placeholders for every table op, run in one session."""
+
+    def __init__(self, num_shards: int):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.opt = graphmod.optimizers.Adagrad(0.5, initial_accumulator_value=0.25)
+            self.table = graphmod.create_table(
+                "model", DIM, optimizer=self.opt, num_shards=num_shards,
+                initializer=tf1.random_uniform_initializer(-1.0, 1.0))
+            # A never-mutated twin with the same seed gives the expected initial rows.
+            self.twin = graphmod.create_table(
+                "twin", DIM, num_shards=1, seed=self.table_seed(),
+                initializer=tf1.random_uniform_initializer(-1.0, 1.0))
+            self.keys = tf1.placeholder(tf.int64, [None])
+            self.grads = tf1.placeholder(tf.float32, [None, DIM])
+            self.values = tf1.placeholder(tf.float32, [None, DIM])
+            self.slots = tf1.placeholder(tf.float32, [None, 1, DIM])
+            self.counts = tf1.placeholder(tf.int64, [None])
+            self.lookup = graphmod.sparse_lookup(self.table, self.keys, is_training=True)
+            self.find = graphmod.sparse_lookup(self.table, self.keys, is_training=False)
+            self.initial = graphmod.sparse_lookup(self.twin, self.keys, is_training=False)
+            self.apply = self.opt.apply(self.table, self.keys, self.grads)
+            self.remove = self.table.remove(self.keys)
+            self.imp = self.table.import_rows(self.keys, self.values, self.slots, self.counts)
+            self.export = self.table.export()
+            self.clear = self.table.clear()
+        self.sess = tf1.Session(graph=self.graph)
+
+    def table_seed(self):
+        import zlib
+        return zlib.crc32(b"model")
+
+
+_HARNESSES = {}
+
+
+def harness(num_shards):
+    if num_shards not in _HARNESSES:
+        _HARNESSES[num_shards] = Harness(num_shards)
+    return _HARNESSES[num_shards]
+
+
+keys_st = st.lists(st.one_of(st.integers(-6, 6), st.sampled_from([I64_MIN, I64_MAX])),
+                   min_size=0, max_size=12)
+op_st = st.one_of(
+    st.tuples(st.just("lookup"), keys_st),
+    st.tuples(st.just("find"), keys_st),
+    st.tuples(st.just("apply"), keys_st),
+    st.tuples(st.just("remove"), keys_st),
+    st.tuples(st.just("import"), keys_st),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(op_st, max_size=12), num_shards=st.sampled_from([1, 4]),
+       seed=st.integers(0, 2**16))
+def test_table_matches_reference_model(ops, num_shards, seed):
+    h = harness(num_shards)
+    rng = np.random.default_rng(seed)
+    run = h.sess.run
+    run(h.clear)
+    ref = {}  # key -> [row, accumulator, count]
+
+    def initial(keys):
+        return run(h.initial, {h.keys: keys})
+
+    for kind, keys in ops:
+        keys = np.array(keys, np.int64)
+        if kind == "lookup":
+            got = run(h.lookup, {h.keys: keys})
+            init = initial(keys)
+            for i, k in enumerate(keys):
+                if k not in ref:
+                    ref[k] = [init[i].copy(), np.full(DIM, 0.25, np.float32), 0]
+                ref[k][2] += 1
+                np.testing.assert_array_equal(got[i], ref[k][0])
+        elif kind == "find":
+            got = run(h.find, {h.keys: keys})
+            init = initial(keys)
+            for i, k in enumerate(keys):
+                np.testing.assert_array_equal(got[i], ref[k][0] if k in ref else init[i])
+        elif kind == "apply":
+            grads = rng.normal(size=(len(keys), DIM)).astype(np.float32)
+            run(h.apply, {h.keys: keys, h.grads: grads})
+            total = {}
+            for k, g in zip(keys, grads):
+                total[k] = total.get(k, 0) + g.astype(np.float64)
+            for k, g in total.items():
+                if k in ref:  # gradients of keys without a row are dropped
+                    row, acc, _ = ref[k]
+                    acc += (g * g).astype(np.float32)
+                    row -= (0.5 * g / np.sqrt(acc)).astype(np.float32)
+        elif kind == "remove":
+            removed = run(h.remove, {h.keys: keys})
+            assert removed == len({k for k in keys if k in ref})
+            for k in set(keys.tolist()):
+                ref.pop(k, None)
+        elif kind == "import":
+            keys = np.unique(keys)
+            values = rng.normal(size=(len(keys), DIM)).astype(np.float32)
+            slots = rng.uniform(0.1, 1, size=(len(keys), 1, DIM)).astype(np.float32)
+            counts = rng.integers(0, 100, len(keys))
+            run(h.imp, {h.keys: keys, h.values: values, h.slots: slots, h.counts: counts})
+            for k, v, s, c in zip(keys, values, slots, counts):
+                ref[k] = [v.copy(), s[0].copy(), int(c)]
+        # After every operation the export equals the reference, row for row.
+        exp = run(h.export)
+        assert sorted(exp["keys"].tolist()) == sorted(ref)
+        for i, k in enumerate(exp["keys"]):
+            row, acc, count = ref[k]
+            np.testing.assert_allclose(exp["values"][i], row, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(exp["slots"][i, 0], acc, rtol=1e-5, atol=1e-6)
+            assert exp["counts"][i] == count
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+def test_concurrent_lookups_and_applies_lose_no_row():
+    with tf.Graph().as_default() as g:
+        opt = graphmod.optimizers.Adagrad(0.01)
+        table = graphmod.create_table("stress", 8, optimizer=opt)
+        keys = tf1.placeholder(tf.int64, [None])
+        rows = graphmod.sparse_lookup(table, keys, is_training=True)
+        step = opt.minimize(tf.reduce_sum(rows * rows))
+        size = table.size()
+    config = tf1.ConfigProto(inter_op_parallelism_threads=4, intra_op_parallelism_threads=2)
+    errors = []
+    with tf1.Session(graph=g, config=config) as sess:
+        def worker(w):
+            rng = np.random.default_rng(w)
+            try:
+                for _ in range(60):
+                    sess.run(step, {keys: rng.integers(w * 5000, w * 5000 + 20000, 2048)})
+            except Exception as e:  # surfaced below
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        expected = set()
+        for w in range(4):
+            rng = np.random.default_rng(w)
+            for _ in range(60):
+                expected.update(rng.integers(w * 5000, w * 5000 + 20000, 2048).tolist())
+        exported = sess.run(table.export())
+        assert sess.run(size) == len(expected)
+        assert set(exported["keys"].tolist()) == expected
+        assert np.all(np.isfinite(exported["values"]))
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_saver_round_trip_keeps_rows_slots_and_metadata():
+    ckpt = os.path.join(tempfile.mkdtemp(), "model")
+    with tf.Graph().as_default():
+        opt = graphmod.optimizers.Ftrl(0.1, l1=0.01)
+        table = graphmod.create_table("user", 4, optimizer=opt)
+        ids = tf.constant([5, I64_MIN, I64_MAX, -7, 5], tf.int64)
+        rows = graphmod.sparse_lookup(table, ids, is_training=True)
+        train = opt.minimize(tf.reduce_sum(tf.sin(rows)))
+        export = table.export()
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            for _ in range(3):
+                sess.run(train)
+            before = sess.run(export)
+            saver.save(sess, ckpt)
+    names = dict(tf.train.list_variables(ckpt))
+    assert names["user-keys"] == [4] and names["user-slots"] == [4, 2, 4]
+    with tf.Graph().as_default():
+        table = graphmod.create_table("user", 4, optimizer=graphmod.optimizers.Ftrl(0.1, l1=0.01))
+        export = table.export()
+        with tf1.Session() as sess:
+            tf1.train.Saver().restore(sess, ckpt)
+            after = sess.run(export)
+    order_b, order_a = np.argsort(before["keys"]), np.argsort(after["keys"])
+    for field in before:
+        np.testing.assert_array_equal(before[field][order_b], after[field][order_a], err_msg=field)
+    assert before["counts"][order_b].tolist() == [3, 3, 6, 3]  # (min, -7, 5, max)
+
+
+def test_restore_into_wrong_dim_names_the_table_and_fails():
+    ckpt = os.path.join(tempfile.mkdtemp(), "model")
+    with tf.Graph().as_default():
+        table = graphmod.create_table("item", 4)
+        rows = graphmod.sparse_lookup(table, tf.constant([1, 2], tf.int64))
+        with tf1.Session() as sess:
+            sess.run(rows)
+            tf1.train.Saver().save(sess, ckpt)
+    with tf.Graph().as_default():
+        graphmod.create_table("item", 6)
+        with tf1.Session() as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="item"):
+                tf1.train.Saver().restore(sess, ckpt)
+
+
+# ------------------------------------------------------------------ determinism
+
+
+_ROWS_SCRIPT = """
+import sys, numpy as np, tensorflow as tf, graphmod
+tf.compat.v1.disable_eager_execution()
+keys = [int(k) for k in sys.argv[1:]]
+t = graphmod.create_table("emb", 5, initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.3))
+rows = graphmod.sparse_lookup(t, tf.constant(keys, tf.int64), is_training=True)
+with tf.compat.v1.Session() as s:
+    np.save(sys.stdout.buffer, s.run(rows))
+"""
+
+
+def test_initial_rows_are_the_same_in_any_process_and_order():
+    keys = [3, -9, 2**62, 17, 0]
+
+    def rows(order):
+        out = subprocess.run([sys.executable, "-c", _ROWS_SCRIPT] + [str(k) for k in order],
+                             check=True, capture_output=True).stdout
+        import io
+        return dict(zip(order, np.load(io.BytesIO(out))))
+
+    a, b = rows(keys), rows(keys[::-1])
+    for k in keys:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert not np.array_equal(a[3], a[17])
+    assert np.all(np.abs(a[3]) <= 0.6 + 1e-6)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_input_gives_clear_errors_naming_the_table():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="'zero'.*dim must be a positive integer"):
+            graphmod.create_table("zero", 0)
+        with pytest.raises(ValueError, match="'neg'.*dim"):
+            graphmod.create_table("neg", -4)
+        with pytest.raises(ValueError, match="num_shards"):
+            graphmod.create_table("shards", 4, num_shards=3)
+        with pytest.raises(ValueError, match="uniform"):
+            graphmod.create_table("u", 4, initializer=graphmod.TableInitializer("uniform", 1, 0))
+        table = graphmod.create_table("clicks", 4, optimizer=graphmod.optimizers.SGD(0.1))
+        with pytest.raises(ValueError, match="'clicks' already exists"):
+            graphmod.create_table("clicks", 4)
+        with pytest.raises(TypeError, match="'clicks'.*float32"):
+            graphmod.sparse_lookup(table, tf.constant([1.0, 2.0]))
+        with pytest.raises(ValueError, match="'clicks'.*combiner"):
+            graphmod.sparse_lookup(table, tf.constant([1]), combiner="max")
+        with pytest.raises(TypeError, match="'clicks'.*is_training"):
+            graphmod.sparse_lookup(table, tf.constant([1]), is_training=tf.constant(True))
+        bad_grads = table.optimizer.apply(table, tf.constant([1, 2, 3], tf.int64), tf.ones([2, 4]))
+        bad_import = table.import_rows(tf.constant([1, 2], tf.int64), tf.ones([2, 5]))
+        wrong_handle = table.optimizer.apply(table, tf.constant([12345678], tf.int64),
+                                             tf.ones([1, 4]), by_address=True)
+        with tf1.Session() as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="'clicks'.*gradients of shape \\[2,4\\]"):
+                sess.run(bad_grads)
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="'clicks'.*import values have shape \\[2,5\\]"):
+                sess.run(bad_import)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="'clicks'.*row handle"):
+                sess.run(wrong_handle)
+            assert sess.run(table.size()) == 0  # nothing was half-applied
+
+
+def test_empty_batches_and_extreme_keys():
+    with tf.Graph().as_default():
+        opt = graphmod.optimizers.Adam(0.01)
+        table = graphmod.create_table("edge", 2, optimizer=opt)
+        empty = graphmod.sparse_lookup(table, tf.zeros([0], tf.int64))
+        empty_2d = graphmod.sparse_lookup(table, tf.zeros([3, 0], tf.int64), combiner="mean")
+        sp = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [2, 5])
+        empty_sparse = graphmod.sparse_lookup(table, sp, combiner="sqrtn")
+        extreme = graphmod.sparse_lookup(table, tf.constant([I64_MIN, I64_MAX, -1, 0], tf.int64))
+        train = opt.minimize(tf.reduce_sum(extreme) + tf.reduce_sum(empty))
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            e, e2, es, x = sess.run([empty, empty_2d, empty_sparse, extreme])
+            assert e.shape == (0, 2) and es.shape == (2, 2) and not es.any()
+            assert e2.shape == (3, 2) and not e2.any()
+            assert len({tuple(r) for r in x}) == 4
+            sess.run(train)
+            assert sess.run(table.size()) == 4
+
+
+def test_string_ids_use_a_64_bit_fingerprint():
+    with tf.Graph().as_default():
+        table = graphmod.create_table("query", 4)
+        words = tf.constant([b"shoes", b"hat", b"shoes"])
+        rows = graphmod.sparse_lookup(table, words)
+        with tf1.Session() as sess:
+            r = sess.run(rows)
+            keys = sess.run(table.export())["keys"]
+    np.testing.assert_array_equal(r[0], r[2])
+    assert not np.array_equal(r[0], r[1])
+    assert len(keys) == 2 and any(abs(int(k)) > 2**40 for k in keys)  # full-width keys
