@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's C++ start-up banners
 
@@ -129,10 +130,19 @@ def table_rows_in_checkpoint(model_dir, names):
     return {n: shapes[f"{n}-keys"][0] for n in names}
 
 
-def main(argv):
-    del argv
+def quiet_tf_logging():
+    """INFO logs (steps, loss, checkpoints) without TF1 deprecation noise."""
     tf1.logging.set_verbosity(tf1.logging.INFO)
     logging.set_verbosity(logging.INFO)
+    tf_logger = tf.get_logger()
+    tf_logger.propagate = False  # TF has its own handler; absl's would print each line twice
+    tf_logger.addFilter(lambda record: "is deprecated" not in record.getMessage())
+    warnings.filterwarnings("ignore", message=".*tf.layers.dense.*is deprecated")
+
+
+def main(argv):
+    del argv
+    quiet_tf_logging()
 
     cfg = data.SyntheticCriteo(seed=FLAGS.seed)  # raw hashed int64 ids, Zipf frequencies
     temp_dir = None

@@ -105,8 +105,20 @@ class SparseOptimizer:
             return tf.group(*applied, *self._after_step(applied))
 
     def minimize(self, loss: tf.Tensor, name: str = None) -> tf.Operation:
-        """Trains every table of this optimizer through its training lookups."""
-        lookups = [l for l in training_lookups() if l.table.optimizer is self]
+        """Trains every table created with this optimizer through its training lookups.
+
+        Raises ValueError when the graph has training lookups but none of them
+        belongs to this optimizer (a table created with another optimizer, or
+        none, would otherwise silently never train).
+        """
+        everything = training_lookups()
+        lookups = [l for l in everything if l.table.optimizer is self]
+        if everything and not lookups:
+            owners = sorted({f"'{l.table.name}' ({type(l.table.optimizer).__name__})"
+                             for l in everything})
+            raise ValueError(f"{type(self).__name__}.minimize: no table in this graph was created "
+                             f"with this optimizer; tables looked up: {', '.join(owners)}. Pass "
+                             "the optimizer instance as create_table(..., optimizer=...)")
         grads = tf.gradients(loss, [l.rows for l in lookups]) if lookups else []
         return self.apply_gradients(zip(grads, lookups), name=name)
 

@@ -94,9 +94,40 @@ inline void LocateRow(uint64_t row, size_t* block, uint64_t* offset) {
 
 // ---------------------------------------------------------------- initializers
 
-// Uniform in (0, 1) from 24 random bits: never 0, so log() is finite.
+// Uniform in (0, 1) from 24 random bits.
 inline float Uniform01(uint64_t x) {
   return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+// Uniform in (0, 1) from 53 random bits: never 0 or 1, so the quantile is finite.
+inline double Uniform53(uint64_t x) {
+  return (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+// Inverse of the standard normal CDF, by Acklam's rational approximation
+// (relative error below 1.2e-9): one uniform per normal value, and only the
+// 5% of draws in the tails pay for a log and a square root.
+double NormalQuantile(double p) {
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
+                             -2.759285104469687e+02, 1.383577518672690e+02,
+                             -3.066479806614716e+01, 2.506628277459239e+00};
+  static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
+                             -1.556989798598866e+02, 6.680131188771972e+01,
+                             -1.328068155288572e+01};
+  static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
+                             -2.400758277161838e+00, -2.549732539343734e+00,
+                             4.374664141464968e+00,  2.938163982698783e+00};
+  static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01,
+                             2.445134137142996e+00, 3.754408661907416e+00};
+  constexpr double kTail = 0.02425;
+  if (p < kTail || p > 1.0 - kTail) {
+    const double q = std::sqrt(-2.0 * std::log(p < kTail ? p : 1.0 - p));
+    const double x = (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+                     ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1.0);
+    return p < kTail ? x : -x;
+  }
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1.0);
 }
 
 // Saturating add for the 32-bit access counter.
@@ -168,9 +199,13 @@ void SerialRunner(int64_t n, int64_t, const std::function<void(int64_t, int64_t)
 
 struct EmbeddingTable::Shard {
   mutable std::mutex mu;
-  // Index: `groups` groups of 16 control bytes and 16 row numbers.
-  std::unique_ptr<int8_t[]> ctrl;
-  std::unique_ptr<uint32_t[]> slot_row;
+  // Index: `groups` groups, each 16 control bytes then their 16 row numbers,
+  // so one probe touches one 80-byte span (two cache lines at most).
+  struct Group {
+    int8_t ctrl[kGroup];
+    uint32_t row[kGroup];
+  };
+  std::unique_ptr<Group[]> index;
   size_t groups = 0;
   size_t used = 0;     // full slots == live rows
   size_t deleted = 0;  // tombstones
@@ -188,6 +223,8 @@ struct EmbeddingTable::Shard {
     return blocks[block].get() + offset * stride;
   }
   int64_t KeyOf(uint32_t row) const { return Header(Record(row))->key; }
+  int8_t& Ctrl(size_t slot) const { return index[slot / kGroup].ctrl[slot % kGroup]; }
+  uint32_t& Row(size_t slot) const { return index[slot / kGroup].row[slot % kGroup]; }
 
   // Probes for key. Returns the slot holding it (found = true), or else the
   // first free slot of its probe sequence (valid only when the index has room).
@@ -199,10 +236,10 @@ struct EmbeddingTable::Shard {
     size_t g = (h >> 7) & mask;
     size_t free_slot = SIZE_MAX;
     for (size_t step = 0; step < groups; ++step, g = (g + 1) & mask) {
-      const int8_t* c = ctrl.get() + g * kGroup;
+      const int8_t* c = index[g].ctrl;
       for (uint32_t m = MatchTag(c, tag); m != 0; m &= m - 1) {
         const size_t slot = g * kGroup + __builtin_ctz(m);
-        if (KeyOf(slot_row[slot]) == key) {
+        if (KeyOf(index[g].row[slot % kGroup]) == key) {
           *found = true;
           return slot;
         }
@@ -216,34 +253,44 @@ struct EmbeddingTable::Shard {
     return free_slot;
   }
 
-  void Prefetch(uint64_t h) const {
-    if (groups != 0) __builtin_prefetch(ctrl.get() + ((h >> 7) & (groups - 1)) * kGroup);
+  // Brings the key's first group into cache ahead of its probe.
+  void PrefetchGroup(uint64_t h) const {
+    if (groups == 0) return;
+    const char* g = reinterpret_cast<const char*>(&index[(h >> 7) & (groups - 1)]);
+    __builtin_prefetch(g);
+    __builtin_prefetch(g + sizeof(Group) - 1);
+  }
+
+  // Row of key, or kNoRow.
+  static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+  uint32_t FindRow(int64_t key, uint64_t h) const {
+    bool found;
+    const size_t slot = Probe(key, h, &found);
+    return found ? Row(slot) : kNoRow;
   }
 
   // Rebuilds the index with room for at least `want` live rows at 7/8 load.
   void Rehash(size_t want) {
     size_t new_groups = 1;
     while (new_groups * kGroup * 7 < want * 8) new_groups *= 2;
-    std::unique_ptr<int8_t[]> new_ctrl(new int8_t[new_groups * kGroup]);
-    std::unique_ptr<uint32_t[]> new_rows(new uint32_t[new_groups * kGroup]);
-    std::memset(new_ctrl.get(), kEmpty, new_groups * kGroup);
+    std::unique_ptr<Group[]> fresh(new Group[new_groups]);
+    for (size_t g = 0; g < new_groups; ++g) std::memset(fresh[g].ctrl, kEmpty, kGroup);
     const size_t mask = new_groups - 1;
     for (size_t slot = 0; slot < groups * kGroup; ++slot) {
-      if (ctrl[slot] < 0) continue;
-      const uint32_t row = slot_row[slot];
+      if (Ctrl(slot) < 0) continue;
+      const uint32_t row = Row(slot);
       const uint64_t h = HashKey(KeyOf(row));
       for (size_t g = (h >> 7) & mask;; g = (g + 1) & mask) {
-        const uint32_t f = MatchFree(new_ctrl.get() + g * kGroup);
+        const uint32_t f = MatchFree(fresh[g].ctrl);
         if (f != 0) {
-          const size_t s = g * kGroup + __builtin_ctz(f);
-          new_ctrl[s] = Tag(h);
-          new_rows[s] = row;
+          const int i = __builtin_ctz(f);
+          fresh[g].ctrl[i] = Tag(h);
+          fresh[g].row[i] = row;
           break;
         }
       }
     }
-    ctrl = std::move(new_ctrl);
-    slot_row = std::move(new_rows);
+    index = std::move(fresh);
     groups = new_groups;
     deleted = 0;
   }
@@ -276,30 +323,29 @@ struct EmbeddingTable::Shard {
     bool found;
     size_t slot = Probe(key, h, &found);
     *added = !found;
-    if (found) return slot_row[slot];
+    if (found) return Row(slot);
     if ((used + deleted + 1) * 8 > groups * kGroup * 7) {
       ReserveOne();
       slot = Probe(key, h, &found);
     }
-    if (ctrl[slot] == kDeleted) --deleted;
+    if (Ctrl(slot) == kDeleted) --deleted;
     const uint32_t row = AllocRow();
-    ctrl[slot] = Tag(h);
-    slot_row[slot] = row;
+    Ctrl(slot) = Tag(h);
+    Row(slot) = row;
     ++used;
     Header(Record(row))->key = key;
     return row;
   }
 
   void Erase(size_t slot) {
-    free_rows.push_back(slot_row[slot]);
-    ctrl[slot] = kDeleted;  // a tombstone keeps probe chains through this group intact
+    free_rows.push_back(Row(slot));
+    Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
     --used;
     ++deleted;
   }
 
   void Reset() {
-    ctrl.reset();
-    slot_row.reset();
+    index.reset();
     groups = used = deleted = 0;
     blocks.clear();
     rows = arena_rows = 0;
@@ -308,7 +354,7 @@ struct EmbeddingTable::Shard {
   }
 
   int64_t Bytes() const {
-    return static_cast<int64_t>(groups * kGroup * (sizeof(int8_t) + sizeof(uint32_t)) +
+    return static_cast<int64_t>(groups * sizeof(Group) +
                                 arena_rows * stride + free_rows.capacity() * sizeof(uint32_t));
   }
 };
@@ -372,28 +418,14 @@ void EmbeddingTable::InitialRow(int64_t key, float* out) const {
       for (int j = 0; j < d; ++j) out[j] = a + (b - a) * Uniform01(next());
       return;
     case Initializer::kNormal:
+      for (int j = 0; j < d; ++j) out[j] = a + b * static_cast<float>(NormalQuantile(Uniform53(next())));
+      return;
     case Initializer::kTruncatedNormal: {
-      // Box-Muller gives two normals per pair of uniforms; the truncated
-      // variant redraws values beyond two standard deviations (as TF does).
-      const bool truncate = config_.init == Initializer::kTruncatedNormal;
-      float spare = 0.f;
-      bool have_spare = false;
-      for (int j = 0; j < d;) {
-        float z;
-        if (have_spare) {
-          z = spare;
-          have_spare = false;
-        } else {
-          const uint64_t x = next();
-          const float r = std::sqrt(-2.f * std::log(Uniform01(x)));
-          const float t = 6.2831853f * static_cast<float>(x & 0xFFFFFF) * (1.0f / 16777216.0f);
-          z = r * std::cos(t);
-          spare = r * std::sin(t);
-          have_spare = true;
-        }
-        if (truncate && std::fabs(z) > 2.f) continue;
-        out[j++] = a + b * z;
-      }
+      // Inverting the CDF on [Phi(-2), Phi(2)] samples the normal truncated at
+      // two standard deviations (TF's truncated_normal) with no rejection loop.
+      constexpr double kLow = 0.022750131948179195, kWidth = 1.0 - 2.0 * kLow;
+      for (int j = 0; j < d; ++j)
+        out[j] = a + b * static_cast<float>(NormalQuantile(kLow + kWidth * Uniform53(next())));
       return;
     }
   }
@@ -444,6 +476,31 @@ EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
   return batch;
 }
 
+// Probes run two stages ahead of use: the group of key p + 2*kAhead is
+// prefetched, the row of key p + kAhead is resolved and its record prefetched,
+// so a batch of cold keys waits on several cache misses at once.
+constexpr int64_t kAhead = 8;
+
+template <typename Fn>
+void EmbeddingTable::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
+                                     const int64_t* keys, Fn&& fn) const {
+  const int64_t b = batch.begin[s], e = batch.begin[s + 1];
+  uint32_t ring[kAhead];
+  auto resolve = [&](int64_t p) {
+    const int64_t i = batch.order[p];
+    const uint32_t row = shard.FindRow(keys[i], batch.hash[i]);
+    if (row != Shard::kNoRow) __builtin_prefetch(shard.Record(row));
+    ring[p % kAhead] = row;
+  };
+  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) resolve(p);
+  for (int64_t p = b; p < e; ++p) {
+    if (p + 2 * kAhead < e) shard.PrefetchGroup(batch.hash[batch.order[p + 2 * kAhead]]);
+    const uint32_t row = ring[p % kAhead];
+    if (p + kAhead < e) resolve(p + kAhead);
+    fn(batch.order[p], row);
+  }
+}
+
 void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, float* values,
                                   int64_t* handles, const Runner& run) {
   if (n == 0) return;
@@ -457,12 +514,10 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, f
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      const int64_t b = batch.begin[s], e = batch.begin[s + 1];
-      for (int64_t p = b; p < e; ++p) {
-        if (p + 8 < e) shard.Prefetch(batch.hash[batch.order[p + 8]]);
-        const int64_t i = batch.order[p];
-        bool added;
-        const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[i], &added);
+      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
+        bool added = false;
+        // A key missed ahead of time may have been added since by a duplicate.
+        if (row == Shard::kNoRow) row = shard.FindOrAdd(keys[i], batch.hash[i], &added);
         char* rec = shard.Record(row);
         RecordHeader* h = Header(rec);
         if (added) {
@@ -477,7 +532,7 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, f
         h->last_seen = now;
         std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
         if (handles != nullptr) handles[i] = (s << kHandleRowBits) | row;
-      }
+      });
     }
   });
 }
@@ -492,21 +547,16 @@ void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      const int64_t b = batch.begin[s], e = batch.begin[s + 1];
-      for (int64_t p = b; p < e; ++p) {
-        if (p + 8 < e) shard.Prefetch(batch.hash[batch.order[p + 8]]);
-        const int64_t i = batch.order[p];
-        bool found;
-        const size_t slot = shard.Probe(keys[i], batch.hash[i], &found);
+      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
         float* out = values + i * d;
-        if (found) {
-          std::memcpy(out, Values(shard.Record(shard.slot_row[slot])), sizeof(float) * d);
+        if (row != Shard::kNoRow) {
+          std::memcpy(out, Values(shard.Record(row)), sizeof(float) * d);
         } else if (config_.missing_is_initializer) {
           InitialRow(keys[i], out);
         } else {
           std::fill(out, out + d, config_.default_value);
         }
-      }
+      });
     }
   });
 }
@@ -621,7 +671,7 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
         } else {
           bool found;
           const size_t slot = shard.Probe(ids[i], batch.hash[i], &found);
-          if (found) hits.emplace_back(shard.slot_row[slot], i);
+          if (found) hits.emplace_back(shard.Row(slot), i);
         }
       }
       // Sorting by row brings duplicates together, so each row is updated once
@@ -673,7 +723,7 @@ void EmbeddingTable::Export(int64_t min_version,
   std::vector<std::unique_lock<std::mutex>> locks;
   for (const auto& s : shards_) locks.emplace_back(s->mu);
   auto selected = [&](const Shard& s, size_t slot) {
-    return s.ctrl[slot] >= 0 && Header(s.Record(s.slot_row[slot]))->version >= min_version;
+    return s.Ctrl(slot) >= 0 && Header(s.Record(s.Row(slot)))->version >= min_version;
   };
   int64_t n = 0;
   for (const auto& s : shards_)
@@ -684,7 +734,7 @@ void EmbeddingTable::Export(int64_t min_version,
   for (const auto& s : shards_) {
     for (size_t slot = 0; slot < s->groups * kGroup; ++slot) {
       if (!selected(*s, slot)) continue;
-      char* rec = s->Record(s->slot_row[slot]);
+      char* rec = s->Record(s->Row(slot));
       const RecordHeader* h = Header(rec);
       if (out.keys) out.keys[i] = h->key;
       if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);

@@ -145,6 +145,10 @@ class EmbeddingTable {
   struct Batch;
   Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
                   const Runner& run) const;
+  // Calls fn(position, row or Shard::kNoRow) for shard s's keys of the batch.
+  template <typename Fn>
+  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, const int64_t* keys,
+                       Fn&& fn) const;
 
   TableConfig config_;
   int shard_bits_;
