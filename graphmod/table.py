@@ -63,13 +63,15 @@ class Table:
     """A handle on one dynamic table in one graph; build it with create_table."""
 
     def __init__(self, name: str, dim: int, initializer: TableInitializer, optimizer,
-                 default_value: Optional[float], num_shards: int, seed: int):
+                 default_value: Optional[float], num_shards: int, seed: int,
+                 max_rows: Optional[int]):
         self.name = name
         self.dim = dim
         self.initializer = initializer
         self.optimizer = optimizer
         self.num_slots = len(optimizer.slot_init) if optimizer is not None else 0
         self.default_value = default_value
+        self.max_rows = max_rows
         self.graph = tf1.get_default_graph()
         # The handle op sits at the root of the graph, outside any control
         # dependency of the caller: every op of the table reuses it.
@@ -81,6 +83,7 @@ class Table:
                 seed=seed, num_shards=num_shards,
                 missing_is_initializer=default_value is None,
                 default_value=0.0 if default_value is None else float(default_value),
+                max_rows=-1 if max_rows is None else max_rows,
                 name=f"graphmod/{name}/table")
 
     def __repr__(self) -> str:
@@ -164,7 +167,8 @@ def _check_name(name: Any) -> str:
 
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
                  default_value: Optional[float] = None, num_shards: int = 16,
-                 seed: Optional[int] = None, shape_hint: Optional[List[int]] = None) -> Table:
+                 seed: Optional[int] = None, max_rows: Optional[int] = None,
+                 shape_hint: Optional[List[int]] = None) -> Table:
     """Creates a dynamic embedding table in the default graph.
 
     Args:
@@ -179,6 +183,9 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
       num_shards: power of two; shards spread a batch over intra-op threads.
       seed: row-initialization seed; default derived from the name, so every
         process gives an id the same initial row.
+      max_rows: None = unbounded. Else training lookups of new ids in a full
+        table read the missing value, get no row and no gradient; restoring a
+        checkpoint brings back every row.
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
@@ -195,6 +202,10 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
             num_shards & (num_shards - 1):
         raise ValueError(f"graphmod table '{name}': num_shards must be a power of two in "
                          f"[1, 4096], got {num_shards!r}")
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
+                                 or max_rows <= 0):
+        raise ValueError(f"graphmod table '{name}': max_rows must be a positive integer or None, "
+                         f"got {max_rows!r}")
     state = graph_state()
     if name in state.tables:
         raise ValueError(f"graphmod table '{name}' already exists in this graph")
@@ -207,7 +218,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
                          f"got {init.b}")
     if seed is None:
         seed = zlib.crc32(name.encode())
-    table = Table(name, dim, init, optimizer, default_value, num_shards, int(seed))
+    table = Table(name, dim, init, optimizer, default_value, num_shards, int(seed), max_rows)
     state.tables[name] = table
     tf1.add_to_collection(tf1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(table))
     return table

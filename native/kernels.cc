@@ -85,6 +85,7 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &config_.num_shards));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("missing_is_initializer", &config_.missing_is_initializer));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &config_.max_rows));
     config_.seed = static_cast<uint64_t>(seed);
     OP_REQUIRES(ctx, ParseInitializer(init, &config_.init),
                 errors::InvalidArgument("graphmod table '", config_.name,

@@ -39,6 +39,7 @@ REGISTER_OP("GraphmodTable")
     .Attr("num_shards: int = 16")
     .Attr("missing_is_initializer: bool = true")
     .Attr("default_value: float = 0.0")
+    .Attr("max_rows: int = -1")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Creates (on first run) or finds a graphmod embedding table.");

@@ -212,6 +212,8 @@ std::string ValidateConfig(const TableConfig& c) {
            std::to_string(c.num_slots) + " slots";
   if (c.num_shards < 1 || c.num_shards > 4096 || (c.num_shards & (c.num_shards - 1)) != 0)
     return "num_shards must be a power of two in [1, 4096], got " + std::to_string(c.num_shards);
+  if (c.max_rows < -1 || c.max_rows == 0)
+    return "max_rows must be positive or -1 (no bound), got " + std::to_string(c.max_rows);
   if (c.init == Initializer::kUniform && !(c.init_a < c.init_b))
     return "uniform initializer needs low < high, got [" + std::to_string(c.init_a) + ", " +
            std::to_string(c.init_b) + ")";
@@ -245,6 +247,8 @@ struct EmbeddingTable::Shard {
   uint64_t arena_rows = 0;  // rows the allocated blocks can hold
   std::vector<uint32_t> free_rows;
   size_t stride = 0;
+  std::atomic<int64_t>* table_rows = nullptr;  // the table's live-row count
+  int64_t max_rows = -1;
 
   char* Record(uint64_t row) const {
     size_t block;
@@ -353,12 +357,19 @@ struct EmbeddingTable::Shard {
     return static_cast<uint32_t>(rows++);
   }
 
-  // Returns the row of key, inserting a new one (uninitialized) if absent.
-  uint32_t FindOrAdd(int64_t key, uint64_t h, bool* added) {
+  // Returns the row of key, inserting a new one (uninitialized) if absent;
+  // kNoRow when the table is at max_rows and enforce_max is set.
+  uint32_t FindOrAdd(int64_t key, uint64_t h, bool enforce_max, bool* added) {
     bool found;
     size_t slot = Probe(key, h, &found);
-    *added = !found;
+    *added = false;
     if (found) return Row(slot);
+    const int64_t before = table_rows->fetch_add(1);
+    if (enforce_max && max_rows >= 0 && before >= max_rows) {
+      table_rows->fetch_sub(1);
+      return kNoRow;
+    }
+    *added = true;
     if ((used + deleted + 1) * 8 > groups * kGroup * 7) {
       ReserveOne();
       slot = Probe(key, h, &found);
@@ -375,12 +386,14 @@ struct EmbeddingTable::Shard {
   void Erase(size_t slot) {
     free_rows.push_back(Row(slot));
     Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
+    table_rows->fetch_sub(1);
     --used;
     ++deleted;
   }
 
   void Reset() {
     index.reset();
+    table_rows->fetch_sub(static_cast<int64_t>(used));
     groups = used = deleted = 0;
     blocks.clear();
     rows = arena_rows = 0;
@@ -411,19 +424,14 @@ EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) 
   for (int i = 0; i < config_.num_shards; ++i) {
     shards_.emplace_back(new Shard);
     shards_.back()->stride = stride_;
+    shards_.back()->table_rows = &rows_;
+    shards_.back()->max_rows = config_.max_rows;
   }
 }
 
 EmbeddingTable::~EmbeddingTable() = default;
 
-int64_t EmbeddingTable::size() const {
-  int64_t n = 0;
-  for (const auto& s : shards_) {
-    std::lock_guard<std::mutex> lock(s->mu);
-    n += s->used;
-  }
-  return n;
-}
+int64_t EmbeddingTable::size() const { return rows_.load(); }
 
 int64_t EmbeddingTable::memory_bytes() const {
   int64_t n = 0;
@@ -432,6 +440,14 @@ int64_t EmbeddingTable::memory_bytes() const {
     n += s->Bytes();
   }
   return n;
+}
+
+void EmbeddingTable::MissingRow(int64_t key, float* out) const {
+  if (config_.missing_is_initializer) {
+    InitialRow(key, out);
+  } else {
+    std::fill(out, out + config_.dim, config_.default_value);
+  }
 }
 
 void EmbeddingTable::InitialRow(int64_t key, float* out) const {
@@ -483,41 +499,44 @@ EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
                                                 const Runner& run) const {
   Batch batch;
   const int64_t shards = config_.num_shards;
+  // One bucket per shard, and a last one for negative handles (lookups that
+  // got no row), which no shard processes.
+  const int64_t buckets = shards + 1;
   batch.hash.resize(n);
   batch.order.resize(n);
-  batch.begin.assign(shards + 1, 0);
+  batch.begin.assign(buckets + 1, 0);
   // Two-pass counting sort, each pass split over chunks that may run in parallel.
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(16, n / 8192));
   const int64_t per_chunk = (n + chunks - 1) / chunks;
-  std::vector<int64_t> counts(chunks * shards, 0);
-  auto shard_of = [&](int64_t i) -> int64_t {
-    if (ids_are_handles) return static_cast<uint64_t>(ids[i]) >> kHandleRowBits;
+  std::vector<int64_t> counts(chunks * buckets, 0);
+  auto bucket_of = [&](int64_t i) -> int64_t {
+    if (ids_are_handles) return ids[i] < 0 ? shards : ids[i] >> kHandleRowBits;
     return shard_bits_ == 0 ? 0 : batch.hash[i] >> (64 - shard_bits_);
   };
   run(chunks, per_chunk * 20, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      int64_t* count = &counts[c * shards];
+      int64_t* count = &counts[c * buckets];
       for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i) {
         batch.hash[i] = ids_are_handles ? 0 : HashKey(ids[i]);
-        ++count[shard_of(i)];
+        ++count[bucket_of(i)];
       }
     }
   });
   int64_t pos = 0;
-  for (int64_t s = 0; s < shards; ++s) {
+  for (int64_t s = 0; s < buckets; ++s) {
     batch.begin[s] = pos;
     for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t k = counts[c * shards + s];
-      counts[c * shards + s] = pos;
+      const int64_t k = counts[c * buckets + s];
+      counts[c * buckets + s] = pos;
       pos += k;
     }
   }
-  batch.begin[shards] = pos;
+  batch.begin[buckets] = pos;
   run(chunks, per_chunk * 10, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      int64_t* next = &counts[c * shards];
+      int64_t* next = &counts[c * buckets];
       for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i)
-        batch.order[next[shard_of(i)]++] = i;
+        batch.order[next[bucket_of(i)]++] = i;
     }
   });
   return batch;
@@ -564,7 +583,12 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, f
       ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
         bool added = false;
         // A key missed ahead of time may have been added since by a duplicate.
-        if (row == Shard::kNoRow) row = shard.FindOrAdd(keys[i], batch.hash[i], &added);
+        if (row == Shard::kNoRow) row = shard.FindOrAdd(keys[i], batch.hash[i], true, &added);
+        if (row == Shard::kNoRow) {  // table full: read as a missing key, no handle
+          MissingRow(keys[i], values + i * d);
+          if (handles != nullptr) handles[i] = -1;
+          return;
+        }
         char* rec = shard.Record(row);
         RecordHeader* h = Header(rec);
         if (added) {
@@ -595,13 +619,10 @@ void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
-        float* out = values + i * d;
         if (row != Shard::kNoRow) {
-          std::memcpy(out, Values(shard.Record(row)), sizeof(float) * d);
-        } else if (config_.missing_is_initializer) {
-          InitialRow(keys[i], out);
+          std::memcpy(values + i * d, Values(shard.Record(row)), sizeof(float) * d);
         } else {
-          std::fill(out, out + d, config_.default_value);
+          MissingRow(keys[i], values + i * d);
         }
       });
     }
@@ -685,8 +706,8 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
            std::to_string(config_.num_slots);
   if (ids_are_handles) {
     for (int64_t i = 0; i < n; ++i)
-      if (ids[i] < 0 || (static_cast<uint64_t>(ids[i]) >> kHandleRowBits) >=
-                            static_cast<uint64_t>(config_.num_shards))
+      if (ids[i] >= 0 && (static_cast<uint64_t>(ids[i]) >> kHandleRowBits) >=
+                             static_cast<uint64_t>(config_.num_shards))
         return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                " does not belong to this table";
   }
@@ -811,7 +832,8 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
     for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
       const int64_t i = batch.order[p];
       bool added;
-      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[i], &added));
+      // A restore brings back every row, even beyond max_rows.
+      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[i], false, &added));
       RecordHeader* h = Header(rec);
       std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
       float* slot = Values(rec) + d;

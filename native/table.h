@@ -48,6 +48,10 @@ struct TableConfig {
   // would be initialized with (true), or `default_value` in every element.
   bool missing_is_initializer = true;
   float default_value = 0.f;
+  // At most this many rows (-1: no bound). Training lookups of new keys in a
+  // full table read the missing value and get no row (handle -1); restores
+  // bring back every row regardless.
+  int64_t max_rows = -1;
 };
 
 // Returns "" when the config is usable, else what is wrong with it.
@@ -120,7 +124,7 @@ class EmbeddingTable {
   void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
   // Sparse update. ids are keys, or handles from FindOrInsert when
   // ids_are_handles. Gradients of duplicate ids are summed first; gradients
-  // of keys without a row are dropped. Returns "" or the error.
+  // of keys without a row (and of handle -1) are dropped. Returns "" or the error.
   std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                     const float* grads, int64_t n, const Runner& run);
   // Removes the keys' rows (absent keys are ignored); returns rows removed.
@@ -139,6 +143,8 @@ class EmbeddingTable {
 
   // The initial values row `key` gets (deterministic in key and seed).
   void InitialRow(int64_t key, float* out) const;
+  // What a key without a row reads (see TableConfig::missing_is_initializer).
+  void MissingRow(int64_t key, float* out) const;
 
  private:
   struct Shard;
@@ -155,6 +161,7 @@ class EmbeddingTable {
   size_t stride_;  // bytes per record
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<int64_t> version_{0};
+  std::atomic<int64_t> rows_{0};  // live rows, kept by the shards
 };
 
 }  // namespace graphmod

@@ -261,6 +261,41 @@ void TestConcurrentUse() {
   for (int64_t k : sorted) CHECK(k >= 0 && k < 20000);
 }
 
+void TestMaxRows() {
+  TableConfig c = Config(2, 1);
+  c.max_rows = 10;
+  EmbeddingTable t(c);
+  std::vector<int64_t> keys(25), handles(25);
+  for (int i = 0; i < 25; ++i) keys[i] = i % 20;  // 20 distinct, some twice
+  std::vector<float> values(50), expect(2);
+  t.FindOrInsert(keys.data(), 25, 0, values.data(), handles.data(), ThreadRunner);
+  CHECK(t.size() == 10);
+  int refused = 0;
+  for (int i = 0; i < 25; ++i) {
+    t.InitialRow(keys[i], expect.data());  // refused keys read their initial row
+    CHECK(std::equal(expect.begin(), expect.end(), values.begin() + 2 * i));
+    refused += handles[i] == -1;
+  }
+  CHECK(refused >= 10);
+  // Handle -1 is skipped by Apply; removing rows frees room for new keys.
+  Optimizer sgd;
+  sgd.lr = 1.f;
+  std::vector<float> grads(50, 1.f);
+  CHECK(t.Apply(sgd, handles.data(), true, grads.data(), 25, graphmod::SerialRunner).empty());
+  Exported e = ExportAll(t);
+  CHECK(t.Remove(e.keys.data(), 3) == 3 && t.size() == 7);
+  const int64_t fresh[4] = {100, 101, 102, 103};
+  t.FindOrInsert(fresh, 4, 0, values.data(), handles.data(), graphmod::SerialRunner);
+  CHECK(t.size() == 10 && std::count(handles.begin(), handles.begin() + 4, -1) == 1);
+  // Restores ignore the bound.
+  EmbeddingTable u(c);
+  CHECK(u.Import(e.keys.data(), e.values.data(), e.slots.data(), nullptr, nullptr, nullptr,
+                 e.keys.size(), false).empty());
+  CHECK(u.Import(fresh, e.values.data(), e.slots.data(), nullptr, nullptr, nullptr, 4, false)
+            .empty());
+  CHECK(u.size() == 14);
+}
+
 void TestValidation() {
   TableConfig c = Config(0);
   CHECK(!graphmod::ValidateConfig(c).empty());
@@ -275,6 +310,9 @@ void TestValidation() {
   c.init_a = 1.f;
   c.init_b = 0.f;
   CHECK(!graphmod::ValidateConfig(c).empty());
+  c = Config(4);
+  c.max_rows = 0;
+  CHECK(!graphmod::ValidateConfig(c).empty());
   CHECK(graphmod::ValidateConfig(Config(4, 2)).empty());
 }
 
@@ -287,6 +325,7 @@ int main() {
   TestRemoveExportImport();
   TestVersions();
   TestConcurrentUse();
+  TestMaxRows();
   TestValidation();
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);

@@ -335,3 +335,22 @@ def test_string_ids_use_a_64_bit_fingerprint():
     np.testing.assert_array_equal(r[0], r[2])
     assert not np.array_equal(r[0], r[1])
     assert len(keys) == 2 and any(abs(int(k)) > 2**40 for k in keys)  # full-width keys
+
+
+def test_max_rows_bounds_the_table_and_drops_gradients_of_refused_ids():
+    with tf.Graph().as_default():
+        opt = graphmod.optimizers.SGD(1.0)
+        table = graphmod.create_table("bounded", 2, optimizer=opt, max_rows=5,
+                                      initializer=0.5)
+        ids = tf1.placeholder(tf.int64, [None])
+        rows = graphmod.sparse_lookup(table, ids)
+        train = opt.minimize(tf.reduce_sum(rows))
+        with tf1.Session() as sess:
+            sess.run(train, {ids: np.arange(12)})
+            exported = sess.run(table.export())
+            assert len(exported["keys"]) == 5
+            np.testing.assert_allclose(exported["values"], -0.5)  # each kept row got its gradient
+            got = sess.run(rows, {ids: np.arange(12)})
+            assert (got == 0.5).all(axis=1).sum() == 7  # refused ids read their initial row
+        with pytest.raises(ValueError, match="'bad'.*max_rows"):
+            graphmod.create_table("bad", 2, max_rows=0)
