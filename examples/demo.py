@@ -116,18 +116,45 @@ def model_fn(features, labels, mode, params):
     sparse_train = sparse_opt.minimize(loss)
     train_op = tf.group(dense_train, sparse_train)
 
-    # Log how many ids the tables hold as training goes.
+    # Log how many ids the tables hold as training goes (the Estimator already
+    # logs the loss and steps/s every log_step_count_steps).
     total_rows = tf.add_n([t.size() for t in graphmod.tables()])
     hook = tf_estimator.estimator.LoggingTensorHook(
-        {"loss": loss, "table_rows": total_rows}, every_n_iter=params["log_every"])
+        {"table_rows": total_rows}, every_n_iter=params["log_every"])
     return tf_estimator.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                                training_hooks=[hook])
+                                                training_hooks=[hook, params["throughput"]])
+
+
+class ThroughputHook(tf1.train.SessionRunHook):
+    """Times training steps after the first one (which pays for graph set-up)."""
+
+    def __init__(self):
+        self.steps, self.first, self.last = 0, None, None
+
+    def after_run(self, run_context, run_values):
+        now = time.time()
+        if self.first is None:
+            self.first = now
+        else:
+            self.steps += 1
+        self.last = now
 
 
 def table_rows_in_checkpoint(model_dir, names):
     """Rows per table, read from the latest checkpoint's `<table>-keys` entry."""
     shapes = dict(tf.train.list_variables(model_dir))
     return {n: shapes[f"{n}-keys"][0] for n in names}
+
+
+def unseen_fraction(model_dir, cfg, n, start):
+    """Share of the categorical ids in rows start..start+n that no table holds
+    (eval lookups give those the table's missing value: here the row the id
+    would have been initialized with)."""
+    reader = tf.train.load_checkpoint(model_dir)
+    feats, _ = data.generate(cfg, n, start)
+    unseen = sum(np.count_nonzero(~np.isin(feats[c], reader.get_tensor(f"{c}-keys")))
+                 for c in cfg.categorical_names)
+    return unseen / (n * cfg.n_categorical)
 
 
 def quiet_tf_logging():
@@ -151,10 +178,11 @@ def main(argv):
         model_dir = temp_dir = tempfile.mkdtemp(prefix="graphmod_demo_")
     logging.info("model_dir: %s", model_dir)
 
+    throughput = ThroughputHook()
     params = {
         "categorical": cfg.categorical_names, "dense": cfg.dense_names,
         "dim": FLAGS.dim, "hidden": (64, 32),
-        "sparse_lr": 0.05, "dense_lr": 1e-3, "log_every": 500,
+        "sparse_lr": 0.05, "dense_lr": 1e-3, "log_every": 500, "throughput": throughput,
     }
     run_config = tf_estimator.estimator.RunConfig(
         model_dir=model_dir, tf_random_seed=FLAGS.seed,
@@ -187,13 +215,18 @@ def main(argv):
     preds = list(estimator.predict(pred_input, yield_single_examples=True))
 
     rows = table_rows_in_checkpoint(model_dir, cfg.categorical_names)
+    unseen = unseen_fraction(model_dir, cfg, FLAGS.eval_examples, EVAL_START)
 
     # ---- report
     print()
     print("=" * 64)
     print(f"train: {FLAGS.train_steps} steps x {FLAGS.batch_size} = {n_train:,} examples in "
-          f"{train_secs:.1f}s -> {n_train / train_secs:,.0f} examples/s (incl. graph build)")
-    print(f"eval : {FLAGS.eval_examples:,} held-out examples in {eval_secs:.1f}s")
+          f"{train_secs:.1f}s (incl. set-up) -> {n_train / train_secs:,.0f} examples/s")
+    if throughput.steps:
+        steady = throughput.steps * FLAGS.batch_size / (throughput.last - throughput.first)
+        print(f"       steady state after the first step: {steady:,.0f} examples/s")
+    print(f"eval : {FLAGS.eval_examples:,} held-out examples in {eval_secs:.1f}s; "
+          f"{unseen:.1%} of their ids were never seen in training")
     print(f"eval AUC {metrics['auc']:.4f}  (Bayes AUC of these rows {best:.4f}, random 0.5)   "
           f"loss {metrics['loss']:.4f}")
     print("\npredictions on held-out rows:")

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
+
+#include <sys/mman.h>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -30,15 +33,19 @@ inline uint64_t HashKey(int64_t key) { return Mix(static_cast<uint64_t>(key)); }
 
 constexpr int8_t kEmpty = -128;  // 0b10000000
 constexpr int8_t kDeleted = -2;  // 0b11111110; full slots hold a 7-bit tag >= 0
-constexpr size_t kGroup = 16;
+// A group is one 64-byte cache line: 16 control bytes (12 slots and 4 unused,
+// masked off) and the 12 slots' row numbers.
+constexpr size_t kGroup = 12;
+constexpr uint32_t kSlotMask = (1u << kGroup) - 1;
 
 inline int8_t Tag(uint64_t h) { return static_cast<int8_t>(h & 0x7F); }
 
-// Bit i set when ctrl[i] == tag.
+// Bit i (i < kGroup) set when ctrl[i] == tag; reads the 16 control bytes.
 inline uint32_t MatchTag(const int8_t* ctrl, int8_t tag) {
 #if defined(__SSE2__)
-  __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ctrl));
-  return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_set1_epi8(tag))));
+  __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(ctrl));
+  return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_set1_epi8(tag)))) &
+         kSlotMask;
 #else
   uint32_t m = 0;
   for (size_t i = 0; i < kGroup; ++i) m |= static_cast<uint32_t>(ctrl[i] == tag) << i;
@@ -49,7 +56,8 @@ inline uint32_t MatchTag(const int8_t* ctrl, int8_t tag) {
 inline uint32_t MatchFree(const int8_t* ctrl) {
 #if defined(__SSE2__)
   return static_cast<uint32_t>(
-      _mm_movemask_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ctrl))));
+             _mm_movemask_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(ctrl)))) &
+         kSlotMask;
 #else
   uint32_t m = 0;
   for (size_t i = 0; i < kGroup; ++i) m |= static_cast<uint32_t>(ctrl[i] < 0) << i;
@@ -227,34 +235,71 @@ void SerialRunner(int64_t n, int64_t, const std::function<void(int64_t, int64_t)
   if (n > 0) fn(0, n);
 }
 
+// ---------------------------------------------------------------- memory
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using Memory = std::unique_ptr<char, FreeDeleter>;
+
+// Big tables are read at random, so a lookup on 4 KB pages pays a TLB miss
+// for the index and another for the record. Allocations of 2 MB and more are
+// huge-page aligned and offered to the kernel's transparent huge pages.
+Memory Allocate(size_t bytes) {
+  void* p;
+  if (bytes < kHugePage) {
+    p = std::aligned_alloc(64, (bytes + 63) & ~size_t{63});  // whole cache lines
+  } else {
+    bytes = (bytes + kHugePage - 1) & ~(kHugePage - 1);
+    p = std::aligned_alloc(kHugePage, bytes);
+#ifdef MADV_HUGEPAGE
+    if (p != nullptr) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure is harmless
+#endif
+  }
+  if (p == nullptr) throw std::bad_alloc();
+  return Memory(static_cast<char*>(p));
+}
+
 // ---------------------------------------------------------------- shard
 
 struct EmbeddingTable::Shard {
   mutable std::mutex mu;
-  // Index: `groups` groups, each 16 control bytes then their 16 row numbers,
-  // so one probe touches one 80-byte span (two cache lines at most).
-  struct Group {
-    int8_t ctrl[kGroup];
+  // Index: `groups` groups of 12 slots, each group one cache line, so a
+  // probe that ends in its first group touches one line of the index.
+  struct alignas(64) Group {
+    int8_t ctrl[16];
     uint32_t row[kGroup];
   };
-  std::unique_ptr<Group[]> index;
+  static_assert(sizeof(Group) == 64, "a group must fill exactly one cache line");
+  Memory index_memory;
+  Group* index = nullptr;
   size_t groups = 0;
-  size_t used = 0;     // full slots == live rows
+  std::atomic<size_t> used{0};  // full slots == live rows; read unlocked by size()
   size_t deleted = 0;  // tombstones
   // Arena: rows [0, rows) have been handed out; freed ones wait in free_rows.
-  std::vector<std::unique_ptr<char[]>> blocks;
+  // Blocks come from malloc until the shard holds a huge page of rows, then
+  // are carved from 2 MB slabs.
+  std::vector<char*> blocks;
+  std::vector<Memory> slabs;  // owns the blocks' memory
+  char* slab_cursor = nullptr;
+  size_t slab_left = 0;
+  size_t arena_bytes = 0;
   uint64_t rows = 0;
   uint64_t arena_rows = 0;  // rows the allocated blocks can hold
   std::vector<uint32_t> free_rows;
   size_t stride = 0;
-  std::atomic<int64_t>* table_rows = nullptr;  // the table's live-row count
+  // Bounded tables (max_rows >= 0) keep an exact table-wide row count, which
+  // every insert reserves from; unbounded ones skip that shared counter.
+  std::atomic<int64_t>* table_rows = nullptr;
   int64_t max_rows = -1;
 
   char* Record(uint64_t row) const {
     size_t block;
     uint64_t offset;
     LocateRow(row, &block, &offset);
-    return blocks[block].get() + offset * stride;
+    return blocks[block] + offset * stride;
   }
   int64_t KeyOf(uint32_t row) const { return Header(Record(row))->key; }
   int8_t& Ctrl(size_t slot) const { return index[slot / kGroup].ctrl[slot % kGroup]; }
@@ -290,9 +335,16 @@ struct EmbeddingTable::Shard {
   // Brings the key's first group into cache ahead of its probe.
   void PrefetchGroup(uint64_t h) const {
     if (groups == 0) return;
-    const char* g = reinterpret_cast<const char*>(&index[(h >> 7) & (groups - 1)]);
-    __builtin_prefetch(g);
-    __builtin_prefetch(g + sizeof(Group) - 1);
+    __builtin_prefetch(&index[(h >> 7) & (groups - 1)]);
+  }
+
+  // Prefetches the record of the first slot in the key's home group whose
+  // tag matches (a false match, 12 in 128 at most, only wastes the prefetch).
+  void PrefetchCandidate(uint64_t h) const {
+    if (groups == 0) return;
+    const Group& g = index[(h >> 7) & (groups - 1)];
+    const uint32_t m = MatchTag(g.ctrl, Tag(h));
+    if (m != 0) __builtin_prefetch(Record(g.row[__builtin_ctz(m)]));
   }
 
   // Row of key, or kNoRow.
@@ -307,8 +359,9 @@ struct EmbeddingTable::Shard {
   void Rehash(size_t want) {
     size_t new_groups = 1;
     while (new_groups * kGroup * 7 < want * 8) new_groups *= 2;
-    std::unique_ptr<Group[]> fresh(new Group[new_groups]);
-    for (size_t g = 0; g < new_groups; ++g) std::memset(fresh[g].ctrl, kEmpty, kGroup);
+    Memory fresh_memory = Allocate(new_groups * sizeof(Group));
+    Group* fresh = reinterpret_cast<Group*>(fresh_memory.get());
+    for (size_t g = 0; g < new_groups; ++g) std::memset(fresh[g].ctrl, kEmpty, sizeof(fresh[g].ctrl));
     const size_t mask = new_groups - 1;
     // Records are read in slot order, which is random in memory: prefetching
     // the key a few full slots ahead overlaps those cache misses.
@@ -329,7 +382,8 @@ struct EmbeddingTable::Shard {
         }
       }
     }
-    index = std::move(fresh);
+    index_memory = std::move(fresh_memory);
+    index = fresh;
     groups = new_groups;
     deleted = 0;
   }
@@ -343,6 +397,24 @@ struct EmbeddingTable::Shard {
                                         : used + 1);
   }
 
+  char* NewBlock(size_t bytes) {
+    if (arena_bytes < kHugePage || bytes > kHugePage) {
+      slabs.push_back(Allocate(bytes));
+      arena_bytes += bytes;
+      return slabs.back().get();
+    }
+    if (slab_left < bytes) {  // the rest of the old slab (< one block) stays unused
+      slabs.push_back(Allocate(kHugePage));
+      slab_cursor = slabs.back().get();
+      slab_left = kHugePage;
+      arena_bytes += kHugePage;
+    }
+    char* block = slab_cursor;
+    slab_cursor += bytes;
+    slab_left -= bytes;
+    return block;
+  }
+
   uint32_t AllocRow() {
     if (!free_rows.empty()) {
       const uint32_t row = free_rows.back();
@@ -351,7 +423,7 @@ struct EmbeddingTable::Shard {
     }
     if (rows == arena_rows) {
       const uint64_t n = BlockRows(blocks.size());
-      blocks.emplace_back(new char[n * stride]);
+      blocks.push_back(NewBlock(n * stride));
       arena_rows += n;
     }
     return static_cast<uint32_t>(rows++);
@@ -364,8 +436,7 @@ struct EmbeddingTable::Shard {
     size_t slot = Probe(key, h, &found);
     *added = false;
     if (found) return Row(slot);
-    const int64_t before = table_rows->fetch_add(1);
-    if (enforce_max && max_rows >= 0 && before >= max_rows) {
+    if (max_rows >= 0 && table_rows->fetch_add(1) >= max_rows && enforce_max) {
       table_rows->fetch_sub(1);
       return kNoRow;
     }
@@ -386,24 +457,28 @@ struct EmbeddingTable::Shard {
   void Erase(size_t slot) {
     free_rows.push_back(Row(slot));
     Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
-    table_rows->fetch_sub(1);
+    if (max_rows >= 0) table_rows->fetch_sub(1);
     --used;
     ++deleted;
   }
 
   void Reset() {
-    index.reset();
-    table_rows->fetch_sub(static_cast<int64_t>(used));
+    index_memory.reset();
+    index = nullptr;
+    if (max_rows >= 0) table_rows->fetch_sub(static_cast<int64_t>(used));
     groups = used = deleted = 0;
     blocks.clear();
+    slabs.clear();
+    slab_cursor = nullptr;
+    slab_left = arena_bytes = 0;
     rows = arena_rows = 0;
     free_rows.clear();
     free_rows.shrink_to_fit();
   }
 
   int64_t Bytes() const {
-    return static_cast<int64_t>(groups * sizeof(Group) +
-                                arena_rows * stride + free_rows.capacity() * sizeof(uint32_t));
+    return static_cast<int64_t>(groups * sizeof(Group) + arena_bytes +
+                                free_rows.capacity() * sizeof(uint32_t));
   }
 };
 
@@ -431,7 +506,11 @@ EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) 
 
 EmbeddingTable::~EmbeddingTable() = default;
 
-int64_t EmbeddingTable::size() const { return rows_.load(); }
+int64_t EmbeddingTable::size() const {
+  int64_t n = 0;
+  for (const auto& s : shards_) n += s->used.load(std::memory_order_relaxed);
+  return n;
+}
 
 int64_t EmbeddingTable::memory_bytes() const {
   int64_t n = 0;
@@ -542,28 +621,26 @@ EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
   return batch;
 }
 
-// Probes run two stages ahead of use: the group of key p + 2*kAhead is
-// prefetched, the row of key p + kAhead is resolved and its record prefetched,
-// so a batch of cold keys waits on several cache misses at once.
+// Lookups are pipelined over three stages so a batch of cold keys waits on
+// many cache misses at once instead of one after another: the group of key
+// p + 2*kAhead is prefetched; the group of key p + kAhead (now cached) is
+// scanned for the key's tag and the first candidate record prefetched; key p
+// is then probed for real, with its group and record already in cache.
 constexpr int64_t kAhead = 8;
 
 template <typename Fn>
 void EmbeddingTable::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
                                      const int64_t* keys, Fn&& fn) const {
   const int64_t b = batch.begin[s], e = batch.begin[s + 1];
-  uint32_t ring[kAhead];
-  auto resolve = [&](int64_t p) {
-    const int64_t i = batch.order[p];
-    const uint32_t row = shard.FindRow(keys[i], batch.hash[i]);
-    if (row != Shard::kNoRow) __builtin_prefetch(shard.Record(row));
-    ring[p % kAhead] = row;
-  };
-  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) resolve(p);
+  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p)
+    shard.PrefetchGroup(batch.hash[batch.order[p]]);
+  for (int64_t p = b; p < std::min(e, b + kAhead); ++p)
+    shard.PrefetchCandidate(batch.hash[batch.order[p]]);
   for (int64_t p = b; p < e; ++p) {
     if (p + 2 * kAhead < e) shard.PrefetchGroup(batch.hash[batch.order[p + 2 * kAhead]]);
-    const uint32_t row = ring[p % kAhead];
-    if (p + kAhead < e) resolve(p + kAhead);
-    fn(batch.order[p], row);
+    if (p + kAhead < e) shard.PrefetchCandidate(batch.hash[batch.order[p + kAhead]]);
+    const int64_t i = batch.order[p];
+    fn(i, shard.FindRow(keys[i], batch.hash[i]));
   }
 }
 

@@ -161,7 +161,7 @@ class EmbeddingTable {
   size_t stride_;  // bytes per record
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<int64_t> version_{0};
-  std::atomic<int64_t> rows_{0};  // live rows, kept by the shards
+  std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
 };
 
 }  // namespace graphmod

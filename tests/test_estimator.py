@@ -19,6 +19,9 @@ ModeKeys = tf_estimator.estimator.ModeKeys
 
 FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
 DIM = 5  # no dense layer below has a dimension of 5, so a [rows, 5] variable would stand out
+# Small initial rows: ids first seen at eval time then add little noise.
+INIT = graphmod.TableInitializer("truncated_normal", 0.0, 0.05)
+SPARSE_LR = 0.5
 
 # Six categorical features of very different cardinalities, two dense ones.
 # Bayes AUC on held-out rows is ~0.66, so a trained model clearly beats 0.5.
@@ -30,10 +33,10 @@ BATCH = 256
 def model_fn(features, labels, mode, params):
     """A linear head on one DIM-wide table per categorical feature."""
     is_training = mode == ModeKeys.TRAIN
-    sparse_opt = graphmod.optimizers.Adagrad(0.1)
+    sparse_opt = graphmod.optimizers.Adagrad(SPARSE_LR)
     tables, embs = [], []
     for name in params["categorical"]:
-        table = graphmod.create_table(name, dim=DIM, optimizer=sparse_opt,
+        table = graphmod.create_table(name, dim=DIM, optimizer=sparse_opt, initializer=INIT,
                                       default_value=params.get("default_value"))
         tables.append(table)
         embs.append(graphmod.sparse_lookup(table, features[name], is_training=is_training,
@@ -106,8 +109,9 @@ def restored_find(model_dir, names, keys_by_name, default_value=None):
 
     Returns (rows before the lookups, {name: looked-up rows}, rows after)."""
     with tf.Graph().as_default():
-        opt = graphmod.optimizers.Adagrad(0.1)
-        tables = {n: graphmod.create_table(n, dim=DIM, optimizer=opt, default_value=default_value)
+        opt = graphmod.optimizers.Adagrad(SPARSE_LR)
+        tables = {n: graphmod.create_table(n, dim=DIM, optimizer=opt, initializer=INIT,
+                                           default_value=default_value)
                   for n in names}
         saver = tf1.train.Saver()  # only the tables: the graph has no variables
         finds = {n: graphmod.sparse_lookup(tables[n], tf.constant(keys_by_name[n], tf.int64),
@@ -125,7 +129,8 @@ def restored_find(model_dir, names, keys_by_name, default_value=None):
 def initial_rows(name, keys):
     """The rows a fresh table named `name` gives keys when it first inserts them."""
     with tf.Graph().as_default():
-        table = graphmod.create_table(name, dim=DIM, optimizer=graphmod.optimizers.Adagrad(0.1))
+        table = graphmod.create_table(name, dim=DIM, optimizer=graphmod.optimizers.Adagrad(0.1),
+                                      initializer=INIT)
         rows = graphmod.sparse_lookup(table, tf.constant(keys, tf.int64), is_training=True)
         with tf1.Session() as sess:
             return sess.run(rows)
@@ -175,7 +180,7 @@ def test_train_checkpoint_then_evaluate_and_predict_restore_it(tmp_path):
     metrics = est.evaluate(data.input_fn(CFG, 1024, num_examples=20_000, start=held_out))
     assert metrics["global_step"] == steps
     bayes = data.bayes_auc(CFG, 20_000, start=held_out)
-    assert metrics["auc"] > 0.58, (metrics, bayes)
+    assert metrics["auc"] > 0.59, (metrics, bayes)  # reaches ~0.62
 
     # --- predict restores the same checkpoint: a trained id's embedding is
     # exactly its checkpoint row, and predicting again gives the same output.
