@@ -90,9 +90,13 @@ def model_fn(features, labels, mode, params):
 
     dense = tf.concat([features[n] for n in params["dense"]], axis=1)  # [B, 13], log1p counts
     deep = tf.concat([tf.reshape(v, [-1, len(factors) * dim]), dense], axis=1)
+    # The TF1 initializer takes its seed from the graph (RunConfig.tf_random_seed),
+    # so runs are repeatable; tf.layers' default (Keras') is seeded at random.
+    init = tf1.glorot_uniform_initializer()
     for i, units in enumerate(params["hidden"]):
-        deep = tf1.layers.dense(deep, units, activation=tf.nn.relu, name=f"mlp_{i}")
-    deep = tf1.layers.dense(deep, 1, name="mlp_out")
+        deep = tf1.layers.dense(deep, units, activation=tf.nn.relu, kernel_initializer=init,
+                                name=f"mlp_{i}")
+    deep = tf1.layers.dense(deep, 1, kernel_initializer=init, name="mlp_out")
 
     logits = wide + fm + deep                           # [B, 1]
     probs = tf.sigmoid(logits)
@@ -122,7 +126,7 @@ def model_fn(features, labels, mode, params):
     hook = tf_estimator.estimator.LoggingTensorHook(
         {"table_rows": total_rows}, every_n_iter=params["log_every"])
     return tf_estimator.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                                training_hooks=[hook, params["throughput"]])
+                                                training_hooks=[hook])
 
 
 class ThroughputHook(tf1.train.SessionRunHook):
@@ -182,7 +186,7 @@ def main(argv):
     params = {
         "categorical": cfg.categorical_names, "dense": cfg.dense_names,
         "dim": FLAGS.dim, "hidden": (64, 32),
-        "sparse_lr": 0.05, "dense_lr": 1e-3, "log_every": 500, "throughput": throughput,
+        "sparse_lr": 0.05, "dense_lr": 1e-3, "log_every": 500,
     }
     run_config = tf_estimator.estimator.RunConfig(
         model_dir=model_dir, tf_random_seed=FLAGS.seed,
@@ -198,7 +202,7 @@ def main(argv):
     train_input = data.input_fn(cfg, FLAGS.batch_size, num_examples=n_train)
     logging.info("training %d steps of %d examples", FLAGS.train_steps, FLAGS.batch_size)
     t0 = time.time()
-    estimator.train(train_input, max_steps=None, steps=FLAGS.train_steps)
+    estimator.train(train_input, steps=FLAGS.train_steps, hooks=[throughput])
     train_secs = time.time() - t0
 
     # ---- evaluate on held-out rows (restores the checkpoint, tables included).

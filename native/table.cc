@@ -40,6 +40,14 @@ constexpr uint32_t kSlotMask = (1u << kGroup) - 1;
 
 inline int8_t Tag(uint64_t h) { return static_cast<int8_t>(h & 0x7F); }
 
+// The group where a key's probe starts: hash bits 7..38 (clear of the tag and
+// of the shard bits) scaled onto [0, groups) by a multiply, so the index can
+// have any number of groups and grow by 1.5x instead of doubling.
+inline size_t HomeGroup(uint64_t h, size_t groups) {
+  return static_cast<size_t>(((h >> 7) & 0xFFFFFFFFULL) * groups >> 32);
+}
+inline size_t NextGroup(size_t g, size_t groups) { return g + 1 == groups ? 0 : g + 1; }
+
 // Bit i (i < kGroup) set when ctrl[i] == tag; reads the 16 control bytes.
 inline uint32_t MatchTag(const int8_t* ctrl, int8_t tag) {
 #if defined(__SSE2__)
@@ -79,11 +87,11 @@ static_assert(sizeof(RecordHeader) == 24, "record header must stay packed");
 inline RecordHeader* Header(char* rec) { return reinterpret_cast<RecordHeader*>(rec); }
 inline float* Values(char* rec) { return reinterpret_cast<float*>(rec + sizeof(RecordHeader)); }
 
-// Row arena geometry: blocks of 64, 128, 256, 512 rows, then 1024 rows each:
+// Row arena geometry: blocks of 64, 128, 256 rows, then 512 rows each:
 // small tables stay small, and a table wastes at most one partly used block
 // per shard.
 constexpr int kFirstBlockBits = 6;
-constexpr int kMaxBlockBits = 10;
+constexpr int kMaxBlockBits = 9;
 constexpr int kGeometricBlocks = kMaxBlockBits - kFirstBlockBits;
 constexpr uint64_t kGeometricRows = (1ULL << kMaxBlockBits) - (1ULL << kFirstBlockBits);
 
@@ -310,11 +318,10 @@ struct EmbeddingTable::Shard {
   size_t Probe(int64_t key, uint64_t h, bool* found) const {
     *found = false;
     if (groups == 0) return 0;
-    const size_t mask = groups - 1;
     const int8_t tag = Tag(h);
-    size_t g = (h >> 7) & mask;
+    size_t g = HomeGroup(h, groups);
     size_t free_slot = SIZE_MAX;
-    for (size_t step = 0; step < groups; ++step, g = (g + 1) & mask) {
+    for (size_t step = 0; step < groups; ++step, g = NextGroup(g, groups)) {
       const int8_t* c = index[g].ctrl;
       for (uint32_t m = MatchTag(c, tag); m != 0; m &= m - 1) {
         const size_t slot = g * kGroup + __builtin_ctz(m);
@@ -335,14 +342,14 @@ struct EmbeddingTable::Shard {
   // Brings the key's first group into cache ahead of its probe.
   void PrefetchGroup(uint64_t h) const {
     if (groups == 0) return;
-    __builtin_prefetch(&index[(h >> 7) & (groups - 1)]);
+    __builtin_prefetch(&index[HomeGroup(h, groups)]);
   }
 
   // Prefetches the record of the first slot in the key's home group whose
   // tag matches (a false match, 12 in 128 at most, only wastes the prefetch).
   void PrefetchCandidate(uint64_t h) const {
     if (groups == 0) return;
-    const Group& g = index[(h >> 7) & (groups - 1)];
+    const Group& g = index[HomeGroup(h, groups)];
     const uint32_t m = MatchTag(g.ctrl, Tag(h));
     if (m != 0) __builtin_prefetch(Record(g.row[__builtin_ctz(m)]));
   }
@@ -357,12 +364,10 @@ struct EmbeddingTable::Shard {
 
   // Rebuilds the index with room for at least `want` live rows at 7/8 load.
   void Rehash(size_t want) {
-    size_t new_groups = 1;
-    while (new_groups * kGroup * 7 < want * 8) new_groups *= 2;
+    const size_t new_groups = std::max<size_t>(1, (want * 8 + kGroup * 7 - 1) / (kGroup * 7));
     Memory fresh_memory = Allocate(new_groups * sizeof(Group));
     Group* fresh = reinterpret_cast<Group*>(fresh_memory.get());
     for (size_t g = 0; g < new_groups; ++g) std::memset(fresh[g].ctrl, kEmpty, sizeof(fresh[g].ctrl));
-    const size_t mask = new_groups - 1;
     // Records are read in slot order, which is random in memory: prefetching
     // the key a few full slots ahead overlaps those cache misses.
     constexpr size_t kPrefetch = 16;
@@ -372,7 +377,7 @@ struct EmbeddingTable::Shard {
       if (Ctrl(slot) < 0) continue;
       const uint32_t row = Row(slot);
       const uint64_t h = HashKey(KeyOf(row));
-      for (size_t g = (h >> 7) & mask;; g = (g + 1) & mask) {
+      for (size_t g = HomeGroup(h, new_groups);; g = NextGroup(g, new_groups)) {
         const uint32_t f = MatchFree(fresh[g].ctrl);
         if (f != 0) {
           const int i = __builtin_ctz(f);
@@ -388,13 +393,15 @@ struct EmbeddingTable::Shard {
     deleted = 0;
   }
 
-  // Makes room for one more key: grows when live rows fill 7/8 of the index,
-  // else purges tombstones in place.
+  // Makes room for one more key once live rows and tombstones fill 7/8 of the
+  // index: grows by 1.5x when live rows are most of it, else purges the
+  // tombstones at about the same size.
   void ReserveOne() {
     const size_t capacity = groups * kGroup;
     if ((used + deleted + 1) * 8 <= capacity * 7) return;
-    Rehash(used + 1 > capacity * 7 / 16 ? std::max<size_t>(2 * capacity * 7 / 8, used + 1)
-                                        : used + 1);
+    const size_t live = used + 1;
+    Rehash(live * 2 > capacity * 7 / 8 ? std::max<size_t>(capacity * 3 / 2 * 7 / 8, live + kGroup)
+                                       : live + live / 2);
   }
 
   char* NewBlock(size_t bytes) {

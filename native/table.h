@@ -6,16 +6,19 @@
 // Layout. The table is split into shards (power of two, chosen by the top bits
 // of the key's hash) so one batch spreads over threads with one lock taken per
 // shard and batch, never per key. Each shard has
-//   - an index: Swiss-table style open addressing over groups of 16 control
-//     bytes (7-bit hash tag, or empty/deleted) probed with one SIMD compare,
-//     mapping to a 32-bit row number; it is rebuilt (grown) as keys arrive;
+//   - an index: Swiss-table style open addressing over groups of 12 slots,
+//     each group one 64-byte cache line of control bytes (7-bit hash tag, or
+//     empty/deleted, matched 16 at a time with one SIMD compare) and 32-bit
+//     row numbers; it is rebuilt 1.5x larger as keys arrive;
 //   - a row arena: blocks that never move once allocated, so a row's address
 //     (its "handle") stays valid while the index grows. Blocks grow
-//     geometrically up to a cap, so small tables stay small and large ones
-//     waste little.
+//     geometrically up to 512 rows, so small tables stay small and large ones
+//     waste at most one partly used block per shard.
 // A record is [key | last_seen | count | version | values[dim] | slots[S*dim]].
-// Keeping the key in the record (not in the index) makes the index 5 bytes per
-// slot; the record is fetched anyway to copy the values out.
+// Keeping the key in the record (not in the index) makes the index about 5
+// bytes per slot; the record is fetched anyway to copy the values out.
+// Lookups are pipelined (group, then candidate record, then compare) so cold
+// keys overlap their cache misses; big allocations ask for huge pages.
 #ifndef GRAPHMOD_NATIVE_TABLE_H_
 #define GRAPHMOD_NATIVE_TABLE_H_
 

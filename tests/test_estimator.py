@@ -13,6 +13,8 @@ import tensorflow_estimator as tf_estimator
 import graphmod
 from graphmod import data
 
+pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")
+
 tf1 = tf.compat.v1
 Estimator = tf_estimator.estimator.Estimator
 ModeKeys = tf_estimator.estimator.ModeKeys
@@ -42,7 +44,9 @@ def model_fn(features, labels, mode, params):
         embs.append(graphmod.sparse_lookup(table, features[name], is_training=is_training,
                                            combiner="sum"))
     inputs = embs + [features[n] for n in params["dense"]]
-    logits = tf1.layers.dense(tf.concat(inputs, axis=1), 1, name="out")
+    # tf1's initializer is seeded by the graph (tf_random_seed): repeatable runs.
+    logits = tf1.layers.dense(tf.concat(inputs, axis=1), 1, name="out",
+                              kernel_initializer=tf1.glorot_uniform_initializer())
     probs = tf.sigmoid(logits)
 
     if mode == ModeKeys.PREDICT:
