@@ -20,7 +20,9 @@ What it shows
 
 At the end it prints training throughput (examples/s), the eval AUC next to the
 data's Bayes AUC (the best any model could reach on the same rows), a few
-predictions, and how many rows each table holds in the checkpoint.
+predictions, and how many rows each table holds in the checkpoint. With the
+defaults (1.5M examples, ~1 minute on 2 cores) it reaches an eval AUC of ~0.747
+against a Bayes AUC of ~0.771; the tables end up with ~833k rows.
 
 Run:  python examples/demo.py [--train_steps 3000] [--batch_size 512] [--model_dir DIR]
 """
@@ -45,7 +47,8 @@ ModeKeys = tf_estimator.estimator.ModeKeys
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Checkpoint directory (default: a fresh temp dir, "
-                    "deleted at the end). An existing dir resumes training from its checkpoint.")
+                    "deleted at the end). With an existing checkpoint, training resumes from "
+                    "it on the rows of the stream that follow the ones already trained on.")
 flags.DEFINE_integer("train_steps", 3000, "Training steps (batches).")
 flags.DEFINE_integer("batch_size", 512, "Examples per batch.")
 flags.DEFINE_integer("eval_examples", 100_000, "Held-out rows to evaluate on.")
@@ -116,7 +119,8 @@ def model_fn(features, labels, mode, params):
     # so it never sees them); the sparse optimizer finds every training lookup
     # of its tables in this graph and updates just the rows looked up.
     global_step = tf1.train.get_or_create_global_step()
-    dense_train = tf1.train.AdamOptimizer(params["dense_lr"]).minimize(loss, global_step=global_step)
+    dense_opt = tf1.train.AdamOptimizer(params["dense_lr"])
+    dense_train = dense_opt.minimize(loss, global_step=global_step)
     sparse_train = sparse_opt.minimize(loss)
     train_op = tf.group(dense_train, sparse_train)
 
@@ -190,7 +194,7 @@ def main(argv):
     }
     run_config = tf_estimator.estimator.RunConfig(
         model_dir=model_dir, tf_random_seed=FLAGS.seed,
-        save_checkpoints_steps=None, save_checkpoints_secs=600,  # one checkpoint at the end
+        save_checkpoints_steps=None, save_checkpoints_secs=600,  # short run: at start and end
         log_step_count_steps=500, keep_checkpoint_max=2,
         # Two cores: let each op use both, and run two ops at a time.
         session_config=tf1.ConfigProto(intra_op_parallelism_threads=2,
@@ -198,9 +202,14 @@ def main(argv):
     estimator = tf_estimator.estimator.Estimator(model_fn, config=run_config, params=params)
 
     # ---- train: one pass over fresh rows of the stream (each row seen once).
+    # A resumed run (--model_dir with a checkpoint) continues after the rows
+    # the checkpoint was trained on; its tables are restored and keep growing.
+    done = estimator.get_variable_value("global_step") if estimator.latest_checkpoint() else 0
     n_train = FLAGS.train_steps * FLAGS.batch_size
-    train_input = data.input_fn(cfg, FLAGS.batch_size, num_examples=n_train)
-    logging.info("training %d steps of %d examples", FLAGS.train_steps, FLAGS.batch_size)
+    train_input = data.input_fn(cfg, FLAGS.batch_size, num_examples=n_train,
+                                start=int(done) * FLAGS.batch_size)
+    logging.info("training %d steps of %d examples (from step %d)",
+                 FLAGS.train_steps, FLAGS.batch_size, done)
     t0 = time.time()
     estimator.train(train_input, steps=FLAGS.train_steps, hooks=[throughput])
     train_secs = time.time() - t0

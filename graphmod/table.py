@@ -15,6 +15,7 @@ import zlib
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
@@ -60,31 +61,27 @@ def training_lookups(graph: Optional[tf.Graph] = None) -> List[Lookup]:
 
 
 class Table:
-    """A handle on one dynamic table in one graph; build it with create_table."""
+    """A handle on one dynamic table in one graph; build it with create_table.
 
-    def __init__(self, name: str, dim: int, initializer: TableInitializer, optimizer,
-                 default_value: Optional[float], num_shards: int, seed: int,
-                 max_rows: Optional[int]):
-        self.name = name
-        self.dim = dim
-        self.initializer = initializer
+    Everything but the optimizer is read from the table op's attributes, so a
+    Table can also wrap an op imported with a MetaGraph.
+    """
+
+    def __init__(self, handle: tf.Tensor, optimizer=None):
+        op = handle.op
+        self.handle = handle
+        self.graph = op.graph
+        self.name = op.get_attr("table_name").decode()
+        self.dim = op.get_attr("dim")
+        self.num_slots = op.get_attr("num_slots")
+        self.slot_init = tuple(op.get_attr("slot_init"))
+        self.initializer = TableInitializer(op.get_attr("initializer").decode(),
+                                            op.get_attr("init_a"), op.get_attr("init_b"))
+        self.default_value = (None if op.get_attr("missing_is_initializer")
+                              else op.get_attr("default_value"))
+        max_rows = op.get_attr("max_rows")
+        self.max_rows = None if max_rows < 0 else max_rows
         self.optimizer = optimizer
-        self.num_slots = len(optimizer.slot_init) if optimizer is not None else 0
-        self.default_value = default_value
-        self.max_rows = max_rows
-        self.graph = tf1.get_default_graph()
-        # The handle op sits at the root of the graph, outside any control
-        # dependency of the caller: every op of the table reuses it.
-        with self.graph.control_dependencies(None), tf1.name_scope(None):
-            self.handle = ops.graphmod_table(
-                table_name=name, shared_name=name, dim=dim, num_slots=self.num_slots,
-                slot_init=list(optimizer.slot_init) if optimizer is not None else [],
-                initializer=initializer.kind, init_a=initializer.a, init_b=initializer.b,
-                seed=seed, num_shards=num_shards,
-                missing_is_initializer=default_value is None,
-                default_value=0.0 if default_value is None else float(default_value),
-                max_rows=-1 if max_rows is None else max_rows,
-                name=f"graphmod/{name}/table")
 
     def __repr__(self) -> str:
         return f"<graphmod.Table '{self.name}' dim={self.dim} slots={self.num_slots}>"
@@ -109,7 +106,7 @@ class Table:
         keys = tf.convert_to_tensor(keys, tf.int64)
         n = tf.shape(keys)[:1]
         if slots is None:
-            init = tf.constant(list(self.optimizer.slot_init) if self.optimizer else [], tf.float32)
+            init = tf.constant(self.slot_init, tf.float32)
             slots = tf.tile(tf.reshape(init, [1, self.num_slots, 1]),
                             tf.concat([n, [1, self.dim]], 0))
         zeros = tf.zeros(n, tf.int64)
@@ -151,11 +148,27 @@ class _TableSaveable(saveable_object.SaveableObject):
                                              last_seen, versions, replace=True)
 
 
-# Saveables cannot go into a MetaGraphDef; without this, every checkpoint logs
-# a warning about the SAVEABLE_OBJECTS collection. They are rebuilt by the code
-# that builds the graph, as variables' savers are.
-tf_ops.register_proto_function(tf1.GraphKeys.SAVEABLE_OBJECTS, proto_type=None,
-                               to_proto=lambda *args, **kwargs: None, from_proto=None)
+def _saveable_to_proto(saveable, export_scope=None):
+    """A MetaGraph keeps a table's saveable as the name of its table op."""
+    if not isinstance(saveable, _TableSaveable):
+        return None  # other saveables have no MetaGraph form (TF drops them too)
+    return attr_value_pb2.NameAttrList(
+        name=tf_ops.strip_name_scope(saveable.table.handle.op.name, export_scope))
+
+
+def _saveable_from_proto(proto, import_scope=None):
+    graph = tf1.get_default_graph()
+    op = graph.get_operation_by_name(tf_ops.prepend_name_scope(proto.name, import_scope))
+    table = Table(op.outputs[0])
+    graph_state(graph).tables.setdefault(table.name, table)
+    return _TableSaveable(table)
+
+
+# Tables join checkpoints through the SAVEABLE_OBJECTS collection; these make
+# that collection survive export_meta_graph / import_meta_graph.
+tf_ops.register_proto_function(tf1.GraphKeys.SAVEABLE_OBJECTS,
+                               proto_type=attr_value_pb2.NameAttrList,
+                               to_proto=_saveable_to_proto, from_proto=_saveable_from_proto)
 
 
 def _check_name(name: Any) -> str:
@@ -218,7 +231,19 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
                          f"got {init.b}")
     if seed is None:
         seed = zlib.crc32(name.encode())
-    table = Table(name, dim, init, optimizer, default_value, num_shards, int(seed), max_rows)
+    # The handle op sits at the root of the graph, outside any control
+    # dependency of the caller: every op of the table reuses it.
+    graph = tf1.get_default_graph()
+    with graph.control_dependencies(None), tf1.name_scope(None):
+        handle = ops.graphmod_table(
+            table_name=name, shared_name=name, dim=dim,
+            num_slots=len(optimizer.slot_init) if optimizer is not None else 0,
+            slot_init=list(optimizer.slot_init) if optimizer is not None else [],
+            initializer=init.kind, init_a=init.a, init_b=init.b, seed=int(seed),
+            num_shards=num_shards, missing_is_initializer=default_value is None,
+            default_value=0.0 if default_value is None else float(default_value),
+            max_rows=-1 if max_rows is None else max_rows, name=f"graphmod/{name}/table")
+    table = Table(handle, optimizer)
     state.tables[name] = table
     tf1.add_to_collection(tf1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(table))
     return table

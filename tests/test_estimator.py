@@ -26,9 +26,9 @@ INIT = graphmod.TableInitializer("truncated_normal", 0.0, 0.05)
 SPARSE_LR = 0.5
 
 # Six categorical features of very different cardinalities, two dense ones.
-# Bayes AUC on held-out rows is ~0.66, so a trained model clearly beats 0.5.
-CFG = data.SyntheticCriteo(n_dense=2, n_categorical=6, vocab_sizes=(10, 50, 200, 1000, 5000, 100_000),
-                           seed=11)
+# Bayes AUC on held-out rows is ~0.65, so a trained model clearly beats 0.5.
+CFG = data.SyntheticCriteo(n_dense=2, n_categorical=6,
+                           vocab_sizes=(10, 50, 200, 1000, 5000, 100_000), seed=11)
 BATCH = 256
 
 
@@ -74,9 +74,10 @@ def make_estimator(model_dir, categorical=None, dense=None, default_value=None):
     params = {"categorical": categorical or CFG.categorical_names,
               "dense": CFG.dense_names if dense is None else dense,
               "default_value": default_value}
+    # Checkpoints only at the start and the end of each train call.
     config = tf_estimator.estimator.RunConfig(
         model_dir=str(model_dir), tf_random_seed=1, save_checkpoints_steps=1_000_000,
-        save_checkpoints_secs=None, save_summary_steps=10_000, log_step_count_steps=10_000)  # saves at the end of train
+        save_checkpoints_secs=None, save_summary_steps=10_000, log_step_count_steps=10_000)
     return Estimator(model_fn, config=config, params=params)
 
 
@@ -144,7 +145,7 @@ def initial_rows(name, keys):
 def test_train_checkpoint_then_evaluate_and_predict_restore_it(tmp_path):
     steps = 300
     est = make_estimator(tmp_path)
-    feats, labels = train_rows(est, steps)
+    feats, _ = train_rows(est, steps)
 
     # --- the checkpoint holds the six entries of every table, and the tables
     # hold exactly the ids the training rows contained.
@@ -203,7 +204,7 @@ def test_train_checkpoint_then_evaluate_and_predict_restore_it(tmp_path):
 @pytest.mark.slow
 def test_resume_restores_rows_exactly_and_keeps_growing(tmp_path):
     names = CFG.categorical_names
-    feats1, _ = train_rows(make_estimator(tmp_path), 60)
+    train_rows(make_estimator(tmp_path), 60)
     ckpt1 = read_tables(tmp_path, names)
 
     # A fresh graph restored from the checkpoint reads back exactly its rows,
@@ -259,7 +260,7 @@ def _unseen_ids(trained, n=16, seed=5):
 def test_unseen_ids_get_missing_value_and_do_not_grow_table(tmp_path, default_value):
     names = ["C5", "C6"]
     est = make_estimator(tmp_path, categorical=names, default_value=default_value)
-    feats, _ = train_rows(est, 10)
+    train_rows(est, 10)
     ckpt = read_tables(tmp_path, names)
     unseen = {n: _unseen_ids(ckpt[n]["keys"]) for n in names}
     m = len(unseen["C5"])

@@ -18,7 +18,6 @@ import graphmod
 from graphmod._ops import library_path
 
 tf1 = tf.compat.v1
-tf1.disable_eager_execution()
 
 I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 DIM = 3
@@ -354,3 +353,26 @@ def test_max_rows_bounds_the_table_and_drops_gradients_of_refused_ids():
             assert (got == 0.5).all(axis=1).sum() == 7  # refused ids read their initial row
         with pytest.raises(ValueError, match="'bad'.*max_rows"):
             graphmod.create_table("bad", 2, max_rows=0)
+
+
+def test_tables_survive_export_and_import_of_the_meta_graph(caplog):
+    ckpt = os.path.join(tempfile.mkdtemp(), "model")
+    with tf.Graph().as_default():
+        table = graphmod.create_table("meta", 3, optimizer=graphmod.optimizers.Adagrad(0.1))
+        rows = graphmod.sparse_lookup(table, tf.constant([4, 8], tf.int64))
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            sess.run(rows)
+            saver.save(sess, ckpt)
+            before = sess.run(table.export())
+        meta = tf1.train.export_meta_graph()
+    assert len(meta.collection_def[tf1.GraphKeys.SAVEABLE_OBJECTS].bytes_list.value) == 1
+    with tf.Graph().as_default():
+        restorer = tf1.train.import_meta_graph(meta)
+        (imported,) = graphmod.tables()
+        assert (imported.name, imported.dim, imported.num_slots) == ("meta", 3, 1)
+        with tf1.Session() as sess:
+            restorer.restore(sess, ckpt)
+            after = sess.run(imported.export())
+    assert "Cannot identify data type" not in caplog.text
+    np.testing.assert_array_equal(np.sort(before["keys"]), np.sort(after["keys"]))
