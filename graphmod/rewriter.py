@@ -1,0 +1,123 @@
+"""The one place a rewrite mutates the graph.
+
+Every change a rule makes goes through a Rewriter, which records it: the
+record feeds the RewriteReport and `graphmod diff`, and lets a failed rewrite
+be undone (reroutes, control inputs and collection edits are reverted; ops the
+rule had built stay in the graph, unreachable and harmless).
+
+>>> rw = Rewriter(graph)
+>>> with rw.rule("gather_to_lookup"):
+...     new = build_lookup(...)
+...     rw.reroute(old_gather.outputs[0], new)
+"""
+import contextlib
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass
+class Change:
+    rule: str
+    kind: str      # "reroute", "control", "collection_remove", "collection_add", "build"
+    detail: str
+
+
+class Rewriter:
+    def __init__(self, graph: tf.Graph):
+        self.graph = graph
+        self.changes: List[Change] = []
+        self._undo: List[Callable[[], None]] = []
+        self._rule = "(none)"
+
+    @contextlib.contextmanager
+    def rule(self, name: str):
+        """Attributes the changes (and the ops built) inside to rule `name`."""
+        previous, self._rule = self._rule, name
+        first_new = max(self.graph._nodes_by_id, default=0)  # pylint: disable=protected-access
+        try:
+            with self.graph.as_default():
+                yield self
+        finally:
+            built = [op for op in self.graph.get_operations() if op._id > first_new]  # pylint: disable=protected-access
+            if built:
+                self._record("build", f"{len(built)} ops: " + ", ".join(op.name for op in built[:6])
+                             + (" ..." if len(built) > 6 else ""))
+            self._rule = previous
+
+    def _record(self, kind: str, detail: str, undo: Optional[Callable[[], None]] = None):
+        self.changes.append(Change(self._rule, kind, detail))
+        if undo is not None:
+            self._undo.append(undo)
+
+    def reroute(self, old: tf.Tensor, new: tf.Tensor, consumers: Optional[List[tf.Operation]] = None,
+                ignore: Optional[List[tf.Operation]] = None) -> int:
+        """Makes consumers of `old` (default: all but `ignore`) read `new`; returns how many."""
+        if old.dtype != new.dtype:
+            raise TypeError(f"cannot reroute {old.name} ({old.dtype.name}) to {new.name} "
+                            f"({new.dtype.name})")
+        ignore = set(ignore or [])
+        count = 0
+        for op in list(consumers if consumers is not None else old.consumers()):
+            if op in ignore:
+                continue
+            for i, t in enumerate(op.inputs):
+                if t is old:
+                    op._update_input(i, new)  # pylint: disable=protected-access
+                    self._record("reroute", f"{op.name}:{i} {old.name} -> {new.name}",
+                                 lambda op=op, i=i: op._update_input(i, old))  # pylint: disable=protected-access
+                    count += 1
+        return count
+
+    def replace_control_input(self, old: tf.Operation, new: Optional[tf.Operation]) -> int:
+        """Ops that waited for `old` wait for `new` instead (or for nothing)."""
+        count = 0
+        for op in self.graph.get_operations():
+            if old not in op.control_inputs:
+                continue
+            before = list(op.control_inputs)
+            after = [c for c in before if c is not old] + ([new] if new is not None else [])
+            op._remove_all_control_inputs()  # pylint: disable=protected-access
+            op._add_control_inputs(after)  # pylint: disable=protected-access
+
+            def undo(op=op, before=before):
+                op._remove_all_control_inputs()  # pylint: disable=protected-access
+                op._add_control_inputs(before)  # pylint: disable=protected-access
+            self._record("control", f"{op.name}: ^{old.name} -> "
+                         + (f"^{new.name}" if new is not None else "(none)"), undo)
+            count += 1
+        return count
+
+    def remove_from_collections(self, item: Any, keys: Optional[List[str]] = None,
+                                label: Optional[str] = None) -> List[str]:
+        """Removes item from the named collections (default: all); returns those it was in."""
+        removed = []
+        for key in list(keys if keys is not None else self.graph.get_all_collection_keys()):
+            coll = self.graph.get_collection_ref(key)
+            if any(x is item for x in coll):
+                index = next(i for i, x in enumerate(coll) if x is item)
+                del coll[index]
+                removed.append(key)
+                self._record("collection_remove", f"{label or getattr(item, 'name', item)} "
+                             f"from {key}", lambda coll=coll, index=index: coll.insert(index, item))
+        return removed
+
+    def add_to_collection(self, key: str, item: Any, label: Optional[str] = None) -> None:
+        coll = self.graph.get_collection_ref(key)
+        coll.append(item)
+        self._record("collection_add", f"{label or getattr(item, 'name', item)} to {key}",
+                     lambda: coll.remove(item))
+
+    def undo(self) -> None:
+        """Reverts every recorded change, newest first."""
+        while self._undo:
+            self._undo.pop()()
+        self.changes.append(Change("(rewriter)", "undo", "all changes reverted"))
+
+    def summary(self) -> Dict[str, Dict[str, int]]:
+        out: Dict[str, Dict[str, int]] = {}
+        for c in self.changes:
+            out.setdefault(c.rule, {}).setdefault(c.kind, 0)
+            out[c.rule][c.kind] += 1
+        return out
