@@ -86,3 +86,51 @@ def _variance_scaling(cfg: dict, table: str, shape: Optional[Sequence[int]]) -> 
         return TableInitializer("normal", 0.0, math.sqrt(scale))
     # TF's constant: the stddev of a unit normal truncated to [-2, 2].
     return TableInitializer("truncated_normal", 0.0, math.sqrt(scale) / 0.87962566103423978)
+
+
+def from_variable(variable) -> TableInitializer:
+    """The initializer a variable's initial-value graph computes, as a TableInitializer.
+
+    Recognises what tf initializers build: Add(Mul(<random op>, scale), shift)
+    over TruncatedNormal, RandomStandardNormal or RandomUniform (Glorot and
+    the other fan-based initializers arrive here already scaled), and
+    constants. Anything else falls back to the default, with a warning.
+    """
+    from absl import logging
+    from tensorflow.python.framework import tensor_util
+
+    name = variable.op.name
+    dim = int(variable.shape[1])
+    t = variable.initial_value
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    value = tensor_util.constant_value(t)
+    if value is not None and value.size and (value == value.flat[0]).all():
+        v = float(value.flat[0])
+        return TableInitializer("zeros") if v == 0 else TableInitializer("constant", v)
+    shift, scale = 0.0, 1.0
+    if t.op.type in ("Add", "AddV2"):
+        shift, t = _constant_and_other(t.op)
+    if t is not None and t.op.type == "Mul":
+        scale, t = _constant_and_other(t.op)
+    kind = {"TruncatedNormal": "truncated_normal", "RandomStandardNormal": "normal",
+            "RandomUniform": "uniform"}.get(t.op.type if t is not None else "")
+    if kind is None or shift is None or scale is None:
+        logging.warning("graphmod: cannot read the initializer of '%s' (%s); its table uses "
+                        "the default truncated normal(stddev=1/sqrt(%d))", name,
+                        t.op.type if t is not None else "?", dim)
+        return default_initializer(dim)
+    if kind == "uniform":
+        return TableInitializer("uniform", shift, shift + scale)
+    return TableInitializer(kind, shift, scale)
+
+
+def _constant_and_other(op):
+    """(constant scalar input, other input) of a binary op, or (None, None)."""
+    from tensorflow.python.framework import tensor_util
+
+    for c, other in ((op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])):
+        value = tensor_util.constant_value(c)
+        if value is not None and value.size == 1:
+            return float(value.reshape(-1)[0]), other
+    return None, None

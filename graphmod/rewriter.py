@@ -109,6 +109,12 @@ class Rewriter:
         self._record("collection_add", f"{label or getattr(item, 'name', item)} to {key}",
                      lambda: coll.remove(item))
 
+    def track_added(self, key: str, item: Any, label: Optional[str] = None) -> None:
+        """Records an item library code already appended to collection key."""
+        coll = self.graph.get_collection_ref(key)
+        self._record("collection_add", f"{label or getattr(item, 'name', item)} to {key}",
+                     lambda: coll.remove(item))
+
     def undo(self) -> None:
         """Reverts every recorded change, newest first."""
         while self._undo:

@@ -144,6 +144,10 @@ class _TableSaveable(saveable_object.SaveableObject):
         del restored_shapes
         keys, values, slots, counts, last_seen, versions = restored_tensors
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
+            if self.table.num_slots == 0:
+                # A table that keeps no optimizer slots (an eval or predict graph)
+                # restores from a training checkpoint by dropping them.
+                slots = slots[:, :0, :]
             return ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
                                              last_seen, versions, replace=True)
 

@@ -1,0 +1,216 @@
+"""Which embedding variables of a graph become tables, and how they are used.
+
+The planner only reads the graph (through GraphView). For every rank-2
+variable it classifies each use: a gather (the embedding read the rules
+replace), an optimizer update (translated by the optimizer rule), graph
+plumbing (initializer, is-initialized checks, dead snapshot reads), or
+anything else. A variable with any other use, an update the rules cannot
+translate, or fewer than `min_rows` rows stays as it is, with the reason.
+"""
+import bisect
+import dataclasses
+import fnmatch
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from graphmod.graph_view import GraphView
+
+tf1 = tf.compat.v1
+
+_SPARSE_APPLY = re.compile(r"^(Resource)?SparseApply\w+$")
+_WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub",
+           "AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub",
+           "AssignAdd", "Assign", "ResourceScatterUpdate", "ScatterUpdate"}
+
+
+@dataclasses.dataclass
+class TableSettings:
+    """Per-table settings of the hook; None inherits from the variable / defaults."""
+    initializer: Any = None
+    default_value: Optional[float] = None
+    max_rows: Optional[int] = None
+    num_shards: int = 16
+    convert: bool = True
+
+
+@dataclasses.dataclass
+class Gather:
+    op: tf.Operation
+    ids: tf.Tensor
+    grads: List[tf.Tensor]  # gradient w.r.t. the gather's output, one per tf.gradients call
+
+
+@dataclasses.dataclass
+class Update:
+    """The optimizer's update of one variable."""
+    scope: str                 # e.g. "Adagrad/update_emb"
+    update_op: tf.Operation    # what the optimizer's finishing ops wait for
+    ops: List[tf.Operation]    # every op in the scope
+    writes: List[tf.Operation]  # ops writing the variable or its slots
+    slots: List[tf.Variable]
+
+
+@dataclasses.dataclass
+class Conversion:
+    variable: tf.Variable
+    table_name: str
+    settings: TableSettings
+    gathers: List[Gather]
+    update: Optional[Update]
+    table: Any = None            # set by the gather rule
+    lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
+    # (row handles [N], grad rows [N, D]) pairs recorded by the gather rule
+    outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # lookup rows
+    apply: Optional[tf.Operation] = None  # set by the optimizer rule
+
+    @property
+    def rows(self) -> int:
+        return int(self.variable.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.variable.shape[1])
+
+    training: bool = False  # the graph trains this variable (lookups insert new ids)
+
+
+def table_name_for(variable: tf.Variable) -> str:
+    return variable.op.name
+
+
+def _variable_tensor(v: tf.Variable) -> tf.Tensor:
+    return v.op.outputs[0]
+
+
+def _uses(view: GraphView, v: tf.Variable) -> Dict[str, List[tf.Operation]]:
+    """gathers / updates / plumbing / other uses of v."""
+    out = {"gathers": [], "updates": [], "plumbing": [], "other": []}
+    handle = _variable_tensor(v)
+    init = v.initializer
+
+    def is_write(op):
+        return (_SPARSE_APPLY.match(op.type) or op.type in _WRITES) and op.inputs[0] is handle
+
+    def dead(op):
+        return not any(view.consumers(t) for t in op.outputs)
+
+    for op in view.consumers(handle):
+        if op is init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
+            out["plumbing"].append(op)
+        elif op.type == "ResourceGather" and op.inputs[0] is handle:
+            out["gathers"].append(op)
+        elif is_write(op):
+            out["updates"].append(op)
+        elif op.type == "ReadVariableOp" and dead(op):
+            out["plumbing"].append(op)  # snapshot reads nothing consumes
+        elif op.type == "Identity" and op.name == v.op.name + "/read":  # reference variable
+            for c in view.consumers(op.outputs[0]):
+                (out["gathers"] if c.type == "GatherV2" and c.inputs[0] is op.outputs[0]
+                 else out["other"]).append(c)
+        else:
+            out["other"].append(op)
+    return out
+
+
+def _gradients_of(view: GraphView, gather: tf.Operation) -> List[tf.Tensor]:
+    """Gradients w.r.t. the gather's output (shape ids.shape + [dim]).
+
+    The gather's gradient function (ResourceGather and GatherV2 alike) builds,
+    under '<gradients scope>/<gather name>_grad/', Size(ids), then
+    Reshape(gradient of the output -> [N, dim]), whose shape it reads from the
+    variable; the gradient of the output is that Reshape's first input.
+    """
+    pattern = re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(gather.name) + r"_grad/Size$")
+    out = []
+    for op in view.consumers(gather.inputs[1]):
+        if op.type == "Size" and pattern.search(op.name):
+            scope = op.name[:-len("Size")]
+            out.append(view.graph.get_operation_by_name(scope + "Reshape").inputs[0])
+    return out
+
+
+class _Scopes:
+    """Ops under a name scope, by binary search over the sorted op names."""
+
+    def __init__(self, graph: tf.Graph):
+        self.ops = sorted(graph.get_operations(), key=lambda op: op.name)
+        self.names = [op.name for op in self.ops]
+
+    def under(self, scope: str) -> List[tf.Operation]:
+        # "/" sorts just before "0", so "scope/" ... "scope0" spans the scope.
+        lo = bisect.bisect_left(self.names, scope + "/")
+        hi = bisect.bisect_left(self.names, scope + "0")
+        return self.ops[lo:hi]
+
+
+def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf.Operation],
+               variables_by_op: Dict[tf.Operation, tf.Variable]) -> Update:
+    scope = writes[0].name.rsplit("/", 1)[0]
+    ops = scopes.under(scope)
+    update_op = None
+    for op in ops:
+        if any(not c.name.startswith(scope + "/") for c in view.control_consumers(op)):
+            update_op = op
+    in_scope_writes = [op for op in ops if _SPARSE_APPLY.match(op.type) or op.type in _WRITES]
+    slots = []
+    for op in in_scope_writes:
+        for t in op.inputs:
+            s = variables_by_op.get(t.op)
+            if s is not None and s is not v and s not in slots:
+                slots.append(s)
+    return Update(scope, update_op, ops, in_scope_writes, slots)
+
+
+def plan(graph: tf.Graph, min_rows: int, tables: Dict[str, TableSettings], training: bool
+         ) -> Tuple[List[Conversion], List[Tuple[str, str]]]:
+    """Returns the conversions to make and the (variable, reason) pairs skipped.
+
+    training says whether the graph is run to train (an Estimator's TRAIN
+    mode); only then do lookups insert ids and optimizer updates translate.
+
+    tables maps fnmatch patterns of variable names to settings; a variable
+    matching a pattern is converted whatever its size (unless convert=False).
+    """
+    view = GraphView(graph)
+    scopes = _Scopes(graph)
+    variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+    by_op = {v.op: v for v in variables}
+    conversions, skipped = [], []
+    for v in variables:
+        if v.shape.ndims != 2 or not v.dtype.base_dtype == tf.float32:
+            continue
+        name = v.op.name
+        settings = next((s for p, s in tables.items() if fnmatch.fnmatchcase(name, p)), None)
+        uses = _uses(view, v)
+        if not uses["gathers"]:
+            if settings is not None and settings.convert:
+                skipped.append((name, "matches a table pattern but is never read by a gather"))
+            continue
+        if settings is None:
+            if int(v.shape[0]) < min_rows:
+                continue  # small gathered variables stay dense, silently (as configured)
+            settings = TableSettings()
+        if not settings.convert:
+            skipped.append((name, "excluded by its table pattern (convert=False)"))
+            continue
+        if uses["other"]:
+            kinds = sorted({op.type for op in uses["other"]})
+            skipped.append((name, "read other than by gathers (" + ", ".join(kinds)
+                            + f", e.g. {uses['other'][0].name})"))
+            continue
+        if len(v.shape) != 2 or v.shape[0] is None:
+            skipped.append((name, "has no static [rows, dim] shape"))
+            continue
+        gathers = [Gather(op, op.inputs[1], _gradients_of(view, op)) for op in uses["gathers"]]
+        update = _update_of(view, scopes, v, uses["updates"], by_op) if uses["updates"] else None
+        if update is not None and update.update_op is None and training:
+            skipped.append((name, f"its update in '{update.scope}' is not a step of an optimizer"))
+            continue
+        if update is not None and training and not all(g.grads for g in gathers):
+            skipped.append((name, "updated by an optimizer, but a gather has no gradient"))
+            continue
+        conversions.append(Conversion(v, table_name_for(v), settings, gathers, update,
+                                      training=training and update is not None))
+    return conversions, skipped

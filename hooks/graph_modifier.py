@@ -1,0 +1,184 @@
+"""GraphModifierHook: turns an unchanged Estimator's embeddings into tables.
+
+>>> estimator.train(input_fn, hooks=[graphmod.GraphModifierHook()])
+>>> estimator.evaluate(input_fn, hooks=[graphmod.GraphModifierHook()])
+
+In begin() (before the Estimator builds its Saver and init op) it plans the
+conversion (graphmod.conversion), runs the rules of graphmod.rewrite_rules
+through one Rewriter, checks the result (graphmod.validate), and logs a
+RewriteReport, also written as JSON under <model_dir>/graphmod/. A failed
+rewrite is undone and raised; a variable a rule refuses stays dense, with a
+warning naming it and the reason.
+"""
+import dataclasses
+import inspect
+import json
+import os
+import time
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+from absl import logging
+
+from graphmod import validate
+from graphmod.conversion import TableSettings, plan
+from graphmod.rewriter import Rewriter
+from graphmod.rewrite_rules import gather_to_lookup, optimizer_updates, saver_swap
+
+tf1 = tf.compat.v1
+
+
+@dataclasses.dataclass
+class RewriteReport:
+    graph: str                      # "train", "eval" or "predict"
+    seconds: float
+    tables: List[dict]
+    skipped: List[dict]
+    rules: Dict[str, Dict[str, int]]
+    dense_bytes_freed: int
+
+    def log(self) -> None:
+        logging.info("graphmod: %d embedding variable(s) -> tables in %.2fs (%s graph), "
+                     "%.1f MB of dense variables and slots no longer allocated",
+                     len(self.tables), self.seconds, self.graph, self.dense_bytes_freed / 1e6)
+        for t in self.tables:
+            logging.info("graphmod:   %s [%d x %d] -> table '%s' (%d lookup(s), optimizer %s)",
+                         t["variable"], t["rows"], t["dim"], t["table"], t["lookups"],
+                         t["optimizer"])
+        for s in self.skipped:
+            logging.warning("graphmod: '%s' stays a dense variable: %s", s["variable"],
+                            s["reason"])
+
+
+def _estimator_call() -> Tuple[Optional[str], Optional[str]]:
+    """(model_dir, method) of the Estimator call building this graph, if any:
+    hooks are not told either, but the Estimator is on the call stack."""
+    frame = inspect.currentframe()
+    found = (None, None)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, tf.estimator.Estimator):
+            found = (owner.model_dir, frame.f_code.co_name)  # the outermost call wins
+        frame = frame.f_back
+    return found
+
+
+def _dense_in_checkpoint(model_dir: Optional[str]) -> set:
+    """Variables the latest checkpoint in model_dir holds densely (not as tables)."""
+    ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
+    if ckpt is None:
+        return set()
+    names = {name for name, _ in tf.train.list_variables(ckpt)}
+    return {n for n in names if f"{n}-keys" not in names}
+
+
+def _graph_mode(graph: tf.Graph, method: Optional[str]) -> str:
+    """'train', 'eval' or 'predict'. An Estimator's model_fn may build its
+    optimizer in every mode, so the optimizer alone does not tell."""
+    if method == "predict" or method == "export_saved_model":
+        return "predict"
+    if graph.get_collection(tf1.GraphKeys.EVAL_STEP):
+        return "eval"
+    return "train"
+
+
+class GraphModifierHook(tf1.train.SessionRunHook):
+    """Rewrites embedding variables into dynamic tables when the session starts.
+
+    Args:
+      min_rows: variables read only through gathers and with at least this many
+        rows are converted (default 10,000).
+      tables: {fnmatch pattern of variable names: graphmod.TableSettings or a
+        dict of its fields}; a matching variable is converted whatever its size
+        (convert=False excludes it), with those settings.
+      dump_graph: also write the GraphDefs before and after the rewrite.
+      model_dir: where the report (and graphs) go; default: the Estimator's.
+    """
+
+    def __init__(self, min_rows: int = 10_000, tables: Optional[dict] = None,
+                 dump_graph: bool = False, model_dir: Optional[str] = None):
+        if not isinstance(min_rows, int) or min_rows < 0:
+            raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
+        self.min_rows = min_rows
+        self.tables = {}
+        for pattern, settings in (tables or {}).items():
+            if isinstance(settings, dict):
+                try:
+                    settings = TableSettings(**settings)
+                except TypeError as e:
+                    raise ValueError(f"GraphModifierHook: bad settings for tables pattern "
+                                     f"'{pattern}': {e}") from None
+            if not isinstance(settings, TableSettings):
+                raise TypeError(f"GraphModifierHook: settings for '{pattern}' must be a dict or "
+                                f"TableSettings, got {type(settings).__name__}")
+            self.tables[pattern] = settings
+        self.dump_graph = dump_graph
+        self.model_dir = model_dir
+        self.report: Optional[RewriteReport] = None
+
+    def begin(self) -> None:
+        graph = tf1.get_default_graph()
+        start = time.time()
+        estimator_dir, method = _estimator_call()
+        model_dir = self.model_dir or estimator_dir
+        mode = _graph_mode(graph, method)
+        before = graph.as_graph_def() if self.dump_graph else None
+        conversions, skipped = plan(graph, self.min_rows, self.tables, training=mode == "train")
+        dense_in_checkpoint = _dense_in_checkpoint(model_dir)
+        ready = []
+        for c in conversions:
+            if c.variable.op.name in dense_in_checkpoint:
+                # Restoring would fail; taking a dense checkpoint into a table is
+                # warm start's job.
+                skipped.append((c.variable.op.name, "the checkpoint in model_dir holds it as a "
+                                "dense variable (trained without the hook, or refused then)"))
+                continue
+            try:
+                gather_to_lookup.check(c)
+                translation = optimizer_updates.translate(c.update) if c.training else None
+                layout = translation.slot_layout() if translation else None
+            except (gather_to_lookup.Refused, optimizer_updates.Untranslatable) as e:
+                skipped.append((c.variable.op.name, str(e)))
+                continue
+            ready.append((c, translation, layout))
+        rw = Rewriter(graph)
+        freed = 0
+        try:
+            with rw.rule("clock"):
+                now = tf.cast(tf.timestamp(name="graphmod/now"), tf.int64)
+            for c, translation, layout in ready:
+                gather_to_lookup.rewrite(rw, c, layout, now)
+                if translation is not None:
+                    optimizer_updates.rewrite(rw, c, translation)
+                freed += saver_swap.rewrite(rw, c)
+            roots = [op for c, _, _ in ready for t in c.outputs for op in t.consumers()]
+            roots += [op for c, _, _ in ready if c.apply is not None
+                      for op in graph.get_operations() if c.apply in op.control_inputs]
+            validate.check(graph, [c.variable for c, _, _ in ready], roots,
+                           training=mode == "train")
+        except Exception as e:
+            rw.undo()
+            raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
+        self.report = RewriteReport(
+            graph=mode,
+            seconds=time.time() - start,
+            tables=[dict(variable=c.variable.op.name, table=c.table.name, rows=c.rows, dim=c.dim,
+                         slots=c.table.num_slots, lookups=len(c.gathers),
+                         optimizer=t.kind if t else None,
+                         initializer=dataclasses.asdict(c.table.initializer))
+                    for c, t, _ in ready],
+            skipped=[dict(variable=v, reason=r) for v, r in skipped],
+            rules=rw.summary(), dense_bytes_freed=freed)
+        self.report.log()
+        if model_dir:
+            self._write(model_dir, before, graph)
+
+    def _write(self, model_dir: str, before, graph: tf.Graph) -> None:
+        out = os.path.join(model_dir, "graphmod")
+        tf.io.gfile.makedirs(out)
+        kind = self.report.graph
+        with tf.io.gfile.GFile(os.path.join(out, f"rewrite_report_{kind}.json"), "w") as f:
+            json.dump(dataclasses.asdict(self.report), f, indent=1)
+        if before is not None:
+            tf.io.write_graph(before, out, f"graph_before_{kind}.pbtxt")
+            tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{kind}.pbtxt")

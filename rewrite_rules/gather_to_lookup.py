@@ -1,0 +1,70 @@
+"""Rule: reads of a converted embedding variable become table lookups.
+
+Matches every gather of the variable (ResourceGather with batch_dims 0, or
+GatherV2 on axis 0 of a reference variable's read). Builds the variable's
+table (its initializer inherited from the variable's, its optimizer slots
+from the optimizer rule) and, per gather, a lookup on the gather's ids:
+find_or_insert in a graph that trains the variable (recording row handles
+and gradient rows for the optimizer rule), read-only find otherwise. The
+gather's consumers then read the lookup's rows, which have the same shape.
+Refuses gathers with batch dimensions or on another axis.
+"""
+from typing import Optional
+
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+
+import graphmod
+from graphmod._ops import ops
+from graphmod.conversion import Conversion
+from graphmod.initializers import from_variable
+
+NAME = "gather_to_lookup"
+
+
+class Refused(Exception):
+    pass
+
+
+def check(conversion: Conversion) -> None:
+    """Raises Refused when a gather of the variable cannot become a lookup."""
+    for g in conversion.gathers:
+        if g.op.type == "ResourceGather" and g.op.get_attr("batch_dims") != 0:
+            raise Refused(f"{g.op.name} gathers with batch_dims")
+        if g.op.type == "GatherV2" and tensor_util.constant_value(g.op.inputs[2]) != 0:
+            raise Refused(f"{g.op.name} gathers along an axis other than 0")
+        if not g.ids.dtype.is_integer:
+            raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")
+
+
+def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor,
+            keys_of: Optional[dict] = None) -> None:
+    """keys_of maps a gather's ids tensor to the keys to use instead (collision-free keys)."""
+    v = conversion.variable
+    s = conversion.settings
+    with rw.rule(NAME):
+        init = s.initializer if s.initializer is not None else from_variable(v)
+        table = graphmod.create_table(
+            conversion.table_name, conversion.dim, initializer=init, optimizer=slot_layout,
+            default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
+            shape_hint=[conversion.rows, conversion.dim])
+        rw.track_added(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                       tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)[-1],
+                       label=f"table {table.name}")
+        conversion.table = table
+        for g in conversion.gathers:
+            with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):
+                ids = (keys_of or {}).get(g.ids.ref(), g.ids)
+                keys = tf.cast(ids, tf.int64)
+                if conversion.training:
+                    rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now,
+                                                                      dim=table.dim)
+                    flat = tf.reshape(handles, [-1])
+                    # [N, dim] without the variable's shape (TF's own gradient
+                    # reads it, and the variable is never initialized now).
+                    conversion.lookups.extend((flat, tf.reshape(grad, [-1, table.dim]))
+                                              for grad in g.grads)
+                else:
+                    rows = ops.graphmod_table_find(table.handle, keys, dim=table.dim)
+            rw.reroute(g.op.outputs[0], rows)
+            conversion.outputs.append(rows)

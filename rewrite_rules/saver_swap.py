@@ -1,0 +1,24 @@
+"""Rule: converted variables and their slots leave the init op and the Saver.
+
+Estimators build the init op, the ready checks and the Saver after hooks'
+begin(), from the graph's collections; removing a converted variable and its
+optimizer slots from every collection therefore drops them from all three,
+while each table's saveable (added when the table was built) joins the
+checkpoint. Matches every conversion; refuses nothing.
+"""
+from graphmod.conversion import Conversion
+
+NAME = "saver_swap"
+
+
+def rewrite(rw, conversion: Conversion) -> int:
+    """Returns the dense bytes no longer allocated (variable and slots)."""
+    freed = 0
+    # Slots leave the Saver in every mode: eval and predict graphs restore a
+    # table without its optimizer slots.
+    slots = conversion.update.slots if conversion.update is not None else []
+    with rw.rule(NAME):
+        for v in [conversion.variable] + slots:
+            if rw.remove_from_collections(v, label=v.op.name):
+                freed += v.shape.num_elements() * v.dtype.size
+    return freed
