@@ -62,6 +62,8 @@ class Conversion:
     table: Any = None            # set by the gather rule
     lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
     # (row handles [N], grad rows [N, D]) pairs recorded by the gather rule
+    summaries: List[tf.Operation] = dataclasses.field(default_factory=list)
+    # summaries that read the variable densely (they leave the graph's collections)
     outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # lookup rows
     apply: Optional[tf.Operation] = None  # set by the optimizer rule
 
@@ -163,6 +165,25 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
     return Update(scope, update_op, ops, in_scope_writes, slots)
 
 
+def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
+    """The summary ops every forward path from ops ends in (canned linear
+    models summarise the fraction of zero weights, reading them densely), or
+    None when some path ends elsewhere."""
+    seen, stack, sinks = set(), list(ops), []
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        consumers = [c for t in op.outputs for c in view.consumers(t)]
+        if not consumers:
+            if not op.type.endswith("Summary"):
+                return None
+            sinks.append(op)
+        stack.extend(consumers)
+    return sinks
+
+
 def plan(graph: tf.Graph, min_rows: int, tables: Dict[str, TableSettings], training: bool
          ) -> Tuple[List[Conversion], List[Tuple[str, str]]]:
     """Returns the conversions to make and the (variable, reason) pairs skipped.
@@ -195,7 +216,8 @@ def plan(graph: tf.Graph, min_rows: int, tables: Dict[str, TableSettings], train
         if not settings.convert:
             skipped.append((name, "excluded by its table pattern (convert=False)"))
             continue
-        if uses["other"]:
+        summaries = _summary_sinks(view, uses["other"]) if uses["other"] else []
+        if summaries is None:
             kinds = sorted({op.type for op in uses["other"]})
             skipped.append((name, "read other than by gathers (" + ", ".join(kinds)
                             + f", e.g. {uses['other'][0].name})"))
@@ -212,5 +234,6 @@ def plan(graph: tf.Graph, min_rows: int, tables: Dict[str, TableSettings], train
             skipped.append((name, "updated by an optimizer, but a gather has no gradient"))
             continue
         conversions.append(Conversion(v, table_name_for(v), settings, gathers, update,
-                                      training=training and update is not None))
+                                      training=training and update is not None,
+                                      summaries=summaries))
     return conversions, skipped

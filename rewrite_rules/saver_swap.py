@@ -1,10 +1,13 @@
-"""Rule: converted variables and their slots leave the init op and the Saver.
+"""Rule: converted variables and their slots leave the init op and the Saver,
+and summaries reading them densely leave the summaries.
 
 Estimators build the init op, the ready checks and the Saver after hooks'
 begin(), from the graph's collections; removing a converted variable and its
 optimizer slots from every collection therefore drops them from all three,
 while each table's saveable (added when the table was built) joins the
-checkpoint. Matches every conversion; refuses nothing.
+checkpoint. The same goes for summaries of the dense variable (the canned
+linear models' fraction of zero weights): Estimators merge the SUMMARIES
+collection after begin(). Matches every conversion; refuses nothing.
 """
 from graphmod.conversion import Conversion
 
@@ -21,4 +24,6 @@ def rewrite(rw, conversion: Conversion) -> int:
         for v in [conversion.variable] + slots:
             if rw.remove_from_collections(v, label=v.op.name):
                 freed += v.shape.num_elements() * v.dtype.size
+        for summary in conversion.summaries:
+            rw.remove_from_collections(summary.outputs[0], label=summary.name)
     return freed
