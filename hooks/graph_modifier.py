@@ -23,7 +23,8 @@ from absl import logging
 from graphmod import validate
 from graphmod.conversion import TableSettings, plan
 from graphmod.rewriter import Rewriter
-from graphmod.rewrite_rules import gather_to_lookup, optimizer_updates, saver_swap
+from graphmod.rewrite_rules import (collisionless_keys, gather_to_lookup, optimizer_updates,
+                                    saver_swap)
 
 tf1 = tf.compat.v1
 
@@ -36,6 +37,8 @@ class RewriteReport:
     skipped: List[dict]
     rules: Dict[str, Dict[str, int]]
     dense_bytes_freed: int
+    unsqueezed_keys: List[str]      # hash-bucket / modulo ops whose full keys now feed tables
+    squeezed_keys_kept: List[dict]  # those left alone, with the reason
 
     def log(self) -> None:
         logging.info("graphmod: %d embedding variable(s) -> tables in %.2fs (%s graph), "
@@ -48,6 +51,10 @@ class RewriteReport:
         for s in self.skipped:
             logging.warning("graphmod: '%s' stays a dense variable: %s", s["variable"],
                             s["reason"])
+        if self.unsqueezed_keys:
+            logging.info("graphmod: collision-free keys from %s", ", ".join(self.unsqueezed_keys))
+        for k in self.squeezed_keys_kept:
+            logging.warning("graphmod: ids of '%s' keep sharing rows: %s", k["op"], k["reason"])
 
 
 def _estimator_call() -> Tuple[Optional[str], Optional[str]]:
@@ -91,12 +98,15 @@ class GraphModifierHook(tf1.train.SessionRunHook):
       tables: {fnmatch pattern of variable names: graphmod.TableSettings or a
         dict of its fields}; a matching variable is converted whatever its size
         (convert=False excludes it), with those settings.
+      collision_free: feed tables the full key where a hash-bucket column or
+        `ids % N` squeezed it into the variable's rows (default True).
       dump_graph: also write the GraphDefs before and after the rewrite.
       model_dir: where the report (and graphs) go; default: the Estimator's.
     """
 
     def __init__(self, min_rows: int = 10_000, tables: Optional[dict] = None,
-                 dump_graph: bool = False, model_dir: Optional[str] = None):
+                 collision_free: bool = True, dump_graph: bool = False,
+                 model_dir: Optional[str] = None):
         if not isinstance(min_rows, int) or min_rows < 0:
             raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
         self.min_rows = min_rows
@@ -112,6 +122,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 raise TypeError(f"GraphModifierHook: settings for '{pattern}' must be a dict or "
                                 f"TableSettings, got {type(settings).__name__}")
             self.tables[pattern] = settings
+        self.collision_free = collision_free
         self.dump_graph = dump_graph
         self.model_dir = model_dir
         self.report: Optional[RewriteReport] = None
@@ -143,7 +154,12 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             ready.append((c, translation, layout))
         rw = Rewriter(graph)
         freed = 0
+        unsqueezed, kept = [], []
         try:
+            if self.collision_free:
+                unsqueezed, kept = collisionless_keys.unsqueeze(
+                    rw, {c.table_name: [g.op for g in c.gathers] for c, _, _ in ready},
+                    {op.name for c, t, _ in ready if t is not None for op in c.update.ops})
             with rw.rule("clock"):
                 now = tf.cast(tf.timestamp(name="graphmod/now"), tf.int64)
             for c, translation, layout in ready:
@@ -168,7 +184,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                          initializer=dataclasses.asdict(c.table.initializer))
                     for c, t, _ in ready],
             skipped=[dict(variable=v, reason=r) for v, r in skipped],
-            rules=rw.summary(), dense_bytes_freed=freed)
+            rules=rw.summary(), dense_bytes_freed=freed, unsqueezed_keys=unsqueezed,
+            squeezed_keys_kept=[dict(op=o, reason=r) for o, r in kept])
         self.report.log()
         if model_dir:
             self._write(model_dir, before, graph)

@@ -9,8 +9,6 @@ and gradient rows for the optimizer rule), read-only find otherwise. The
 gather's consumers then read the lookup's rows, which have the same shape.
 Refuses gathers with batch dimensions or on another axis.
 """
-from typing import Optional
-
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
@@ -37,9 +35,7 @@ def check(conversion: Conversion) -> None:
             raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")
 
 
-def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor,
-            keys_of: Optional[dict] = None) -> None:
-    """keys_of maps a gather's ids tensor to the keys to use instead (collision-free keys)."""
+def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor) -> None:
     v = conversion.variable
     s = conversion.settings
     with rw.rule(NAME):
@@ -54,8 +50,7 @@ def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor,
         conversion.table = table
         for g in conversion.gathers:
             with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):
-                ids = (keys_of or {}).get(g.ids.ref(), g.ids)
-                keys = tf.cast(ids, tf.int64)
+                keys = tf.cast(g.op.inputs[1], tf.int64)  # current: keys may have been unsqueezed
                 if conversion.training:
                     rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now,
                                                                       dim=table.dim)

@@ -20,7 +20,7 @@ from graphmod.table import _TableSaveable
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")
 
 tf1 = tf.compat.v1
-Estimator = tf_estimator.estimator.Estimator
+Estimator = tf.estimator.Estimator  # EstimatorV2; see test_v1_estimator_is_recognised
 ModeKeys = tf_estimator.estimator.ModeKeys
 
 FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
@@ -370,7 +370,8 @@ def test_failed_rewrite_is_undone(monkeypatch):
         losses, _, tables, emb = run_steps(model, [], data)
     with tf.Graph().as_default():
         plain = run_steps(build_model(OPTIMIZERS["momentum"]), [], data)
-    assert tables == {}
+    # The table the rules built stays in graphmod's registry, unused: no rows.
+    assert all(len(t["keys"]) == 0 for t in tables.values())
     np.testing.assert_array_equal(losses, plain[0])
     np.testing.assert_array_equal(emb, plain[3])
 
@@ -421,7 +422,7 @@ def e_model_fn(features, labels, mode):
         return tf_estimator.estimator.EstimatorSpec(
             mode, predictions={"p": tf.sigmoid(logits), "emb": e})
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    train_op = tf1.train.AdagradOptimizer(0.2).minimize(loss, tf1.train.get_global_step())
+    train_op = tf1.train.AdagradOptimizer(1.0).minimize(loss, tf1.train.get_global_step())
     return tf_estimator.estimator.EstimatorSpec(
         mode, loss=loss, train_op=train_op,
         eval_metric_ops={"auc": tf1.metrics.auc(labels, tf.sigmoid(logits))})
@@ -452,7 +453,7 @@ def test_estimator_end_to_end(tmp_path):
         model_dir=str(tmp_path), tf_random_seed=1, save_checkpoints_steps=1_000_000,
         save_checkpoints_secs=None, save_summary_steps=1_000_000, log_step_count_steps=1_000_000)
     est = Estimator(e_model_fn, config=config)
-    ids1, labels1 = e_data(4096, 0, 2000, seed=1)
+    ids1, labels1 = e_data(4096, 0, 600, seed=1)
     hook = graphmod.GraphModifierHook(dump_graph=True)
     est.train(e_input_fn(ids1, labels1), steps=60, hooks=[hook])
 
@@ -485,7 +486,7 @@ def test_estimator_end_to_end(tmp_path):
     eval_hook = graphmod.GraphModifierHook()
     metrics = est.evaluate(e_input_fn(ids1[:1024], labels1[:1024], epochs=1), hooks=[eval_hook])
     assert metrics["global_step"] == 60 and np.isfinite(metrics["loss"])
-    assert metrics["auc"] > 0.6, metrics  # trained rows, not fresh ones
+    assert metrics["auc"] > 0.8, metrics  # trained rows, not fresh ones
     assert eval_hook.report.graph == "eval"
     assert [t["variable"] for t in eval_hook.report.tables] == ["emb"]
     assert (out / "rewrite_report_eval.json").exists()
@@ -513,8 +514,8 @@ def test_estimator_end_to_end(tmp_path):
     assert (np.abs(init["emb"]) <= 0.2 + 1e-6).all()  # truncated normal, stddev 0.1
     assert len(e_table(tmp_path)["keys"]) == len(seen1)  # predict inserted nothing
 
-    # --- resume on ids 0..999 only: the other rows stay bit for bit.
-    ids2, labels2 = e_data(2048, 0, 1000, seed=2)
+    # --- resume on ids 0..299 only: the other rows stay bit for bit.
+    ids2, labels2 = e_data(2048, 0, 300, seed=2)
     est2 = Estimator(e_model_fn, config=config)
     est2.train(e_input_fn(ids2, labels2), steps=20, hooks=[graphmod.GraphModifierHook()])
     assert est2.get_variable_value("global_step") == 80
@@ -522,7 +523,7 @@ def test_estimator_end_to_end(tmp_path):
     seen2 = np.unique(ids2[:20 * E_BATCH])
     np.testing.assert_array_equal(t2["keys"], np.union1d(seen1, seen2))
     untouched = np.setdiff1d(seen1, seen2)
-    assert len(untouched) > 500
+    assert len(untouched) > 200
     i1, i2 = np.searchsorted(t1["keys"], untouched), np.searchsorted(t2["keys"], untouched)
     for f in FIELDS:
         np.testing.assert_array_equal(t2[f][i2], t1[f][i1], err_msg=f)
@@ -531,3 +532,20 @@ def test_estimator_end_to_end(tmp_path):
     j1, j2 = np.searchsorted(t1["keys"], both), np.searchsorted(t2["keys"], both)
     assert (t2["counts"][j2] > t1["counts"][j1]).all()
     assert t2["versions"][j2].min() > 60
+
+
+@pytest.mark.slow
+def test_v1_estimator_is_recognised(tmp_path):
+    """tf.compat.v1.estimator.Estimator (tensorflow_estimator.estimator.Estimator, as in
+    test_estimator.py) is the base class of tf.estimator.Estimator, not a subclass:
+    the hook must still find its model_dir and tell its predict graph."""
+    est = tf1.estimator.Estimator(e_model_fn, model_dir=str(tmp_path))
+    ids, labels = e_data(256, 0, 100, seed=3)
+    est.train(e_input_fn(ids, labels), steps=4, hooks=[graphmod.GraphModifierHook()])
+    assert "emb-keys" in dict(tf.train.list_variables(str(tmp_path)))
+    hook = graphmod.GraphModifierHook()
+    e_predict(est, ids[:8], hook)
+    assert hook.report.graph == "predict"
+    out = tmp_path / "graphmod"
+    assert (out / "rewrite_report_train.json").exists()
+    assert (out / "rewrite_report_predict.json").exists()

@@ -1,0 +1,84 @@
+"""The collisionless_keys rule: hash-bucket and modulo ids feed tables unsqueezed."""
+import numpy as np
+import tensorflow as tf
+
+import graphmod
+
+tf1 = tf.compat.v1
+
+
+def train_once(build, feed_values, hook):
+    """Builds a graph with build() -> (placeholder, loss), lets the hook rewrite
+    it (as a session would, before initializing), runs one training step and
+    returns the table's export."""
+    with tf.Graph().as_default():
+        step = tf1.train.get_or_create_global_step()
+        ph, loss = build()
+        train = tf1.train.AdagradOptimizer(0.1).minimize(loss, step)
+        hook.begin()
+        (table,) = graphmod.tables()
+        export = table.export()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train, {ph: feed_values})
+            return sess.run(export)
+
+
+def test_hash_bucket_ids_become_full_fingerprints():
+    words = np.array([f"w{i}".encode() for i in range(300)])
+
+    def build():
+        ph = tf1.placeholder(tf.string, [None])
+        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1))
+        rows = tf.nn.embedding_lookup(emb, tf.strings.to_hash_bucket_fast(ph, 100))
+        return ph, tf.reduce_sum(rows * rows)
+
+    hook = graphmod.GraphModifierHook(tables={"emb": {}})
+    exported = train_once(build, words, hook)
+    assert len(exported["keys"]) == 300  # 300 words, 100 buckets: no sharing
+    want = tf.bitcast(tf.fingerprint(words), tf.int64).numpy() & (2**63 - 1)
+    assert sorted(exported["keys"].tolist()) == sorted(want.tolist())
+    assert hook.report.unsqueezed_keys and not hook.report.squeezed_keys_kept
+
+
+def test_modulo_ids_become_raw_ids():
+    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)  # ~500 ids, colliding mod 100
+
+    def build():
+        ph = tf1.placeholder(tf.int64, [None])
+        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1))
+        return ph, tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 100))
+
+    exported = train_once(build, ids, graphmod.GraphModifierHook(tables={"emb": {}}))
+    assert sorted(exported["keys"].tolist()) == ids.tolist()
+
+
+def test_ids_that_also_index_a_dense_variable_stay_squeezed():
+    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)
+
+    def build():
+        ph = tf1.placeholder(tf.int64, [None])
+        bucket = ph % 100
+        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1))
+        bias = tf1.get_variable("bias", [100, 1])  # not converted (below min_rows, no pattern)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, bucket))
+        return ph, loss + tf.reduce_sum(tf.nn.embedding_lookup(bias, bucket))
+
+    hook = graphmod.GraphModifierHook(tables={"emb": {}})
+    exported = train_once(build, ids, hook)
+    assert set(exported["keys"].tolist()) == set((ids % 100).tolist())
+    (kept,) = hook.report.squeezed_keys_kept
+    assert "bias" in kept["reason"]
+
+
+def test_collision_free_can_be_switched_off():
+    words = np.array([f"w{i}".encode() for i in range(300)])
+
+    def build():
+        ph = tf1.placeholder(tf.string, [None])
+        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1))
+        return ph, tf.reduce_sum(tf.nn.embedding_lookup(emb, tf.strings.to_hash_bucket_fast(ph, 100)))
+
+    exported = train_once(build, words,
+                          graphmod.GraphModifierHook(tables={"emb": {}}, collision_free=False))
+    assert len(exported["keys"]) <= 100
