@@ -120,15 +120,17 @@ def _gradients_of(view: GraphView, gather: tf.Operation) -> List[tf.Tensor]:
     """Gradients w.r.t. the gather's output (shape ids.shape + [dim]).
 
     The gather's gradient function (ResourceGather and GatherV2 alike) builds,
-    under '<gradients scope>/<gather name>_grad/', Size(ids), then
+    under '<gradients scope>/<gather name>_grad/', Reshape_1(ids -> [N]) and
     Reshape(gradient of the output -> [N, dim]), whose shape it reads from the
-    variable; the gradient of the output is that Reshape's first input.
+    variable; the gradient of the output is that Reshape's first input. (Its
+    Size(ids) is a constant when the batch shape is static, so match Reshape_1.)
     """
-    pattern = re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(gather.name) + r"_grad/Size$")
+    pattern = re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(gather.name)
+                         + r"_grad/Reshape_1$")
     out = []
     for op in view.consumers(gather.inputs[1]):
-        if op.type == "Size" and pattern.search(op.name):
-            scope = op.name[:-len("Size")]
+        if op.type == "Reshape" and pattern.search(op.name):
+            scope = op.name[:-len("Reshape_1")]
             out.append(view.graph.get_operation_by_name(scope + "Reshape").inputs[0])
     return out
 

@@ -35,12 +35,14 @@ class Rewriter:
     def rule(self, name: str):
         """Attributes the changes (and the ops built) inside to rule `name`."""
         previous, self._rule = self._rule, name
-        first_new = max(self.graph._nodes_by_id, default=0)  # pylint: disable=protected-access
+        # Op ids are 1, 2, ... in creation order and ops are never deleted.
+        by_id = self.graph._nodes_by_id  # pylint: disable=protected-access
+        first_new = len(by_id)
         try:
             with self.graph.as_default():
                 yield self
         finally:
-            built = [op for op in self.graph.get_operations() if op._id > first_new]  # pylint: disable=protected-access
+            built = [by_id[i] for i in range(first_new + 1, len(by_id) + 1)]
             if built:
                 self._record("build", f"{len(built)} ops: " + ", ".join(op.name for op in built[:6])
                              + (" ..." if len(built) > 6 else ""))
@@ -73,9 +75,7 @@ class Rewriter:
     def replace_control_input(self, old: tf.Operation, new: Optional[tf.Operation]) -> int:
         """Ops that waited for `old` wait for `new` instead (or for nothing)."""
         count = 0
-        for op in self.graph.get_operations():
-            if old not in op.control_inputs:
-                continue
+        for op in list(old._control_outputs):  # pylint: disable=protected-access
             before = list(op.control_inputs)
             after = [c for c in before if c is not old] + ([new] if new is not None else [])
             op._remove_all_control_inputs()  # pylint: disable=protected-access

@@ -23,6 +23,7 @@ from absl import logging
 from graphmod import validate
 from graphmod.conversion import TableSettings, plan
 from graphmod.rewriter import Rewriter
+from graphmod.table import graph_state
 from graphmod.rewrite_rules import (collisionless_keys, gather_to_lookup, optimizer_updates,
                                     saver_swap)
 
@@ -33,6 +34,7 @@ tf1 = tf.compat.v1
 class RewriteReport:
     graph: str                      # "train", "eval" or "predict"
     seconds: float
+    phase_seconds: Dict[str, float]  # plan, rewrite, validate
     tables: List[dict]
     skipped: List[dict]
     rules: Dict[str, Dict[str, int]]
@@ -64,7 +66,7 @@ def _estimator_call() -> Tuple[Optional[str], Optional[str]]:
     found = (None, None)
     while frame is not None:
         owner = frame.f_locals.get("self")
-        if isinstance(owner, tf.estimator.Estimator):
+        if isinstance(owner, tf.compat.v1.estimator.Estimator):  # V2 subclasses it
             found = (owner.model_dir, frame.f_code.co_name)  # the outermost call wins
         frame = frame.f_back
     return found
@@ -101,13 +103,15 @@ class GraphModifierHook(tf1.train.SessionRunHook):
       collision_free: feed tables the full key where a hash-bucket column or
         `ids % N` squeezed it into the variable's rows (default True).
       dump_graph: also write the GraphDefs before and after the rewrite.
+      full_check: also prove the rewritten GraphDef imports (about a second
+        per 10,000 ops; see graphmod.validate).
       model_dir: where the report (and graphs) go; default: the Estimator's.
     """
 
     def __init__(self, min_rows: int = 10_000, tables: Optional[dict] = None,
                  collision_free: bool = True, dump_graph: bool = False,
-                 model_dir: Optional[str] = None):
-        if not isinstance(min_rows, int) or min_rows < 0:
+                 full_check: bool = False, model_dir: Optional[str] = None):
+        if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
             raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
         self.min_rows = min_rows
         self.tables = {}
@@ -124,6 +128,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             self.tables[pattern] = settings
         self.collision_free = collision_free
         self.dump_graph = dump_graph
+        self.full_check = full_check
         self.model_dir = model_dir
         self.report: Optional[RewriteReport] = None
 
@@ -152,6 +157,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 skipped.append((c.variable.op.name, str(e)))
                 continue
             ready.append((c, translation, layout))
+        planned = time.time()
         rw = Rewriter(graph)
         freed = 0
         unsqueezed, kept = [], []
@@ -169,15 +175,21 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 freed += saver_swap.rewrite(rw, c)
             roots = [op for c, _, _ in ready for t in c.outputs for op in t.consumers()]
             roots += [op for c, _, _ in ready if c.apply is not None
-                      for op in graph.get_operations() if c.apply in op.control_inputs]
+                      for op in c.apply._control_outputs]  # pylint: disable=protected-access
+            rewritten = time.time()
             validate.check(graph, [c.variable for c, _, _ in ready], roots,
-                           training=mode == "train")
+                           training=mode == "train", full=self.full_check)
         except Exception as e:
             rw.undo()
+            for c, _, _ in ready:  # so that begin() can run again on this graph
+                if c.table is not None:
+                    graph_state(graph).tables.pop(c.table.name, None)
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report = RewriteReport(
             graph=mode,
             seconds=time.time() - start,
+            phase_seconds=dict(plan=planned - start, rewrite=rewritten - planned,
+                               validate=time.time() - rewritten),
             tables=[dict(variable=c.variable.op.name, table=c.table.name, rows=c.rows, dim=c.dim,
                          slots=c.table.num_slots, lookups=len(c.gathers),
                          optimizer=t.kind if t else None,

@@ -50,7 +50,9 @@ def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor) -> None:
         conversion.table = table
         for g in conversion.gathers:
             with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):
-                keys = tf.cast(g.op.inputs[1], tf.int64)  # current: keys may have been unsqueezed
+                keys = g.op.inputs[1]  # the current input: keys may have been unsqueezed
+                if keys.dtype != tf.int64:
+                    keys = tf.cast(keys, tf.int64)
                 if conversion.training:
                     rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now,
                                                                       dim=table.dim)

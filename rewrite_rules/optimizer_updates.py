@@ -176,16 +176,20 @@ def _adam(update: Update, by_op) -> Translation:
     return Translation("adam", [lr, beta1, beta2, epsilon, beta1_power, beta2_power], slots)
 
 
+def _concat(tensors: List[tf.Tensor]) -> tf.Tensor:
+    return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
+
+
 def rewrite(rw, conversion: Conversion, translation: Translation) -> Optional[tf.Operation]:
     """Builds the table apply for conversion's recorded lookups; swaps it in."""
     if not conversion.lookups:
         return None
     table = conversion.table
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
-        handles = tf.concat([h for h, _ in conversion.lookups], 0)
-        grads = tf.concat([tf.convert_to_tensor(g, tf.float32)
-                           for _, g in conversion.lookups], 0)
-        hparams = tf.stack([tf.cast(h, tf.float32) for h in translation.hparams])
+        handles = _concat([h for h, _ in conversion.lookups])
+        grads = _concat([g for _, g in conversion.lookups])
+        hparams = tf.stack([h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
+                            for h in translation.hparams])
         apply = ops.graphmod_table_apply(table.handle, handles, grads, hparams,
                                          optimizer=translation.kind, by_address=True,
                                          nesterov=translation.nesterov)
