@@ -21,8 +21,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements.txt -r requirements-dev.txt
 	$(HOROVOD_ENV) $(PIP) install -q --no-build-isolation horovod==0.28.1
-	# The lookup benchmark's peer; its declared deps would replace our TF.
+	# The benchmarks' peer; its declared deps would replace our TF.
 	$(PIP) install -q --no-deps tensorflow-recommenders-addons==0.7.2
+	# A real client for the hook tests (its declared deps would replace our TF too).
+	$(PIP) install -q --no-deps deepctr==0.9.4
 	touch $@
 
 # pip builds the op library in place (graphmod/_graphmod_ops.so).
