@@ -51,7 +51,7 @@ test-bazel-ops: build bazel
 test: native-test test-python test-bazel-ops
 
 demo: build
-	$(PY) examples/demo.py
+	$(PY) examples/hook_demo.py
 
 bench: build
 	$(PY) benchmarks/lookup.py --regime small --dim 16 --json benchmarks/results/lookup_small_16.json

@@ -165,7 +165,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             if self.collision_free:
                 unsqueezed, kept = collisionless_keys.unsqueeze(
                     rw, {c.table_name: [g.op for g in c.gathers] for c, _, _ in ready},
-                    {op.name for c, t, _ in ready if t is not None for op in c.update.ops})
+                    # old updates never run, in any mode: a model_fn may build
+                    # its optimizer in eval and predict graphs too, and the keys
+                    # must be the same in every mode.
+                    {op.name for c, _, _ in ready if c.update is not None for op in c.update.ops})
             with rw.rule("clock"):
                 now = tf.cast(tf.timestamp(name="graphmod/now"), tf.int64)
             for c, translation, layout in ready:

@@ -82,3 +82,23 @@ def test_collision_free_can_be_switched_off():
     exported = train_once(build, words,
                           graphmod.GraphModifierHook(tables={"emb": {}}, collision_free=False))
     assert len(exported["keys"]) <= 100
+
+
+def test_eval_graph_with_an_optimizer_unsqueezes_like_training():
+    """A model_fn may build its optimizer in every mode; keys must not differ
+    between the training and the evaluation graph."""
+    reports = {}
+    for mode in ("train", "eval"):
+        with tf.Graph().as_default():
+            step = tf1.train.get_or_create_global_step()
+            ph = tf1.placeholder(tf.int64, [None])
+            emb = tf1.get_variable("emb", [100, 4])
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 100))
+            tf1.train.AdagradOptimizer(0.1).minimize(loss, step)
+            if mode == "eval":
+                tf1.add_to_collection(tf1.GraphKeys.EVAL_STEP, tf1.Variable(0, name="eval_step"))
+            hook = graphmod.GraphModifierHook(tables={"emb": {}})
+            hook.begin()
+            reports[mode] = hook.report
+    assert reports["eval"].graph == "eval"
+    assert reports["train"].unsqueezed_keys == reports["eval"].unsqueezed_keys == ["mod"]

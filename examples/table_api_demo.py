@@ -24,7 +24,7 @@ predictions, and how many rows each table holds in the checkpoint. With the
 defaults (1.5M examples, ~1 minute on 2 cores) it reaches an eval AUC of ~0.747
 against a Bayes AUC of ~0.771; the tables end up with ~833k rows.
 
-Run:  python examples/demo.py [--train_steps 3000] [--batch_size 512] [--model_dir DIR]
+Run:  python examples/table_api_demo.py [--train_steps 3000] [--batch_size 512] [--model_dir DIR]
 """
 import os
 import shutil
