@@ -6,9 +6,9 @@ the view and mutate only through graphmod.rewriter.Rewriter; after a rule
 changes the graph, the engine builds a fresh view.
 
 >>> view = GraphView(tf.compat.v1.get_default_graph())
->>> [op.name for op in view.ops_of_type("ResourceGather")]
+>>> [op.name for op in view.consumers(ids)]
 """
-from typing import Iterable, Iterator, List, Set
+from typing import List
 
 import networkx as nx
 import tensorflow as tf
@@ -29,9 +29,6 @@ class GraphView:
     def op(self, name: str) -> tf.Operation:
         return self.nx.nodes[name]["op"]
 
-    def ops_of_type(self, *types: str) -> List[tf.Operation]:
-        return [d["op"] for _, d in self.nx.nodes(data=True) if d["op"].type in types]
-
     def consumers(self, tensor: tf.Tensor) -> List[tf.Operation]:
         """Ops reading tensor as a data input (each once)."""
         out = []
@@ -45,26 +42,3 @@ class GraphView:
     def control_consumers(self, op: tf.Operation) -> List[tf.Operation]:
         return [self.op(dst) for _, dst, d in self.nx.out_edges(op.name, data=True)
                 if d["control"]]
-
-    def ancestors(self, ops: Iterable[tf.Operation]) -> Set[str]:
-        """Names of the ops every given op depends on (data or control), inclusive."""
-        seen: Set[str] = set()
-        stack = [op.name for op in ops]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            stack.extend(self.nx.predecessors(name))
-        return seen
-
-    def walk_forward(self, tensor: tf.Tensor, through: Iterable[str]) -> Iterator[tf.Operation]:
-        """Consumers of tensor, looking through ops of the given pass-through types."""
-        through = set(through)
-        stack = [tensor]
-        while stack:
-            for op in self.consumers(stack.pop()):
-                if op.type in through:
-                    stack.extend(op.outputs)
-                else:
-                    yield op

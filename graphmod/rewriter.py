@@ -35,18 +35,27 @@ class Rewriter:
     def rule(self, name: str):
         """Attributes the changes (and the ops built) inside to rule `name`."""
         previous, self._rule = self._rule, name
-        # Op ids are 1, 2, ... in creation order and ops are never deleted.
-        by_id = self.graph._nodes_by_id  # pylint: disable=protected-access
-        first_new = len(by_id)
+        last_old = self._last_op_id()
         try:
             with self.graph.as_default():
                 yield self
         finally:
-            built = [by_id[i] for i in range(first_new + 1, len(by_id) + 1)]
+            by_id = self.graph._nodes_by_id  # pylint: disable=protected-access
+            built = [by_id[i] for i in range(last_old + 1, self._last_op_id() + 1) if i in by_id]
             if built:
                 self._record("build", f"{len(built)} ops: " + ", ".join(op.name for op in built[:6])
                              + (" ..." if len(built) > 6 else ""))
             self._rule = previous
+
+    def _last_op_id(self) -> int:
+        """Id of the newest op. Ops get consecutive ids from 2 in creation order
+        and are never deleted, so it is the op count + 1; checked, with a full
+        scan as the fallback should TF number ops otherwise."""
+        by_id = self.graph._nodes_by_id  # pylint: disable=protected-access
+        guess = self.graph.version + 1
+        if guess in by_id and guess + 1 not in by_id:
+            return guess
+        return max(by_id.keys(), default=0)
 
     def _record(self, kind: str, detail: str, undo: Optional[Callable[[], None]] = None):
         self.changes.append(Change(self._rule, kind, detail))
@@ -102,12 +111,6 @@ class Rewriter:
                 self._record("collection_remove", f"{label or getattr(item, 'name', item)} "
                              f"from {key}", lambda coll=coll, index=index: coll.insert(index, item))
         return removed
-
-    def add_to_collection(self, key: str, item: Any, label: Optional[str] = None) -> None:
-        coll = self.graph.get_collection_ref(key)
-        coll.append(item)
-        self._record("collection_add", f"{label or getattr(item, 'name', item)} to {key}",
-                     lambda: coll.remove(item))
 
     def track_added(self, key: str, item: Any, label: Optional[str] = None) -> None:
         """Records an item library code already appended to collection key."""

@@ -1,0 +1,42 @@
+"""The Rewriter records every graph edit and undoes them all; GraphView indexes uses."""
+import pytest
+import tensorflow as tf
+
+from graphmod.graph_view import GraphView
+from graphmod.rewriter import Rewriter
+
+tf1 = tf.compat.v1
+
+
+def test_reroute_control_and_collections_are_recorded_and_undone():
+    with tf.Graph().as_default() as g:
+        a = tf.constant(1.0, name="a")
+        b = tf.constant(2.0, name="b")
+        double = tf.multiply(a, 2.0, name="double")
+        plus = tf.add(a, 1.0, name="plus")
+        with tf.control_dependencies([double]):
+            after = tf.identity(plus, name="after")
+        v = tf1.Variable(3.0, name="v")
+        view = GraphView(g)
+        assert set(view.consumers(a)) == {double.op, plus.op}
+        assert view.control_consumers(double.op) == [after.op]
+
+        rw = Rewriter(g)
+        with rw.rule("demo"):
+            c = tf.constant(5.0, name="c")
+            assert rw.reroute(a, c, ignore=[plus.op]) == 1
+            assert rw.replace_control_input(double.op, plus.op) == 1
+            assert set(rw.remove_from_collections(v)) == {tf1.GraphKeys.GLOBAL_VARIABLES,
+                                                          tf1.GraphKeys.TRAINABLE_VARIABLES}
+        assert double.op.inputs[0] is c and plus.op.inputs[0] is a
+        assert after.op.control_inputs == [plus.op]
+        assert v not in tf1.global_variables()
+        summary = rw.summary()["demo"]
+        assert summary == {"reroute": 1, "control": 1, "collection_remove": 2, "build": 1}
+        with pytest.raises(TypeError, match="int32"):
+            rw.reroute(b, tf.constant(1, name="i"))
+
+        rw.undo()
+        assert double.op.inputs[0] is a
+        assert after.op.control_inputs == [double.op]
+        assert tf1.global_variables() == [v] and tf1.trainable_variables() == [v]
