@@ -61,7 +61,7 @@ class Conversion:
     update: Optional[Update]
     table: Any = None            # set by the gather rule
     lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
-    # (row handles [N], grad rows [N, D]) pairs recorded by the gather rule
+    # (row handles, gradient of the rows: handles' shape + [dim]) per lookup
     summaries: List[tf.Operation] = dataclasses.field(default_factory=list)
     # summaries that read the variable densely (they leave the graph's collections)
     outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # lookup rows

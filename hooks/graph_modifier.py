@@ -141,6 +141,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         before = graph.as_graph_def() if self.dump_graph else None
         conversions, skipped = plan(graph, self.min_rows, self.tables, training=mode == "train")
         dense_in_checkpoint = _dense_in_checkpoint(model_dir)
+        variables_by_op = {v.op: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
         ready = []
         for c in conversions:
             if c.variable.op.name in dense_in_checkpoint:
@@ -151,7 +152,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 continue
             try:
                 gather_to_lookup.check(c)
-                translation = optimizer_updates.translate(c.update) if c.training else None
+                translation = (optimizer_updates.translate(c.update, variables_by_op)
+                               if c.training else None)
                 layout = translation.slot_layout() if translation else None
             except (gather_to_lookup.Refused, optimizer_updates.Untranslatable) as e:
                 skipped.append((c.variable.op.name, str(e)))

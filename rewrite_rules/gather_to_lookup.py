@@ -56,11 +56,10 @@ def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor) -> None:
                 if conversion.training:
                     rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now,
                                                                       dim=table.dim)
-                    flat = tf.reshape(handles, [-1])
-                    # [N, dim] without the variable's shape (TF's own gradient
-                    # reads it, and the variable is never initialized now).
-                    conversion.lookups.extend((flat, tf.reshape(grad, [-1, table.dim]))
-                                              for grad in g.grads)
+                    # The gradient of the rows has the handles' shape + [dim],
+                    # as the apply wants (TF's own gradient reshapes it using the
+                    # variable's shape, and the variable is never initialized now).
+                    conversion.lookups.extend((handles, grad) for grad in g.grads)
                 else:
                     rows = ops.graphmod_table_find(table.handle, keys, dim=table.dim)
             rw.reroute(g.op.outputs[0], rows)

@@ -89,9 +89,11 @@ def _variables_by_handle(graph: tf.Graph):
     return {v.op: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
 
 
-def translate(update: Update) -> Translation:
-    """Raises Untranslatable with the reason when the update is not understood."""
-    by_op = _variables_by_handle(update.ops[0].graph) if update.ops else {}
+def translate(update: Update, variables_by_op: Optional[dict] = None) -> Translation:
+    """Raises Untranslatable with the reason when the update is not understood.
+    variables_by_op ({variable op: variable}) saves rebuilding it per update."""
+    by_op = variables_by_op if variables_by_op is not None else (
+        _variables_by_handle(update.ops[0].graph) if update.ops else {})
     for op in update.writes:
         base = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
         if base == "SparseApplyCenteredRMSProp":
@@ -176,8 +178,13 @@ def _adam(update: Update, by_op) -> Translation:
     return Translation("adam", [lr, beta1, beta2, epsilon, beta1_power, beta2_power], slots)
 
 
-def _concat(tensors: List[tf.Tensor]) -> tf.Tensor:
-    return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
+def _concat(tensors: List[tf.Tensor], dim: Optional[int] = None) -> tf.Tensor:
+    """One tensor of all rows: flattened to [N] (or [N, dim]) and concatenated,
+    unless there is just one (the apply takes any ids shape)."""
+    if len(tensors) == 1:
+        return tensors[0]
+    shape = [-1] if dim is None else [-1, dim]
+    return tf.concat([tf.reshape(t, shape) for t in tensors], 0)
 
 
 def rewrite(rw, conversion: Conversion, translation: Translation) -> Optional[tf.Operation]:
@@ -187,7 +194,7 @@ def rewrite(rw, conversion: Conversion, translation: Translation) -> Optional[tf
     table = conversion.table
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
         handles = _concat([h for h, _ in conversion.lookups])
-        grads = _concat([g for _, g in conversion.lookups])
+        grads = _concat([g for _, g in conversion.lookups], table.dim)
         hparams = tf.stack([h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
                             for h in translation.hparams])
         apply = ops.graphmod_table_apply(table.handle, handles, grads, hparams,

@@ -40,3 +40,16 @@ def test_reroute_control_and_collections_are_recorded_and_undone():
         assert double.op.inputs[0] is a
         assert after.op.control_inputs == [double.op]
         assert tf1.global_variables() == [v] and tf1.trainable_variables() == [v]
+
+
+def test_graph_view_networkx_index_matches_the_graph():
+    with tf.Graph().as_default() as g:
+        a = tf.constant(1.0, name="a")
+        s = tf.add(a, a, name="s")
+        with tf.control_dependencies([s]):
+            tf.identity(a, name="i")
+        view = GraphView(g)
+        assert view.consumers(a) == [s.op, g.get_operation_by_name("i")]
+        edges = view.nx.get_edge_data("a", "s")
+        assert sorted(d["input"] for d in edges.values()) == [0, 1]
+        assert [d["control"] for d in view.nx.get_edge_data("s", "i").values()] == [True]
