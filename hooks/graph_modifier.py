@@ -211,8 +211,11 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         out = os.path.join(model_dir, "graphmod")
         tf.io.gfile.makedirs(out)
         kind = self.report.graph
-        with tf.io.gfile.GFile(os.path.join(out, f"rewrite_report_{kind}.json"), "w") as f:
+        # Written aside and renamed, so a failed write never leaves half a report.
+        path = os.path.join(out, f"rewrite_report_{kind}.json")
+        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
             json.dump(dataclasses.asdict(self.report), f, indent=1)
+        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
         if before is not None:
             tf.io.write_graph(before, out, f"graph_before_{kind}.pbtxt")
             tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{kind}.pbtxt")

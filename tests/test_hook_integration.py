@@ -47,6 +47,7 @@ def test_estimator_subclass(tmp_path):
     est.train(input_fn, steps=60, hooks=[hook])
     assert hook.report.graph == "train" and [t["table"] for t in hook.report.tables] == ["emb"]
     assert os.path.exists(tmp_path / "graphmod" / "rewrite_report_train.json")
+    assert not list((tmp_path / "graphmod").glob("*.tmp"))  # written aside, then renamed
     keys = tf.train.load_checkpoint(str(tmp_path)).get_tensor("emb-keys")
     assert keys.max() >= VOCAB  # collision-free: the raw ids, not ids % VOCAB
     assert est.evaluate(input_fn, steps=4, hooks=[graphmod.GraphModifierHook()])["auc"] > 0.6
