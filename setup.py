@@ -14,7 +14,9 @@ class TfBuildExt(build_ext):
         import tensorflow as tf  # the TensorFlow the library will be loaded into
 
         for ext in self.extensions:
-            ext.extra_compile_args += tf.sysconfig.get_compile_flags() + ["-O3", "-fPIC"]
+            # -fno-math-errno: sqrt inlines and the optimizer updates vectorize.
+            ext.extra_compile_args += tf.sysconfig.get_compile_flags() + [
+                "-O3", "-fPIC", "-fno-math-errno"]
             ext.extra_link_args += tf.sysconfig.get_link_flags()
         # gcc warns that -Wstrict-prototypes is invalid for C++; drop Python's C flags.
         self.compiler.compiler_so = [f for f in self.compiler.compiler_so

@@ -779,10 +779,6 @@ void UpdateRow(const Optimizer& o, float* var, float* slots, const float* g, int
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The rows one shard's part of a batch updates, in order of first appearance,
 // each with its gradient: a pointer into the batch for a row seen once, the
 // sum (in batch order) for a row seen more often. A small open-addressing
