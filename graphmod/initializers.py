@@ -11,6 +11,8 @@ import dataclasses
 import math
 from typing import Any, Optional, Sequence
 
+from graphmod import folding
+
 KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 
 
@@ -97,16 +99,14 @@ def from_variable(variable) -> TableInitializer:
     constants. Anything else falls back to the default, with a warning.
     """
     from absl import logging
-    from tensorflow.python.framework import tensor_util
 
     name = variable.op.name
     dim = int(variable.shape[1])
     t = variable.initial_value
     while t.op.type == "Identity":
         t = t.op.inputs[0]
-    value = tensor_util.constant_value(t)
-    if value is not None and value.size and (value == value.flat[0]).all():
-        v = float(value.flat[0])
+    v = folding.scalar(t)
+    if v is not None:
         return TableInitializer("zeros") if v == 0 else TableInitializer("constant", v)
     shift, scale = 0.0, 1.0
     if t.op.type in ("Add", "AddV2"):
@@ -127,10 +127,8 @@ def from_variable(variable) -> TableInitializer:
 
 def _constant_and_other(op):
     """(constant scalar input, other input) of a binary op, or (None, None)."""
-    from tensorflow.python.framework import tensor_util
-
     for c, other in ((op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])):
-        value = tensor_util.constant_value(c)
+        value = folding.fold(c)
         if value is not None and value.size == 1:
             return float(value.reshape(-1)[0]), other
     return None, None

@@ -16,9 +16,8 @@ Adam forms, and anything else it does not recognise.
 from typing import List, Optional, Tuple
 
 import tensorflow as tf
-from tensorflow.python.framework import tensor_util
 
-from graphmod import optimizers
+from graphmod import folding, optimizers
 from graphmod._ops import ops
 from graphmod.conversion import Conversion, Update
 
@@ -65,24 +64,11 @@ class Translation:
         return opt
 
 
-def _fold(t: tf.Tensor):
-    """The constant value of what slot initializers build: Const, Fill(shape,
-    value) whose shape may be computed, ones * value, through Identity."""
-    while t.op.type == "Identity":
-        t = t.op.inputs[0]
-    if t.op.type == "Fill":
-        return tensor_util.constant_value(t.op.inputs[1])
-    if t.op.type == "Mul":
-        a, b = _fold(t.op.inputs[0]), _fold(t.op.inputs[1])
-        return None if a is None or b is None else a * b
-    return tensor_util.constant_value(t)
-
-
 def _constant(t: tf.Tensor, what: str) -> float:
-    value = _fold(t)
-    if value is None or value.size == 0 or not (value == value.flat[0]).all():
+    value = folding.scalar(t)
+    if value is None:
         raise Untranslatable(f"slot {what} does not start from one constant value")
-    return float(value.flat[0])
+    return value
 
 
 def _variables_by_handle(graph: tf.Graph):
@@ -147,7 +133,7 @@ def _input_of_type(op: tf.Operation, op_type: str) -> Tuple[tf.Tensor, tf.Tensor
 
 def _one_minus(t: tf.Tensor) -> tf.Tensor:
     """x of a `1 - x` Sub."""
-    if t.op.type != "Sub" or tensor_util.constant_value(t.op.inputs[0]) != 1:
+    if t.op.type != "Sub" or folding.scalar(t.op.inputs[0]) != 1:
         raise Untranslatable(f"{t.op.name} is not 1 - x")
     return t.op.inputs[1]
 

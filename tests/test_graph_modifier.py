@@ -582,3 +582,19 @@ def test_partitioned_variables_and_keras_embedding_layers(kind):
     np.testing.assert_allclose(hooked, dense, rtol=1e-5)
     expected = 3 if kind.startswith("partitioned") else 1
     assert len(report.tables) == expected and not report.skipped
+
+
+@pytest.mark.parametrize("make, kind, a, b", [
+    (lambda: None, "uniform", -(6 / 20_008) ** 0.5, (6 / 20_008) ** 0.5),  # get_variable's glorot
+    (lambda: tf1.random_uniform_initializer(-0.05, 0.05), "uniform", -0.05, 0.05),
+    (lambda: tf1.random_normal_initializer(0.5, 0.2), "normal", 0.5, 0.2),
+    (lambda: tf1.truncated_normal_initializer(stddev=0.1), "truncated_normal", 0.0, 0.1),
+    (lambda: tf1.constant_initializer(0.25), "constant", 0.25, 0.0),
+])
+def test_tables_inherit_the_variables_initializer(make, kind, a, b):
+    from graphmod.initializers import from_variable
+    with tf.Graph().as_default():
+        v = tf1.get_variable("emb", [20_000, 8], initializer=make())
+        init = from_variable(v)
+    assert init.kind == kind
+    np.testing.assert_allclose([init.a, init.b], [a, b], rtol=1e-6)
