@@ -20,10 +20,14 @@ from graphmod.initializers import TableInitializer  # noqa: E402
 from graphmod.lookup import sparse_lookup  # noqa: E402
 from graphmod.table import Lookup, Table, create_table, tables, training_lookups  # noqa: E402
 
+from graphmod.features import FeatureSpec, use_feature_specs  # noqa: E402
 from graphmod.conversion import TableSettings  # noqa: E402
 from graphmod.export import export_saved_model  # noqa: E402
+from graphmod.hooks.evict import EvictHook  # noqa: E402
 from graphmod.hooks.graph_modifier import GraphModifierHook, RewriteReport  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["GraphModifierHook", "export_saved_model", "RewriteReport", "TableSettings", "create_table", "sparse_lookup", "optimizers", "Table", "Lookup", "TableInitializer",
-           "tables", "training_lookups"]
+__all__ = ["GraphModifierHook", "EvictHook", "export_saved_model", "RewriteReport",
+           "TableSettings", "FeatureSpec", "use_feature_specs", "create_table",
+           "sparse_lookup", "optimizers", "Table", "Lookup", "TableInitializer", "tables",
+           "training_lookups"]

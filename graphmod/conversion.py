@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from graphmod.features import TablePolicy, check_policy
 from graphmod.graph_view import GraphView
 
 tf1 = tf.compat.v1
@@ -27,12 +28,38 @@ _WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub
 
 @dataclasses.dataclass
 class TableSettings:
-    """Per-table settings of the hook; None inherits from the variable / defaults."""
+    """Per-table settings of the hook; None inherits from the variable / defaults.
+
+    initializer, default_value, max_rows, when_full and num_shards are those
+    of graphmod.create_table; access_threshold, eviction_threshold and
+    eviction_unit those of graphmod.FeatureSpec; convert=False keeps the
+    variable dense.
+    """
     initializer: Any = None
     default_value: Optional[float] = None
     max_rows: Optional[int] = None
+    when_full: str = "lru"
     num_shards: int = 16
+    access_threshold: int = -1
+    eviction_threshold: int = -1
+    eviction_unit: str = "seconds"
     convert: bool = True
+
+    def __post_init__(self):
+        check_policy("TableSettings", self.access_threshold, self.eviction_threshold,
+                     self.eviction_unit)
+        if self.when_full not in ("lru", "lfu", "refuse"):
+            raise ValueError(f"TableSettings: when_full must be 'lru', 'lfu' or 'refuse', "
+                             f"got {self.when_full!r}")
+        if self.max_rows is not None and (isinstance(self.max_rows, bool) or
+                                          not isinstance(self.max_rows, int) or
+                                          self.max_rows <= 0):
+            raise ValueError(f"TableSettings: max_rows must be a positive integer or None, "
+                             f"got {self.max_rows!r}")
+
+    @property
+    def policy(self) -> TablePolicy:
+        return TablePolicy(self.access_threshold, self.eviction_threshold, self.eviction_unit)
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ from typing import Optional, Union
 
 import tensorflow as tf
 
+from graphmod import features
 from graphmod._ops import ops
 from graphmod.table import Lookup, Table, graph_state
 
@@ -26,20 +27,27 @@ def to_keys(table_name: str, ids: tf.Tensor) -> tf.Tensor:
                     f"got {ids.dtype.name}")
 
 
-def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool,
-                now: Optional[tf.Tensor] = None) -> tf.Tensor:
+def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool) -> tf.Tensor:
     """Rows of int64 keys (any shape) -> keys.shape + [dim].
 
-    Training lookups insert new keys and are recorded (graphmod.training_lookups)
-    so the sparse optimizers can find their gradients and row handles.
+    Training lookups insert new keys (as the table's admission policy allows,
+    see graphmod.features), stamp them with the graph's clock, and are
+    recorded (graphmod.training_lookups) so the sparse optimizers can find
+    their gradients and row handles.
     """
     if not is_training:
         return ops.graphmod_table_find(table.handle, keys, dim=table.dim)
-    if now is None:
-        now = tf.cast(tf.timestamp(), tf.int64)  # wall clock, in seconds
-    rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now, dim=table.dim)
+    rows, handles = find_or_insert(table, keys)
     graph_state(table.graph).lookups.append(Lookup(table, keys, rows, handles))
     return rows
+
+
+def find_or_insert(table: Table, keys: tf.Tensor):
+    """(rows, row handles) of a training lookup under the table's policy."""
+    policy = features.policy_of(table)
+    return ops.graphmod_table_find_or_insert(
+        table.handle, keys, features.clock(table.graph, policy.eviction_unit), dim=table.dim,
+        access_threshold=policy.access_threshold)
 
 
 def sparse_lookup(table: Table, ids: Ids, is_training: bool = True,

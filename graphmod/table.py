@@ -38,6 +38,9 @@ class _GraphState:
     def __init__(self):
         self.tables: Dict[str, "Table"] = {}
         self.lookups: List[Lookup] = []
+        self.policies: Dict[str, Any] = {}  # table name -> graphmod.features.TablePolicy
+        self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
+        self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -81,15 +84,18 @@ class Table:
                               else op.get_attr("default_value"))
         max_rows = op.get_attr("max_rows")
         self.max_rows = None if max_rows < 0 else max_rows
+        self.when_full = op.get_attr("when_full").decode()
         self.optimizer = optimizer
 
     def __repr__(self) -> str:
         return f"<graphmod.Table '{self.name}' dim={self.dim} slots={self.num_slots}>"
 
     def info(self) -> Dict[str, tf.Tensor]:
-        """Scalars: rows held, bytes held, and optimizer steps applied so far."""
-        size, memory, version = ops.graphmod_table_info(self.handle)
-        return {"size": size, "memory_bytes": memory, "version": version}
+        """Scalars: size (rows held), memory_bytes, version (optimizer steps
+        applied), and since the table was created: admitted (rows lookups
+        created), rejected (lookups given no row), evicted, pending (ids counted
+        towards admission), latest (the newest clock value a lookup passed)."""
+        return ops.graphmod_table_info(self.handle)._asdict()
 
     def size(self) -> tf.Tensor:
         return self.info()["size"]
@@ -118,6 +124,10 @@ class Table:
             zeros if versions is None else tf.convert_to_tensor(versions, tf.int64),
             replace=replace)
 
+    def evict(self, before) -> tf.Tensor:
+        """Removes rows and pending ids last seen before `before`; returns rows removed."""
+        return ops.graphmod_table_evict(self.handle, tf.cast(before, tf.int64))
+
     def remove(self, keys) -> tf.Tensor:
         """Removes rows; returns how many of the keys had one."""
         return ops.graphmod_table_remove(self.handle, tf.convert_to_tensor(keys, tf.int64))
@@ -127,29 +137,37 @@ class Table:
 
 
 class _TableSaveable(saveable_object.SaveableObject):
-    """Saves a table as six checkpoint entries `<name>-keys`, `-values`, ...
+    """Saves a table as checkpoint entries `<name>-keys`, `-values`, ... and
+    the ids counted towards admission as `<name>-pending_keys`, ...
 
     Restoring replaces the table's contents with the checkpoint's.
     """
     FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
+    PENDING = ("keys", "counts", "last_seen")
 
     def __init__(self, table: Table):
         self.table = table
         exported = table.export(0)
+        pending = ops.graphmod_table_export_pending(table.handle)._asdict()
         specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
                  for f in self.FIELDS]
+        specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
+                  for f in self.PENDING]
         super().__init__(table.handle, specs, table.name)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        keys, values, slots, counts, last_seen, versions = restored_tensors
+        keys, values, slots, counts, last_seen, versions = restored_tensors[:6]
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
             if self.table.num_slots == 0:
                 # A table that keeps no optimizer slots (an eval or predict graph)
                 # restores from a training checkpoint by dropping them.
                 slots = slots[:, :0, :]
-            return ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
+            rows = ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
                                              last_seen, versions, replace=True)
+            with tf.control_dependencies([rows]):  # the import clears the pending ids
+                return ops.graphmod_table_import_pending(self.table.handle,
+                                                         *restored_tensors[6:])
 
 
 def _saveable_to_proto(saveable, export_scope=None):
@@ -185,7 +203,7 @@ def _check_name(name: Any) -> str:
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
                  default_value: Optional[float] = None, num_shards: int = 16,
                  seed: Optional[int] = None, max_rows: Optional[int] = None,
-                 shape_hint: Optional[List[int]] = None) -> Table:
+                 when_full: str = "lru", shape_hint: Optional[List[int]] = None) -> Table:
     """Creates a dynamic embedding table in the default graph.
 
     Args:
@@ -200,9 +218,13 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
       num_shards: power of two; shards spread a batch over intra-op threads.
       seed: row-initialization seed; default derived from the name, so every
         process gives an id the same initial row.
-      max_rows: None = unbounded. Else training lookups of new ids in a full
-        table read the missing value, get no row and no gradient; restoring a
-        checkpoint brings back every row.
+      max_rows: None = unbounded. Else at most this many rows; restoring a
+        checkpoint brings back every row regardless.
+      when_full: what a training lookup of a new id does in a table at
+        max_rows: "lru" evicts the least recently seen, "lfu" the least often
+        seen of the rows near the id's index slot (sampled, as Redis and
+        HierarchicalKV do; rows seen in the current step are spared);
+        "refuse" gives the id no row (it reads the missing value, no gradient).
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
@@ -223,6 +245,9 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
                                  or max_rows <= 0):
         raise ValueError(f"graphmod table '{name}': max_rows must be a positive integer or None, "
                          f"got {max_rows!r}")
+    if when_full not in ("lru", "lfu", "refuse"):
+        raise ValueError(f"graphmod table '{name}': when_full must be 'lru', 'lfu' or 'refuse', "
+                         f"got {when_full!r}")
     state = graph_state()
     if name in state.tables:
         raise ValueError(f"graphmod table '{name}' already exists in this graph")
@@ -246,7 +271,8 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
             initializer=init.kind, init_a=init.a, init_b=init.b, seed=int(seed),
             num_shards=num_shards, missing_is_initializer=default_value is None,
             default_value=0.0 if default_value is None else float(default_value),
-            max_rows=-1 if max_rows is None else max_rows, name=f"graphmod/{name}/table")
+            max_rows=-1 if max_rows is None else max_rows, when_full=when_full,
+            name=f"graphmod/{name}/table")
     table = Table(handle, optimizer)
     state.tables[name] = table
     tf1.add_to_collection(tf1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(table))

@@ -9,6 +9,11 @@ through one Rewriter, checks the result (graphmod.validate), and logs a
 RewriteReport, also written as JSON under <model_dir>/graphmod/. A failed
 rewrite is undone and raised; a variable a rule refuses stays dense, with a
 warning naming it and the reason.
+
+Per-table admission and eviction settings (TableSettings) become the tables'
+policies (graphmod.features); when training, the hook then drives an
+EvictHook, adds TensorBoard summaries of each table's counters and logs them
+at the end.
 """
 import dataclasses
 import inspect
@@ -20,8 +25,9 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 from absl import logging
 
-from graphmod import validate
+from graphmod import features, validate
 from graphmod.conversion import TableSettings, plan
+from graphmod.hooks.evict import EvictHook
 from graphmod.rewriter import Rewriter
 from graphmod.table import graph_state
 from graphmod.rewrite_rules import (collisionless_keys, gather_to_lookup, optimizer_updates,
@@ -72,6 +78,23 @@ def _estimator_call() -> Tuple[Optional[str], Optional[str]]:
     return found
 
 
+def _input_feature(name: str) -> tf.Tensor:
+    """The feature `name` of the batch the Estimator on the call stack feeds
+    its model_fn (the `features` dict of its train/evaluate/predict frame)."""
+    frame = inspect.currentframe()
+    seen = None
+    while frame is not None:
+        batch = frame.f_locals.get("features")
+        if isinstance(batch, dict):
+            if name in batch:
+                return batch[name]
+            seen = sorted(batch)
+        frame = frame.f_back
+    raise ValueError(f"GraphModifierHook: timestamp_feature '{name}' is not in the input batch "
+                     f"({'its features: ' + str(seen) if seen else 'no features dict found'}); "
+                     "pass the timestamp tensor itself when not training an Estimator")
+
+
 def _dense_in_checkpoint(model_dir: Optional[str]) -> set:
     """Variables the latest checkpoint in model_dir holds densely (not as tables)."""
     ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
@@ -106,11 +129,18 @@ class GraphModifierHook(tf1.train.SessionRunHook):
       full_check: also prove the rewritten GraphDef imports (about a second
         per 10,000 ops; see graphmod.validate).
       model_dir: where the report (and graphs) go; default: the Estimator's.
+      timestamp_feature: name of the batch's timestamp feature (int seconds),
+        or the tensor itself; lookups then stamp rows with the batch's newest
+        timestamp instead of the wall clock.
+      evict_time_interval, evict_step_interval: when tables with an
+        eviction_threshold evict while training (see graphmod.EvictHook).
     """
 
     def __init__(self, min_rows: int = 10_000, tables: Optional[dict] = None,
                  collision_free: bool = True, dump_graph: bool = False,
-                 full_check: bool = False, model_dir: Optional[str] = None):
+                 full_check: bool = False, model_dir: Optional[str] = None,
+                 timestamp_feature=None, evict_time_interval: Optional[float] = 86400,
+                 evict_step_interval: Optional[int] = None):
         if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
             raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
         self.min_rows = min_rows
@@ -119,7 +149,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             if isinstance(settings, dict):
                 try:
                     settings = TableSettings(**settings)
-                except TypeError as e:
+                except (TypeError, ValueError) as e:
                     raise ValueError(f"GraphModifierHook: bad settings for tables pattern "
                                      f"'{pattern}': {e}") from None
             if not isinstance(settings, TableSettings):
@@ -130,7 +160,14 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self.dump_graph = dump_graph
         self.full_check = full_check
         self.model_dir = model_dir
+        if timestamp_feature is not None and not isinstance(timestamp_feature, (str, tf.Tensor)):
+            raise TypeError("GraphModifierHook: timestamp_feature must be a feature name or a "
+                            f"tensor, got {type(timestamp_feature).__name__}")
+        self.timestamp_feature = timestamp_feature
+        evicting = [p for p, t in self.tables.items() if t.policy.evicts and t.convert]
+        self.evict_hook = EvictHook(bool(evicting), evict_time_interval, evict_step_interval)
         self.report: Optional[RewriteReport] = None
+        self._counters = {}
 
     def begin(self) -> None:
         graph = tf1.get_default_graph()
@@ -159,6 +196,13 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 skipped.append((c.variable.op.name, str(e)))
                 continue
             ready.append((c, translation, layout))
+        training = mode == "train"
+        if training and self.timestamp_feature is not None:
+            ts = self.timestamp_feature
+            features.set_timestamp(_input_feature(ts) if isinstance(ts, str) else ts,
+                                   ts if isinstance(ts, str) else ts.name, graph)
+        for c, _, _ in ready:
+            features.set_policy(c.table_name, c.settings.policy, graph)
         planned = time.time()
         rw = Rewriter(graph)
         freed = 0
@@ -171,10 +215,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                     # its optimizer in eval and predict graphs too, and the keys
                     # must be the same in every mode.
                     {op.name for c, _, _ in ready if c.update is not None for op in c.update.ops})
-            with rw.rule("clock"):
-                now = tf.cast(tf.timestamp(name="graphmod/now"), tf.int64)
             for c, translation, layout in ready:
-                gather_to_lookup.rewrite(rw, c, layout, now)
+                gather_to_lookup.rewrite(rw, c, layout)
                 if translation is not None:
                     optimizer_updates.rewrite(rw, c, translation)
                 freed += saver_swap.rewrite(rw, c)
@@ -187,6 +229,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             rw.undo()
             for c, _, _ in ready:  # so that begin() can run again on this graph
+                graph_state(graph).policies.pop(c.table_name, None)
                 if c.table is not None:
                     graph_state(graph).tables.pop(c.table.name, None)
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
@@ -206,6 +249,33 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self.report.log()
         if model_dir:
             self._write(model_dir, before, graph)
+        if training and ready:
+            converted = [c.table for c, _, _ in ready]
+            features.add_summaries(converted)
+            self._counters = {t.name: features.counters(t) for t in converted}
+            self.evict_hook.table_names = [t.name for t in converted
+                                           if features.policy_of(t).evicts]
+            self.evict_hook.begin()
+
+    # The EvictHook runs inside this hook, in training graphs with tables to evict.
+    def after_create_session(self, session, coord) -> None:
+        if self._counters:
+            self.evict_hook.after_create_session(session, coord)
+
+    def before_run(self, run_context):
+        return self.evict_hook.before_run(run_context) if self._counters else None
+
+    def after_run(self, run_context, run_values) -> None:
+        if self._counters:
+            self.evict_hook.after_run(run_context, run_values)
+
+    def end(self, session) -> None:
+        if not self._counters:
+            return
+        for name, c in session.run(self._counters).items():
+            logging.info("graphmod: table '%s': %d rows, %d admitted, %d lookups given no row, "
+                         "%d evicted, %d ids pending admission", name, c["size"],
+                         c["admitted"], c["rejected"], c["evicted"], c["pending"])
 
     def _write(self, model_dir: str, before, graph: tf.Graph) -> None:
         out = os.path.join(model_dir, "graphmod")

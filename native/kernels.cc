@@ -86,6 +86,11 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("missing_is_initializer", &config_.missing_is_initializer));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &config_.max_rows));
+    std::string when_full;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("when_full", &when_full));
+    OP_REQUIRES(ctx, ParseCapacityPolicy(when_full, &config_.when_full),
+                errors::InvalidArgument("graphmod table '", config_.name,
+                                        "': unknown capacity policy '", when_full, "'"));
     config_.seed = static_cast<uint64_t>(seed);
     OP_REQUIRES(ctx, ParseInitializer(init, &config_.init),
                 errors::InvalidArgument("graphmod table '", config_.name,
@@ -126,6 +131,9 @@ class FindOrInsertOp : public TableKernel {
  public:
   explicit FindOrInsertOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("access_threshold", &access_threshold_));
+    OP_REQUIRES(ctx, access_threshold_ >= -1,
+                errors::InvalidArgument("access_threshold must be >= -1, got ", access_threshold_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     OP_REQUIRES_OK(ctx, CheckDim(*t, dim_));
@@ -139,12 +147,13 @@ class FindOrInsertOp : public TableKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &handles));
     t->FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), now.scalar<int64_t>()(),
-                    values->flat<float>().data(), handles->flat<int64_t>().data(),
-                    IntraOpRunner(ctx));
+                    access_threshold_, values->flat<float>().data(),
+                    handles->flat<int64_t>().data(), IntraOpRunner(ctx));
   }
 
  private:
   int dim_;
+  int64_t access_threshold_;
 };
 
 class FindOp : public TableKernel {
@@ -300,8 +309,10 @@ class InfoOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
-    const int64_t values[3] = {t->size(), t->memory_bytes(), t->version()};
-    for (int i = 0; i < 3; ++i) {
+    const TableCounters c = t->counters();
+    const int64_t values[8] = {c.rows,     t->memory_bytes(), t->version(), c.admitted,
+                               c.rejected, c.evicted,         c.pending,    c.latest};
+    for (int i = 0; i < 8; ++i) {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
       out->scalar<int64_t>()() = values[i];
@@ -320,6 +331,58 @@ class RemoveOp : public TableKernel {
   }
 };
 
+class EvictOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& before = ctx->input(1);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(before.shape()),
+                TableError(*t, "`before` must be a scalar, got shape " +
+                                   before.shape().DebugString()));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = t->Evict(before.scalar<int64_t>()());
+  }
+};
+
+class ExportPendingOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    Status status;
+    t->ExportPending([&](int64_t n) {
+      PendingBuffers out;
+      Tensor* tensors[3];
+      for (int i = 0; i < 3 && status.ok(); ++i)
+        status = ctx->allocate_output(i, TensorShape({n}), &tensors[i]);
+      if (!status.ok()) return out;
+      out.keys = tensors[0]->flat<int64_t>().data();
+      out.counts = tensors[1]->flat<int64_t>().data();
+      out.last_seen = tensors[2]->flat<int64_t>().data();
+      return out;
+    });
+    OP_REQUIRES_OK(ctx, status);
+  }
+};
+
+class ImportPendingOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& keys = ctx->input(1);
+    const char* names[3] = {"keys", "counts", "last_seen"};
+    for (int i = 1; i < 4; ++i)
+      OP_REQUIRES(ctx, ctx->input(i).dims() == 1 && ctx->input(i).NumElements() == keys.NumElements(),
+                  TableError(*t, std::string("pending ") + names[i - 1] + " must be a vector of " +
+                                     std::to_string(keys.NumElements()) + ", got shape " +
+                                     ctx->input(i).shape().DebugString()));
+    const std::string error =
+        t->ImportPending(keys.flat<int64_t>().data(), ctx->input(2).flat<int64_t>().data(),
+                         ctx->input(3).flat<int64_t>().data(), keys.NumElements());
+    OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
+  }
+};
+
 class ClearOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
@@ -335,6 +398,9 @@ REGISTER_KERNEL_BUILDER(Name("GraphmodTableImport").Device(DEVICE_CPU), ImportOp
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableInfo").Device(DEVICE_CPU), InfoOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableRemove").Device(DEVICE_CPU), RemoveOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableClear").Device(DEVICE_CPU), ClearOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableEvict").Device(DEVICE_CPU), EvictOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableExportPending").Device(DEVICE_CPU), ExportPendingOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableImportPending").Device(DEVICE_CPU), ImportPendingOp);
 
 }  // namespace
 }  // namespace graphmod

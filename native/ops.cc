@@ -40,6 +40,7 @@ REGISTER_OP("GraphmodTable")
     .Attr("missing_is_initializer: bool = true")
     .Attr("default_value: float = 0.0")
     .Attr("max_rows: int = -1")
+    .Attr("when_full: {'lru', 'lfu', 'refuse'} = 'lru'")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Creates (on first run) or finds a graphmod embedding table.");
@@ -51,13 +52,15 @@ REGISTER_OP("GraphmodTableFindOrInsert")
     .Output("values: float")
     .Output("handles: int64")
     .Attr("dim: int")
+    .Attr("access_threshold: int = -1")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
       c->set_output(1, c->input(1));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Training lookup: rows of all keys, inserting new keys; also row handles.");
+    .Doc("Training lookup: rows of all keys, inserting new keys (a key without a row is "
+         "admitted on its access_threshold-th sighting); also row handles.");
 
 REGISTER_OP("GraphmodTableFind")
     .Input("table: resource")
@@ -123,12 +126,46 @@ REGISTER_OP("GraphmodTableInfo")
     .Output("size: int64")
     .Output("memory_bytes: int64")
     .Output("version: int64")
+    .Output("admitted: int64")
+    .Output("rejected: int64")
+    .Output("evicted: int64")
+    .Output("pending: int64")
+    .Output("latest: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 8; ++i) c->set_output(i, c->Scalar());
       return ::tensorflow::OkStatus();
     })
-    .Doc("Rows, bytes held, and the count of Apply calls so far.");
+    .Doc("Rows, bytes held, Apply calls so far, and the admission/eviction counters.");
+
+REGISTER_OP("GraphmodTableEvict")
+    .Input("table: resource")
+    .Input("before: int64")
+    .Output("evicted: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("Removes every row and pending key last seen before `before`; returns rows removed.");
+
+REGISTER_OP("GraphmodTableExportPending")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("counts: int64")
+    .Output("last_seen: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Keys counted towards admission that have no row yet, with their counts.");
+
+REGISTER_OP("GraphmodTableImportPending")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("counts: int64")
+    .Input("last_seen: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("Sets the admission counts of keys that have no row.");
 
 REGISTER_OP("GraphmodTableRemove")
     .Input("table: resource")

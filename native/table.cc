@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <unordered_map>
 
 #include <sys/mman.h>
 
@@ -195,6 +196,14 @@ bool ParseInitializer(const std::string& name, Initializer* out) {
   return true;
 }
 
+bool ParseCapacityPolicy(const std::string& name, CapacityPolicy* out) {
+  if (name == "refuse") *out = CapacityPolicy::kRefuse;
+  else if (name == "lru") *out = CapacityPolicy::kLru;
+  else if (name == "lfu") *out = CapacityPolicy::kLfu;
+  else return false;
+  return true;
+}
+
 bool ParseOptimizer(const std::string& name, OptimizerKind* out) {
   if (name == "sgd") *out = OptimizerKind::kSgd;
   else if (name == "adagrad") *out = OptimizerKind::kAdagrad;
@@ -302,6 +311,14 @@ struct EmbeddingTable::Shard {
   // every insert reserves from; unbounded ones skip that shared counter.
   std::atomic<int64_t>* table_rows = nullptr;
   int64_t max_rows = -1;
+  CapacityPolicy when_full = CapacityPolicy::kLru;
+  // Keys counted towards admission that have no row yet. Only tables with an
+  // access threshold fill it, with keys that are (so far) rare.
+  struct Pending {
+    uint32_t count;
+    int64_t last_seen;
+  };
+  std::unordered_map<int64_t, Pending> pending;
 
   char* Record(uint64_t row) const {
     size_t block;
@@ -436,20 +453,12 @@ struct EmbeddingTable::Shard {
     return static_cast<uint32_t>(rows++);
   }
 
-  // Returns the row of key, inserting a new one (uninitialized) if absent;
-  // kNoRow when the table is at max_rows and enforce_max is set.
-  uint32_t FindOrAdd(int64_t key, uint64_t h, bool enforce_max, bool* added) {
-    bool found;
-    size_t slot = Probe(key, h, &found);
-    *added = false;
-    if (found) return Row(slot);
-    if (max_rows >= 0 && table_rows->fetch_add(1) >= max_rows && enforce_max) {
-      table_rows->fetch_sub(1);
-      return kNoRow;
-    }
-    *added = true;
+  // Adds absent key with a fresh (uninitialized) row at `slot`, the free slot
+  // its probe returned; bounds are the caller's business.
+  uint32_t Add(int64_t key, uint64_t h, size_t slot) {
     if ((used + deleted + 1) * 8 > groups * kGroup * 7) {
       ReserveOne();
+      bool found;
       slot = Probe(key, h, &found);
     }
     if (Ctrl(slot) == kDeleted) --deleted;
@@ -459,6 +468,65 @@ struct EmbeddingTable::Shard {
     ++used;
     Header(Record(row))->key = key;
     return row;
+  }
+
+  // A training lookup's insert of absent key. A bounded table at max_rows
+  // first makes room per when_full; returns kNoRow when it may not.
+  // *evicted tells whether a row was evicted for it.
+  uint32_t Insert(int64_t key, uint64_t h, size_t slot, int64_t now, bool* evicted) {
+    *evicted = false;
+    if (max_rows >= 0 && table_rows->fetch_add(1) >= max_rows) {
+      if (when_full == CapacityPolicy::kRefuse || !EvictNear(h, now)) {
+        table_rows->fetch_sub(1);
+        return kNoRow;
+      }
+      *evicted = true;
+    }
+    return Add(key, h, slot);
+  }
+
+  // Import's insert: bounds are not enforced (a restore brings back every row).
+  uint32_t FindOrAdd(int64_t key, uint64_t h, bool* added) {
+    bool found;
+    const size_t slot = Probe(key, h, &found);
+    *added = !found;
+    if (found) return Row(slot);
+    if (max_rows >= 0) table_rows->fetch_add(1);
+    return Add(key, h, slot);
+  }
+
+  // Sampled LRU/LFU, as Redis and HierarchicalKV do it: the victim is the
+  // least recently (LRU) or least often (LFU) seen of the live rows in the
+  // new key's home group and the groups after it (at least two groups and 8
+  // candidates, at most 16 groups). Rows seen at `now` or later are spared:
+  // this step's lookups may still apply gradients to them by handle.
+  bool EvictNear(uint64_t h, int64_t now) {
+    if (groups == 0) return false;
+    const bool lru = when_full == CapacityPolicy::kLru;
+    auto better_victim = [lru](const RecordHeader* a, const RecordHeader* b) {
+      return lru ? (a->last_seen != b->last_seen ? a->last_seen < b->last_seen : a->count < b->count)
+                 : (a->count != b->count ? a->count < b->count : a->last_seen < b->last_seen);
+    };
+    size_t victim = SIZE_MAX;
+    const RecordHeader* worst = nullptr;
+    int candidates = 0;
+    size_t g = HomeGroup(h, groups);
+    for (size_t step = 0; step < std::min<size_t>(groups, 16) && (step < 2 || candidates < 8);
+         ++step, g = NextGroup(g, groups)) {
+      for (size_t i = 0; i < kGroup; ++i) {
+        if (index[g].ctrl[i] < 0) continue;
+        const RecordHeader* r = Header(Record(index[g].row[i]));
+        if (r->last_seen >= now) continue;
+        ++candidates;
+        if (worst == nullptr || better_victim(r, worst)) {
+          worst = r;
+          victim = g * kGroup + i;
+        }
+      }
+    }
+    if (victim == SIZE_MAX) return false;
+    Erase(victim);
+    return true;
   }
 
   void Erase(size_t slot) {
@@ -481,11 +549,16 @@ struct EmbeddingTable::Shard {
     rows = arena_rows = 0;
     free_rows.clear();
     free_rows.shrink_to_fit();
+    pending = {};
   }
 
   int64_t Bytes() const {
+    // A pending key costs a hash node (key, count, last_seen, next pointer)
+    // and a bucket pointer.
+    constexpr size_t kPendingBytes = 40 + sizeof(void*);
     return static_cast<int64_t>(groups * sizeof(Group) + arena_bytes +
-                                free_rows.capacity() * sizeof(uint32_t));
+                                free_rows.capacity() * sizeof(uint32_t) +
+                                pending.size() * kPendingBytes);
   }
 };
 
@@ -508,6 +581,7 @@ EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) 
     shards_.back()->stride = stride_;
     shards_.back()->table_rows = &rows_;
     shards_.back()->max_rows = config_.max_rows;
+    shards_.back()->when_full = config_.when_full;
   }
 }
 
@@ -651,9 +725,30 @@ void EmbeddingTable::ForEachResolved(const Shard& shard, const Batch& batch, int
   }
 }
 
-void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, float* values,
-                                  int64_t* handles, const Runner& run) {
+void EmbeddingTable::AdvanceLatest(int64_t now) {
+  for (int64_t seen = latest_.load(); now > seen && !latest_.compare_exchange_weak(seen, now);) {
+  }
+}
+
+TableCounters EmbeddingTable::counters() const {
+  TableCounters c;
+  c.rows = size();
+  c.admitted = admitted_.load();
+  c.rejected = rejected_.load();
+  c.evicted = evicted_.load();
+  c.latest = latest_.load();
+  for (const auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    c.pending += static_cast<int64_t>(s->pending.size());
+  }
+  return c;
+}
+
+void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+                                  int64_t access_threshold, float* values, int64_t* handles,
+                                  const Runner& run) {
   if (n == 0) return;
+  AdvanceLatest(now);
   const Batch batch = Partition(keys, n, false, run);
   const int d = config_.dim, slots = config_.num_slots;
   // New rows carry the version the next Apply will stamp, so an incremental
@@ -661,34 +756,63 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now, f
   const int64_t version = version_.load() + 1;
   const int64_t per_shard = n / config_.num_shards + 1;
   run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
+    int64_t admitted = 0, rejected = 0, evicted = 0;
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
+        const int64_t key = keys[i];
+        uint64_t sightings = 1;
         bool added = false;
-        // A key missed ahead of time may have been added since by a duplicate.
-        if (row == Shard::kNoRow) row = shard.FindOrAdd(keys[i], batch.hash[i], true, &added);
-        if (row == Shard::kNoRow) {  // table full: read as a missing key, no handle
-          MissingRow(keys[i], values + i * d);
-          if (handles != nullptr) handles[i] = -1;
-          return;
+        if (row == Shard::kNoRow) {
+          // The key was missing when the batch was resolved; a duplicate
+          // earlier in the batch may have added it since.
+          bool found;
+          const size_t slot = shard.Probe(key, batch.hash[i], &found);
+          if (found) {
+            row = shard.Row(slot);
+          } else {
+            Shard::Pending* pending = nullptr;
+            if (access_threshold > 1) {
+              pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
+              sightings = AddCount(pending->count, 1);
+              pending->count = static_cast<uint32_t>(sightings);
+              pending->last_seen = std::max(pending->last_seen, now);
+            }
+            bool made_room = false;
+            if (sightings >= static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1)))
+              row = shard.Insert(key, batch.hash[i], slot, now, &made_room);
+            if (row == Shard::kNoRow) {  // not admitted yet, or no room: no row, no gradient
+              MissingRow(key, values + i * d);
+              if (handles != nullptr) handles[i] = -1;
+              ++rejected;
+              return;
+            }
+            if (pending != nullptr) shard.pending.erase(key);
+            added = true;
+            ++admitted;
+            evicted += made_room;
+          }
         }
         char* rec = shard.Record(row);
         RecordHeader* h = Header(rec);
         if (added) {
-          InitialRow(keys[i], Values(rec));
+          InitialRow(key, Values(rec));
           float* slot = Values(rec) + d;
           for (int k = 0; k < slots; ++k, slot += d)
             std::fill(slot, slot + d, config_.slot_init[k]);
           h->count = 0;
           h->version = static_cast<uint32_t>(version);
         }
-        h->count = AddCount(h->count, 1);
+        h->count = AddCount(h->count, sightings);
         h->last_seen = now;
         std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
         if (handles != nullptr) handles[i] = (s << kHandleRowBits) | row;
       });
     }
+    admitted_ += admitted;
+    rejected_ += rejected;
+    evicted_ += evicted;
   });
 }
 
@@ -911,6 +1035,28 @@ int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
   return removed;
 }
 
+int64_t EmbeddingTable::Evict(int64_t before) {
+  int64_t removed = 0;
+  for (auto& sp : shards_) {
+    Shard& shard = *sp;
+    std::lock_guard<std::mutex> lock(shard.mu);
+    constexpr size_t kPrefetch = 16;  // records are scattered: overlap their misses
+    const size_t slots = shard.groups * kGroup;
+    for (size_t slot = 0; slot < slots; ++slot) {
+      if (slot + kPrefetch < slots && shard.Ctrl(slot + kPrefetch) >= 0)
+        __builtin_prefetch(shard.Record(shard.Row(slot + kPrefetch)));
+      if (shard.Ctrl(slot) < 0 || Header(shard.Record(shard.Row(slot)))->last_seen >= before)
+        continue;
+      shard.Erase(slot);
+      ++removed;
+    }
+    for (auto it = shard.pending.begin(); it != shard.pending.end();)
+      it = it->second.last_seen < before ? shard.pending.erase(it) : std::next(it);
+  }
+  evicted_ += removed;
+  return removed;
+}
+
 void EmbeddingTable::Clear() {
   for (auto& s : shards_) {
     std::lock_guard<std::mutex> lock(s->mu);
@@ -957,7 +1103,7 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
                               " for key " + std::to_string(keys[i]);
   if (replace) Clear();
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
-  int64_t max_version = 0;
+  int64_t max_version = 0, max_seen = 0;
   const Batch batch = Partition(keys, n, false, SerialRunner);
   for (int s = 0; s < config_.num_shards; ++s) {
     Shard& shard = *shards_[s];
@@ -966,7 +1112,8 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
       const int64_t i = batch.order[p];
       bool added;
       // A restore brings back every row, even beyond max_rows.
-      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[i], false, &added));
+      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[i], &added));
+      if (!shard.pending.empty()) shard.pending.erase(keys[i]);
       RecordHeader* h = Header(rec);
       std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
       float* slot = Values(rec) + d;
@@ -980,12 +1127,53 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
       h->last_seen = last_seen ? last_seen[i] : 0;
       h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
       max_version = std::max<int64_t>(max_version, h->version);
+      max_seen = std::max(max_seen, h->last_seen);
     }
   }
+  AdvanceLatest(max_seen);
   // Later updates must carry versions above every imported one.
   int64_t cur = version_.load();
   while (cur < max_version && !version_.compare_exchange_weak(cur, max_version)) {
   }
+  return "";
+}
+
+void EmbeddingTable::ExportPending(
+    const std::function<PendingBuffers(int64_t n)>& alloc) const {
+  std::vector<std::unique_lock<std::mutex>> locks;  // a consistent count and contents
+  int64_t n = 0;
+  for (const auto& s : shards_) {
+    locks.emplace_back(s->mu);
+    n += static_cast<int64_t>(s->pending.size());
+  }
+  const PendingBuffers out = alloc(n);
+  if (out.keys == nullptr && n > 0) return;  // the allocator failed and said so
+  int64_t i = 0;
+  for (const auto& s : shards_) {
+    for (const auto& [key, p] : s->pending) {
+      out.keys[i] = key;
+      out.counts[i] = p.count;
+      out.last_seen[i] = p.last_seen;
+      ++i;
+    }
+  }
+}
+
+std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* counts,
+                                          const int64_t* last_seen, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (counts[i] < 0) return "negative admission count " + std::to_string(counts[i]) +
+                              " for key " + std::to_string(keys[i]);
+  int64_t max_seen = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = HashKey(keys[i]);
+    Shard& shard = *shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)];
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.FindRow(keys[i], h) != Shard::kNoRow) continue;
+    shard.pending[keys[i]] = Shard::Pending{AddCount(0, counts[i]), last_seen[i]};
+    max_seen = std::max(max_seen, last_seen[i]);
+  }
+  AdvanceLatest(max_seen);
   return "";
 }
 

@@ -15,6 +15,11 @@
 //     geometrically up to 512 rows, so small tables stay small and large ones
 //     waste at most one partly used block per shard.
 // A record is [key | last_seen | count | version | values[dim] | slots[S*dim]].
+// Admission: with an access threshold, keys without a row are counted (in a
+// per-shard map of pending keys) and get a row on their threshold-th sighting.
+// Eviction: Evict removes rows last seen before a time; a bounded table
+// (max_rows) full of rows makes room for a new key by evicting, among the rows
+// near the new key's index slot, the least recently or least frequently used.
 // Keeping the key in the record (not in the index) makes the index about 5
 // bytes per slot; the record is fetched anyway to copy the values out.
 // Lookups are pipelined (group, then candidate record, then compare) so cold
@@ -37,6 +42,16 @@ enum class Initializer { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal 
 // Parses "zeros", "constant", "uniform", "normal", "truncated_normal".
 bool ParseInitializer(const std::string& name, Initializer* out);
 
+// What a training lookup of a new key does in a table at max_rows.
+enum class CapacityPolicy {
+  kRefuse,  // the key gets no row (reads the missing value, handle -1)
+  kLru,     // evicts the least recently seen row nearby
+  kLfu,     // evicts the least often seen row nearby
+};
+
+// Parses "refuse", "lru", "lfu".
+bool ParseCapacityPolicy(const std::string& name, CapacityPolicy* out);
+
 struct TableConfig {
   std::string name;  // used in every error message
   int dim = 0;
@@ -51,10 +66,11 @@ struct TableConfig {
   // would be initialized with (true), or `default_value` in every element.
   bool missing_is_initializer = true;
   float default_value = 0.f;
-  // At most this many rows (-1: no bound). Training lookups of new keys in a
-  // full table read the missing value and get no row (handle -1); restores
-  // bring back every row regardless.
+  // At most this many rows (-1: no bound). What a training lookup of a new
+  // key does in a full table is `when_full`; restores bring back every row
+  // regardless.
   int64_t max_rows = -1;
+  CapacityPolicy when_full = CapacityPolicy::kLru;
 };
 
 // Returns "" when the config is usable, else what is wrong with it.
@@ -92,6 +108,23 @@ struct Optimizer {
 // Row handle: shard number in the high bits, row number in the low 40 bits.
 constexpr int kHandleRowBits = 40;
 
+// Table-wide counts since the table was created.
+struct TableCounters {
+  int64_t rows = 0;      // live rows
+  int64_t admitted = 0;  // rows training lookups created
+  int64_t rejected = 0;  // lookups of keys that got no row (not admitted yet, or table full)
+  int64_t evicted = 0;   // rows removed by Evict or to make room in a full table
+  int64_t pending = 0;   // keys counted towards admission that have no row yet
+  int64_t latest = 0;    // the largest `now` a training lookup has passed
+};
+
+// Pending keys as Export/ImportPending see them.
+struct PendingBuffers {
+  int64_t* keys = nullptr;
+  int64_t* counts = nullptr;
+  int64_t* last_seen = nullptr;
+};
+
 // Where Export writes; filled by the caller's allocator once the row count is
 // known. slots holds num_slots*dim floats per row.
 struct ExportBuffers {
@@ -118,11 +151,16 @@ class EmbeddingTable {
   // Apply calls so far; rows touched by the n-th call carry version n.
   int64_t version() const { return version_.load(); }
 
+  TableCounters counters() const;
+
   // Training read: copies the row of every key into values (n*dim), inserting
   // rows for new keys; counts one access per occurrence and stamps last_seen
-  // with `now`. handles (n, may be null) receive the row handles.
-  void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, float* values,
-                    int64_t* handles, const Runner& run);
+  // with `now`. handles (n, may be null) receive the row handles. With
+  // access_threshold > 1 a new key gets its row on its access_threshold-th
+  // sighting (counted over calls); before that it reads the missing value and
+  // gets handle -1, as does a new key a full kRefuse table has no room for.
+  void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
+                    float* values, int64_t* handles, const Runner& run);
   // Read-only: keys without a row get the missing value (see TableConfig).
   void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
   // Sparse update. ids are keys, or handles from FindOrInsert when
@@ -132,6 +170,9 @@ class EmbeddingTable {
                     const float* grads, int64_t n, const Runner& run);
   // Removes the keys' rows (absent keys are ignored); returns rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
+  // Removes every row and pending key last seen before `before`; returns the
+  // rows removed.
+  int64_t Evict(int64_t before);
   void Clear();
   // Writes every row whose version >= min_version. alloc(n) is called once,
   // under the table's locks, with the number of rows to write.
@@ -143,6 +184,12 @@ class EmbeddingTable {
   std::string Import(const int64_t* keys, const float* values, const float* slots,
                      const int64_t* counts, const int64_t* last_seen,
                      const int64_t* versions, int64_t n, bool replace);
+  // Writes every pending key; alloc(n) as for Export.
+  void ExportPending(const std::function<PendingBuffers(int64_t n)>& alloc) const;
+  // Sets the admission counts of keys that have no row (keys with a row are
+  // skipped). Returns "" or the error.
+  std::string ImportPending(const int64_t* keys, const int64_t* counts,
+                            const int64_t* last_seen, int64_t n);
 
   // The initial values row `key` gets (deterministic in key and seed).
   void InitialRow(int64_t key, float* out) const;
@@ -152,6 +199,7 @@ class EmbeddingTable {
  private:
   struct Shard;
   struct Batch;
+  void AdvanceLatest(int64_t now);
   Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
                   const Runner& run) const;
   // Calls fn(position, row or Shard::kNoRow) for shard s's keys of the batch.
@@ -165,6 +213,8 @@ class EmbeddingTable {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<int64_t> version_{0};
   std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
+  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
+  std::atomic<int64_t> latest_{0};
 };
 
 }  // namespace graphmod

@@ -87,8 +87,8 @@ void TestGrowthKeepsRowsAndHandles() {
   while (keys.size() < 200000) keys.push_back(static_cast<int64_t>(rng()));
   std::vector<float> first(8 * 4), values(8 * keys.size());
   std::vector<int64_t> first_handles(4), handles(keys.size());
-  t.FindOrInsert(keys.data(), 4, 1, first.data(), first_handles.data(), graphmod::SerialRunner);
-  t.FindOrInsert(keys.data(), keys.size(), 2, values.data(), handles.data(), ThreadRunner);
+  t.FindOrInsert(keys.data(), 4, 1, -1, first.data(), first_handles.data(), graphmod::SerialRunner);
+  t.FindOrInsert(keys.data(), keys.size(), 2, -1, values.data(), handles.data(), ThreadRunner);
   CHECK(t.size() == static_cast<int64_t>(keys.size()));
   for (int i = 0; i < 4; ++i) {
     CHECK(handles[i] == first_handles[i]);  // rows never move while the index grows
@@ -122,9 +122,9 @@ void TestDeterministicInit() {
   std::vector<int64_t> keys = {5, 9, 11, -3};
   std::vector<int64_t> rev(keys.rbegin(), keys.rend());
   std::vector<float> va(64), vb(64), vc(64);
-  a.FindOrInsert(keys.data(), 4, 0, va.data(), nullptr, graphmod::SerialRunner);
-  b.FindOrInsert(rev.data(), 4, 0, vb.data(), nullptr, graphmod::SerialRunner);
-  c.FindOrInsert(keys.data(), 4, 0, vc.data(), nullptr, graphmod::SerialRunner);
+  a.FindOrInsert(keys.data(), 4, 0, -1, va.data(), nullptr, graphmod::SerialRunner);
+  b.FindOrInsert(rev.data(), 4, 0, -1, vb.data(), nullptr, graphmod::SerialRunner);
+  c.FindOrInsert(keys.data(), 4, 0, -1, vc.data(), nullptr, graphmod::SerialRunner);
   for (int i = 0; i < 4; ++i)
     CHECK(std::equal(va.begin() + 16 * i, va.begin() + 16 * i + 16, vb.begin() + 16 * (3 - i)));
   CHECK(va != vc);
@@ -153,7 +153,7 @@ void TestApplySumsDuplicates() {
   std::vector<int64_t> keys = {4, 4, 6};
   std::vector<float> values(6);
   std::vector<int64_t> handles(3);
-  t.FindOrInsert(keys.data(), 3, 0, values.data(), handles.data(), graphmod::SerialRunner);
+  t.FindOrInsert(keys.data(), 3, 0, -1, values.data(), handles.data(), graphmod::SerialRunner);
   Optimizer adagrad;
   adagrad.kind = OptimizerKind::kAdagrad;
   adagrad.lr = 1.f;
@@ -187,12 +187,12 @@ void TestRemoveExportImport() {
   std::vector<int64_t> keys(5000);
   for (int i = 0; i < 5000; ++i) keys[i] = i * 7919 - 20000;
   std::vector<float> values(4 * keys.size());
-  t.FindOrInsert(keys.data(), keys.size(), 42, values.data(), nullptr, ThreadRunner);
+  t.FindOrInsert(keys.data(), keys.size(), 42, -1, values.data(), nullptr, ThreadRunner);
   CHECK(t.Remove(keys.data(), 2500) == 2500);
   CHECK(t.Remove(keys.data(), 10) == 0);
   CHECK(t.size() == 2500);
   // Reinsert after removal reuses freed rows and finds the fresh initial rows.
-  t.FindOrInsert(keys.data(), 100, 43, values.data(), nullptr, ThreadRunner);
+  t.FindOrInsert(keys.data(), 100, 43, -1, values.data(), nullptr, ThreadRunner);
   CHECK(t.size() == 2600);
   Exported e = ExportAll(t);
   CHECK(e.keys.size() == 2600);
@@ -218,7 +218,7 @@ void TestVersions() {
   EmbeddingTable t(Config(1));
   std::vector<int64_t> keys = {1, 2, 3};
   std::vector<float> v(3), g = {1, 1, 1};
-  t.FindOrInsert(keys.data(), 3, 0, v.data(), nullptr, graphmod::SerialRunner);
+  t.FindOrInsert(keys.data(), 3, 0, -1, v.data(), nullptr, graphmod::SerialRunner);
   Optimizer sgd;
   sgd.lr = 0.1f;
   CHECK(t.Apply(sgd, keys.data(), false, g.data(), 1, graphmod::SerialRunner).empty());
@@ -243,7 +243,7 @@ void TestConcurrentUse() {
       std::vector<float> values(512 * 8), grads(512 * 8, 0.1f);
       for (int step = 0; step < 200; ++step) {
         for (auto& k : keys) k = static_cast<int64_t>(rng() % 20000);
-        t.FindOrInsert(keys.data(), keys.size(), step, values.data(), handles.data(),
+        t.FindOrInsert(keys.data(), keys.size(), step, -1, values.data(), handles.data(),
                        ThreadRunner);
         if (!t.Apply(adagrad, handles.data(), true, grads.data(), keys.size(), ThreadRunner)
                  .empty())
@@ -264,11 +264,12 @@ void TestConcurrentUse() {
 void TestMaxRows() {
   TableConfig c = Config(2, 1);
   c.max_rows = 10;
+  c.when_full = graphmod::CapacityPolicy::kRefuse;
   EmbeddingTable t(c);
   std::vector<int64_t> keys(25), handles(25);
   for (int i = 0; i < 25; ++i) keys[i] = i % 20;  // 20 distinct, some twice
   std::vector<float> values(50), expect(2);
-  t.FindOrInsert(keys.data(), 25, 0, values.data(), handles.data(), ThreadRunner);
+  t.FindOrInsert(keys.data(), 25, 0, -1, values.data(), handles.data(), ThreadRunner);
   CHECK(t.size() == 10);
   int refused = 0;
   for (int i = 0; i < 25; ++i) {
@@ -285,7 +286,7 @@ void TestMaxRows() {
   Exported e = ExportAll(t);
   CHECK(t.Remove(e.keys.data(), 3) == 3 && t.size() == 7);
   const int64_t fresh[4] = {100, 101, 102, 103};
-  t.FindOrInsert(fresh, 4, 0, values.data(), handles.data(), graphmod::SerialRunner);
+  t.FindOrInsert(fresh, 4, 0, -1, values.data(), handles.data(), graphmod::SerialRunner);
   CHECK(t.size() == 10 && std::count(handles.begin(), handles.begin() + 4, -1) == 1);
   // Restores ignore the bound.
   EmbeddingTable u(c);
@@ -294,6 +295,99 @@ void TestMaxRows() {
   CHECK(u.Import(fresh, e.values.data(), e.slots.data(), nullptr, nullptr, nullptr, 4, false)
             .empty());
   CHECK(u.size() == 14);
+}
+
+// A key gets its row on exactly its threshold-th sighting, counted across
+// calls and within one batch; until then it reads its initial row, gets no
+// handle, and its count survives export/import.
+void TestAdmission() {
+  EmbeddingTable t(Config(2, 1));
+  std::vector<float> values(8), expect(2);
+  std::vector<int64_t> handles(4);
+  const int64_t seven = 7;
+  for (int call = 1; call <= 3; ++call) {
+    t.FindOrInsert(&seven, 1, call, 3, values.data(), handles.data(), graphmod::SerialRunner);
+    CHECK((handles[0] == -1) == (call < 3));
+    CHECK(t.size() == (call < 3 ? 0 : 1));
+  }
+  t.InitialRow(7, expect.data());
+  CHECK(std::equal(expect.begin(), expect.end(), values.begin()));
+  const int64_t nines[4] = {9, 9, 9, 9};
+  t.FindOrInsert(nines, 4, 5, 3, values.data(), handles.data(), graphmod::SerialRunner);
+  CHECK(handles[0] == -1 && handles[1] == -1 && handles[2] >= 0 && handles[3] == handles[2]);
+  Exported e = ExportAll(t);
+  for (size_t i = 0; i < e.keys.size(); ++i) CHECK(e.counts[i] == (e.keys[i] == 9 ? 4 : 3));
+  const int64_t rare[3] = {11, 12, 11};
+  t.FindOrInsert(rare, 3, 6, 3, values.data(), handles.data(), graphmod::SerialRunner);
+  graphmod::TableCounters c = t.counters();
+  CHECK(c.rows == 2 && c.admitted == 2 && c.pending == 2 && c.rejected == 2 + 2 + 3 && c.latest == 6);
+  // Pending counts round-trip: 11 (seen twice) is admitted on its next sighting.
+  std::vector<int64_t> keys, counts, seen;
+  t.ExportPending([&](int64_t n) {
+    keys.resize(n), counts.resize(n), seen.resize(n);
+    return graphmod::PendingBuffers{keys.data(), counts.data(), seen.data()};
+  });
+  CHECK(keys.size() == 2);
+  EmbeddingTable u(Config(2, 1));
+  CHECK(u.ImportPending(keys.data(), counts.data(), seen.data(), 2).empty());
+  t.FindOrInsert(rare, 1, 7, 3, values.data(), handles.data(), graphmod::SerialRunner);
+  u.FindOrInsert(rare, 1, 7, 3, values.data(), handles.data(), graphmod::SerialRunner);
+  CHECK(handles[0] >= 0 && t.size() == 3 && u.size() == 1 && u.counters().pending == 1);
+}
+
+// Evict removes exactly the rows and pending keys last seen before the cut.
+void TestEvict() {
+  EmbeddingTable t(Config(2, 1));
+  std::vector<float> values(2);
+  for (int64_t k = 0; k < 100; ++k)
+    t.FindOrInsert(&k, 1, /*now=*/k, -1, values.data(), nullptr, graphmod::SerialRunner);
+  const int64_t rare = 1000;
+  t.FindOrInsert(&rare, 1, 10, 5, values.data(), nullptr, graphmod::SerialRunner);
+  CHECK(t.Evict(40) == 40 && t.size() == 60 && t.counters().pending == 0);
+  Exported e = ExportAll(t);
+  for (int64_t k : e.keys) CHECK(k >= 40);
+  CHECK(t.counters().evicted == 40);
+}
+
+// A full LRU table keeps its bound under a stream of new keys, never evicts
+// a row seen in the current step, and keeps mostly recent rows; LFU keeps the
+// often-seen rows.
+void TestCapacityPolicies() {
+  for (auto policy : {graphmod::CapacityPolicy::kLru, graphmod::CapacityPolicy::kLfu}) {
+    TableConfig c = Config(2, 1);
+    c.max_rows = 256;
+    c.num_shards = 4;
+    c.when_full = policy;
+    EmbeddingTable t(c);
+    std::vector<float> values(2 * 64);
+    std::vector<int64_t> handles(64), hot(16), hot8(128);
+    for (int i = 0; i < 16; ++i) hot[i] = 1'000'000 + i;
+    for (int i = 0; i < 128; ++i) hot8[i] = hot[i % 16];
+    std::vector<float> hot_values(2 * 128);
+    t.FindOrInsert(hot8.data(), 128, 0, -1, hot_values.data(), nullptr, ThreadRunner);
+    for (int64_t step = 1; step <= 200; ++step) {
+      std::vector<int64_t> keys(48);
+      for (int i = 0; i < 48; ++i) keys[i] = step * 48 + i;
+      t.FindOrInsert(keys.data(), 48, step, -1, values.data(), handles.data(), ThreadRunner);
+      CHECK(t.size() <= 256);
+      CHECK(std::count(handles.begin(), handles.begin() + 48, -1) == 0);
+      if (step % 4 == 0)  // hot keys: seen often, but not every step
+        t.FindOrInsert(hot.data(), 16, step, -1, values.data(), handles.data(), ThreadRunner);
+    }
+    Exported e = ExportAll(t);
+    const graphmod::TableCounters counters = t.counters();
+    CHECK(t.size() == 256 && counters.evicted == counters.admitted - 256);
+    int recent = 0, hot_kept = 0;
+    for (int64_t k : e.keys) {
+      recent += k >= 197 * 48;  // the last four steps' keys (192 of them)
+      hot_kept += k >= 1'000'000;
+    }
+    if (policy == graphmod::CapacityPolicy::kLru) {
+      CHECK(recent >= 150);
+    } else {
+      CHECK(hot_kept == 16);
+    }
+  }
 }
 
 void TestValidation() {
@@ -326,6 +420,9 @@ int main() {
   TestVersions();
   TestConcurrentUse();
   TestMaxRows();
+  TestAdmission();
+  TestEvict();
+  TestCapacityPolicies();
   TestValidation();
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures);

@@ -16,6 +16,7 @@ import graphmod
 from graphmod._ops import ops
 from graphmod.conversion import Conversion
 from graphmod.initializers import from_variable
+from graphmod.lookup import find_or_insert
 
 NAME = "gather_to_lookup"
 
@@ -35,7 +36,7 @@ def check(conversion: Conversion) -> None:
             raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")
 
 
-def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor) -> None:
+def rewrite(rw, conversion: Conversion, slot_layout) -> None:
     v = conversion.variable
     s = conversion.settings
     with rw.rule(NAME):
@@ -43,7 +44,7 @@ def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor) -> None:
         table = graphmod.create_table(
             conversion.table_name, conversion.dim, initializer=init, optimizer=slot_layout,
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
-            shape_hint=[conversion.rows, conversion.dim])
+            when_full=s.when_full, shape_hint=[conversion.rows, conversion.dim])
         rw.track_added(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)[-1],
                        label=f"table {table.name}")
@@ -54,8 +55,7 @@ def rewrite(rw, conversion: Conversion, slot_layout, now: tf.Tensor) -> None:
                 if keys.dtype != tf.int64:
                     keys = tf.cast(keys, tf.int64)
                 if conversion.training:
-                    rows, handles = ops.graphmod_table_find_or_insert(table.handle, keys, now,
-                                                                      dim=table.dim)
+                    rows, handles = find_or_insert(table, keys)
                     # The gradient of the rows has the handles' shape + [dim],
                     # as the apply wants (TF's own gradient reshapes it using the
                     # variable's shape, and the variable is never initialized now).

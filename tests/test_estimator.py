@@ -20,6 +20,7 @@ Estimator = tf_estimator.estimator.Estimator
 ModeKeys = tf_estimator.estimator.ModeKeys
 
 FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
+ENTRIES = FIELDS + ("pending_keys", "pending_counts", "pending_last_seen")  # in checkpoints
 DIM = 5  # no dense layer below has a dimension of 5, so a [rows, 5] variable would stand out
 # Small initial rows: ids first seen at eval time then add little noise.
 INIT = graphmod.TableInitializer("truncated_normal", 0.0, 0.05)
@@ -147,12 +148,12 @@ def test_train_checkpoint_then_evaluate_and_predict_restore_it(tmp_path):
     est = make_estimator(tmp_path)
     feats, _ = train_rows(est, steps)
 
-    # --- the checkpoint holds the six entries of every table, and the tables
+    # --- the checkpoint holds the entries of every table, and the tables
     # hold exactly the ids the training rows contained.
     shapes = dict(tf.train.list_variables(str(tmp_path)))
     tables = read_tables(tmp_path, CFG.categorical_names)
     for name in CFG.categorical_names:
-        for field in FIELDS:
+        for field in ENTRIES:
             assert f"{name}-{field}" in shapes, f"{name}-{field} missing from checkpoint"
         t = tables[name]
         seen, occurrences = np.unique(feats[name], return_counts=True)
@@ -174,7 +175,7 @@ def test_train_checkpoint_then_evaluate_and_predict_restore_it(tmp_path):
 
     # --- no dense variable stands in for an embedding: the only variables are
     # the linear head, its Adagrad slots and the global step.
-    table_entries = {f"{n}-{f}" for n in CFG.categorical_names for f in FIELDS}
+    table_entries = {f"{n}-{f}" for n in CFG.categorical_names for f in ENTRIES}
     others = {k: v for k, v in shapes.items() if k not in table_entries}
     head_in = len(CFG.categorical_names) * DIM + CFG.n_dense
     assert others == {"global_step": [], "out/kernel": [head_in, 1], "out/bias": [1],

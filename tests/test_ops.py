@@ -340,7 +340,7 @@ def test_max_rows_bounds_the_table_and_drops_gradients_of_refused_ids():
     with tf.Graph().as_default():
         opt = graphmod.optimizers.SGD(1.0)
         table = graphmod.create_table("bounded", 2, optimizer=opt, max_rows=5,
-                                      initializer=0.5)
+                                      when_full="refuse", initializer=0.5)
         ids = tf1.placeholder(tf.int64, [None])
         rows = graphmod.sparse_lookup(table, ids)
         train = opt.minimize(tf.reduce_sum(rows))

@@ -1,0 +1,205 @@
+"""Feature admission and eviction: per-table policies and the clock lookups stamp.
+
+A table's policy says when a new id earns a row and when an idle row leaves:
+
+- access_threshold: an id gets its row on its access_threshold-th sighting in
+  training lookups; before that it reads the table's missing value and its
+  gradients are dropped. Its sightings are counted exactly, and saved.
+- eviction_threshold: graphmod.EvictHook removes rows (and counted ids) not
+  seen within eviction_threshold of the table's newest lookup, in seconds or
+  in global steps (eviction_unit).
+
+Each training lookup stamps its rows with a clock: the global step for tables
+evicting by steps; otherwise the newest value of the batch's timestamp feature
+when one is marked (FeatureSpec(is_timestamp=True), or GraphModifierHook's
+timestamp_feature), else the wall clock in seconds.
+
+>>> specs = [graphmod.FeatureSpec("item", access_threshold=3, eviction_threshold=7 * 86400),
+...          graphmod.FeatureSpec("ts", is_timestamp=True)]
+>>> ids = graphmod.use_feature_specs(features, specs)   # in model_fn, before the lookups
+>>> emb = graphmod.sparse_lookup(item_table, ids["item"], is_training=True)
+"""
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import tensorflow as tf
+
+from graphmod.table import Table, graph_state
+
+tf1 = tf.compat.v1
+
+UNITS = ("seconds", "steps")
+
+
+def check_policy(owner: str, access_threshold, eviction_threshold, eviction_unit) -> None:
+    """Raises ValueError naming owner (a table, feature or pattern) for bad settings."""
+    for what, value in (("access_threshold", access_threshold),
+                        ("eviction_threshold", eviction_threshold)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise ValueError(f"{owner}: {what} must be an integer >= -1 (-1 disables), "
+                             f"got {value!r}")
+    if eviction_unit not in UNITS:
+        raise ValueError(f"{owner}: eviction_unit must be one of {UNITS}, got {eviction_unit!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePolicy:
+    """Admission and eviction settings of one table (-1 disables either)."""
+    access_threshold: int = -1
+    eviction_threshold: int = -1
+    eviction_unit: str = "seconds"
+
+    @property
+    def evicts(self) -> bool:
+        return self.eviction_threshold >= 0
+
+
+NO_POLICY = TablePolicy()
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """A feature of the input batch and the admission/eviction policy of its table.
+
+    Args:
+      name: the feature's name.
+      table: the graphmod table its ids feed (default: name).
+      access_threshold: sightings before an id gets a row (-1 or 0/1: at once).
+      eviction_threshold: rows unseen for longer than this leave (-1: never).
+      eviction_unit: "seconds" (the timestamp feature's clock, else the wall
+        clock) or "steps" (global steps).
+      is_timestamp: this feature is the batch's timestamp (int seconds); it
+        feeds no table.
+      index_key: the feature's key in the features dict (default: name).
+    """
+    name: str
+    table: Optional[str] = None
+    access_threshold: int = -1
+    eviction_threshold: int = -1
+    eviction_unit: str = "seconds"
+    is_timestamp: bool = False
+    index_key: Optional[str] = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"FeatureSpec: name must be a non-empty string, got {self.name!r}")
+        if self.is_timestamp:
+            if self.table is not None or self.access_threshold != -1 or \
+                    self.eviction_threshold != -1:
+                raise ValueError(f"FeatureSpec '{self.name}': a timestamp feature feeds no table "
+                                 "and takes no thresholds")
+            return
+        check_policy(f"graphmod table '{self.table_name}' (feature '{self.name}')",
+                     self.access_threshold, self.eviction_threshold, self.eviction_unit)
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+    @property
+    def key(self) -> str:
+        return self.index_key or self.name
+
+    @property
+    def policy(self) -> TablePolicy:
+        return TablePolicy(self.access_threshold, self.eviction_threshold, self.eviction_unit)
+
+
+def use_feature_specs(features: Mapping[str, tf.Tensor],
+                      specs: Sequence[FeatureSpec]) -> Dict[str, tf.Tensor]:
+    """Applies specs to the tables they name in the default graph; returns the
+    ids of each non-timestamp feature by name. Call it before the lookups."""
+    ids, timestamp = {}, None
+    for spec in specs:
+        if not isinstance(spec, FeatureSpec):
+            raise TypeError(f"use_feature_specs wants FeatureSpecs, got {type(spec).__name__}")
+        if spec.key not in features:
+            raise ValueError(f"FeatureSpec '{spec.name}': the batch has no feature "
+                             f"'{spec.key}' (it has {sorted(features)})")
+        if spec.is_timestamp:
+            if timestamp is not None:
+                raise ValueError(f"FeatureSpec '{spec.name}': a batch has one timestamp "
+                                 f"feature, '{timestamp.name}' is marked already")
+            timestamp = spec
+            continue
+        set_policy(spec.table_name, spec.policy)
+        ids[spec.name] = features[spec.key]
+    if timestamp is not None:
+        set_timestamp(features[timestamp.key], timestamp.name)
+    return ids
+
+
+def set_policy(table_name: str, policy: TablePolicy, graph: Optional[tf.Graph] = None) -> None:
+    """Sets the policy of table_name (created or yet to be) before its first lookup."""
+    state = graph_state(graph)
+    old = state.policies.get(table_name)
+    if old is not None and old != policy:
+        raise ValueError(f"graphmod table '{table_name}': conflicting admission/eviction "
+                         f"settings {old} and {policy} (features sharing a table must agree)")
+    if old is None and any(lk.table.name == table_name for lk in state.lookups):
+        raise ValueError(f"graphmod table '{table_name}': set its admission/eviction policy "
+                         "before its first lookup")
+    state.policies[table_name] = policy
+
+
+def policy_of(table: Table) -> TablePolicy:
+    return graph_state(table.graph).policies.get(table.name, NO_POLICY)
+
+
+def set_timestamp(timestamp: tf.Tensor, feature: str = "timestamp",
+                  graph: Optional[tf.Graph] = None) -> None:
+    """Makes the newest value of timestamp (int seconds, any shape) the
+    clock of this graph's training lookups."""
+    state = graph_state(graph)
+    if "seconds" in state.clocks:
+        raise ValueError(f"graphmod: the timestamp feature '{feature}' must be set before the "
+                         "first training lookup (a lookup already uses the wall clock)")
+    if not (timestamp.dtype.is_integer or timestamp.dtype.is_floating):
+        raise TypeError(f"graphmod: timestamp feature '{feature}' must be numeric (seconds), "
+                        f"got {timestamp.dtype.name}")
+    state.timestamp = timestamp
+
+
+def clock(graph: tf.Graph, unit: str) -> tf.Tensor:
+    """The int64 time a training lookup stamps its rows with (one tensor per
+    graph and unit, so every lookup of a step agrees)."""
+    state = graph_state(graph)
+    if unit not in state.clocks:
+        # Built at the root of the graph: outside the caller's control flow and
+        # control dependencies, so every lookup can use it.
+        context = graph._get_control_flow_context()  # pylint: disable=protected-access
+        graph._set_control_flow_context(None)  # pylint: disable=protected-access
+        try:
+            with graph.control_dependencies(None), tf1.name_scope(None):
+                state.clocks[unit] = _build_clock(graph, unit, state.timestamp)
+        finally:
+            graph._set_control_flow_context(context)  # pylint: disable=protected-access
+    return state.clocks[unit]
+
+
+def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> tf.Tensor:
+    if unit == "steps":
+        step = tf1.train.get_global_step(graph)
+        if step is None:
+            raise ValueError("graphmod: eviction by steps needs a global step in the graph "
+                             "(tf.compat.v1.train.get_or_create_global_step())")
+        return tf.cast(tf.identity(step, name="graphmod/clock_steps"), tf.int64)
+    if timestamp is not None:
+        # An empty batch has no newest timestamp: its lookups insert nothing anyway.
+        newest = tf.reduce_max(tf.reshape(timestamp, [-1]))
+        return tf.cast(newest, tf.int64, name="graphmod/clock_timestamp")
+    return tf.cast(tf.timestamp(), tf.int64, name="graphmod/clock_wall")
+
+
+def counters(table: Table) -> Dict[str, tf.Tensor]:
+    """Scalars: rows, admitted, rejected (lookups given no row), evicted, pending."""
+    info = table.info()
+    return {k: info[k] for k in ("size", "admitted", "rejected", "evicted", "pending")}
+
+
+def add_summaries(tables: List[Table]) -> None:
+    """TensorBoard scalars graphmod/<table>/<counter> for each table."""
+    for table in tables:
+        for name, value in counters(table).items():
+            tf1.summary.scalar(f"graphmod/{table.name}/{'rows' if name == 'size' else name}",
+                               value)

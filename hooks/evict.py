@@ -1,0 +1,114 @@
+"""EvictHook: removes idle rows from tables with an eviction_threshold.
+
+>>> estimator.train(input_fn, hooks=[graphmod.EvictHook(evict_step_interval=1000)])
+
+Every evict_time_interval seconds and/or every evict_step_interval global
+steps of training, each table whose policy (graphmod.features) has an
+eviction_threshold drops the rows and counted ids not seen within that
+threshold of the table's newest lookup, and the hook logs what went. Add it to
+training only; GraphModifierHook builds and drives one by itself.
+"""
+import time
+from typing import List, Optional
+
+import tensorflow as tf
+from absl import logging
+
+from graphmod import features
+from graphmod.table import Table, tables
+
+tf1 = tf.compat.v1
+
+
+def _check_interval(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"EvictHook: {name} must be a positive number or None, got {value!r}")
+
+
+class EvictHook(tf1.train.SessionRunHook):
+    """Triggers eviction by wall-clock interval, global-step interval, or both.
+
+    Args:
+      evict_enable: False makes the hook do nothing.
+      evict_time_interval: seconds between evictions (None: not by time).
+      evict_step_interval: global steps between evictions (None: not by steps).
+      table_names: the tables to evict from (default: every table of the graph
+        whose policy has an eviction_threshold).
+    """
+
+    def __init__(self, evict_enable: bool = True, evict_time_interval: Optional[float] = 86400,
+                 evict_step_interval: Optional[int] = None,
+                 table_names: Optional[List[str]] = None):
+        _check_interval("evict_time_interval", evict_time_interval)
+        _check_interval("evict_step_interval", evict_step_interval)
+        if evict_enable and evict_time_interval is None and evict_step_interval is None:
+            raise ValueError("EvictHook: give evict_time_interval, evict_step_interval or both")
+        self.enabled = bool(evict_enable)
+        self.time_interval = evict_time_interval
+        self.step_interval = evict_step_interval
+        self.table_names = table_names
+        self.tables: List[Table] = []
+        self.evictions = 0  # times eviction ran
+
+    def begin(self) -> None:
+        graph = tf1.get_default_graph()
+        by_name = {t.name: t for t in tables(graph)}
+        names = self.table_names
+        if names is None:
+            names = [n for n, t in by_name.items() if features.policy_of(t).evicts]
+        for n in names:
+            if n not in by_name:
+                raise ValueError(f"EvictHook: no graphmod table '{n}' in the graph "
+                                 f"(tables: {sorted(by_name)})")
+            if not features.policy_of(by_name[n]).evicts:
+                raise ValueError(f"EvictHook: graphmod table '{n}' has no eviction_threshold "
+                                 "(set one with FeatureSpec or the hook's table settings)")
+        self.tables = [by_name[n] for n in names]
+        self._step = tf1.train.get_global_step(graph)
+        if self.enabled and self.step_interval is not None and self._step is None:
+            raise ValueError("EvictHook: evict_step_interval needs a global step in the graph")
+        with tf1.name_scope("graphmod/evict"):
+            self._evict = {}
+            for t in self.tables:
+                policy = features.policy_of(t)
+                info = t.info()
+                self._evict[t.name] = dict(
+                    evicted=t.evict(info["latest"] - policy.eviction_threshold),
+                    cut=info["latest"] - policy.eviction_threshold)
+            # Counted after the eviction, so the log shows what is left.
+            with tf.control_dependencies([d["evicted"] for d in self._evict.values()]):
+                self._counters = {t.name: features.counters(t) for t in self.tables}
+
+    def after_create_session(self, session, coord) -> None:
+        self._last_time = time.time()
+        self._last_step = session.run(self._step) if self._step is not None else 0
+
+    def before_run(self, run_context):
+        if self._step is not None and self.tables and self.enabled:
+            return tf1.train.SessionRunArgs(self._step)
+        return None
+
+    def after_run(self, run_context, run_values) -> None:
+        if not (self.enabled and self.tables):
+            return
+        step = run_values.results if self._step is not None else 0
+        due = (self.time_interval is not None and
+               time.time() - self._last_time >= self.time_interval)
+        due |= (self.step_interval is not None and step - self._last_step >= self.step_interval)
+        if due:
+            self.evict(run_context.session, step)
+
+    def evict(self, session, step: int = 0) -> dict:
+        """Evicts now; returns {table: rows evicted}."""
+        done, counters = session.run([self._evict, self._counters])
+        self._last_time, self._last_step = time.time(), step
+        self.evictions += 1
+        for name, d in done.items():
+            c = counters[name]
+            logging.info("graphmod: evicted %d row(s) of table '%s' last seen before %d "
+                         "(global step %d); rows %d, admitted %d, rejected lookups %d, "
+                         "evicted %d, pending ids %d", d["evicted"], name, d["cut"], step,
+                         c["size"], c["admitted"], c["rejected"], c["evicted"], c["pending"])
+        return {name: int(d["evicted"]) for name, d in done.items()}
