@@ -30,8 +30,8 @@ _WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub
 class TableSettings:
     """Per-table settings of the hook; None inherits from the variable / defaults.
 
-    initializer, default_value, max_rows, when_full and num_shards are those
-    of graphmod.create_table; access_threshold, eviction_threshold and
+    initializer, default_value, max_rows, when_full, num_shards and
+    admission_sketch_width are those of graphmod.create_table; access_threshold, eviction_threshold and
     eviction_unit those of graphmod.FeatureSpec; convert=False keeps the
     variable dense.
     """
@@ -43,6 +43,7 @@ class TableSettings:
     access_threshold: int = -1
     eviction_threshold: int = -1
     eviction_unit: str = "seconds"
+    admission_sketch_width: Optional[int] = None
     convert: bool = True
 
     def __post_init__(self):

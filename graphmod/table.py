@@ -85,6 +85,8 @@ class Table:
         max_rows = op.get_attr("max_rows")
         self.max_rows = None if max_rows < 0 else max_rows
         self.when_full = op.get_attr("when_full").decode()
+        sketch = op.get_attr("sketch_width")
+        self.admission_sketch_width = sketch or None
         self.optimizer = optimizer
 
     def __repr__(self) -> str:
@@ -143,7 +145,7 @@ class _TableSaveable(saveable_object.SaveableObject):
     Restoring replaces the table's contents with the checkpoint's.
     """
     FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
-    PENDING = ("keys", "counts", "last_seen")
+    PENDING = ("keys", "counts", "last_seen", "sketch")
 
     def __init__(self, table: Table):
         self.table = table
@@ -203,7 +205,8 @@ def _check_name(name: Any) -> str:
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
                  default_value: Optional[float] = None, num_shards: int = 16,
                  seed: Optional[int] = None, max_rows: Optional[int] = None,
-                 when_full: str = "lru", shape_hint: Optional[List[int]] = None) -> Table:
+                 when_full: str = "lru", admission_sketch_width: Optional[int] = None,
+                 shape_hint: Optional[List[int]] = None) -> Table:
     """Creates a dynamic embedding table in the default graph.
 
     Args:
@@ -225,6 +228,14 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         seen of the rows near the id's index slot (sampled, as Redis and
         HierarchicalKV do; rows seen in the current step are spared);
         "refuse" gives the id no row (it reads the missing value, no gradient).
+      admission_sketch_width: None counts the sightings of ids waiting for
+        admission (graphmod.FeatureSpec access_threshold) exactly, one map entry
+        per id; W counts them in a count-min sketch of 4 x W counters (16 W
+        bytes, whatever the number of ids). The sketch may admit an id early:
+        its count exceeds the true one by more than e * N / W (N: sightings
+        counted since the sketch last aged, in the id's shard, times the shard
+        count) with probability at most e**-4 (1.8%); eviction halves the
+        counters.
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
@@ -245,6 +256,12 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
                                  or max_rows <= 0):
         raise ValueError(f"graphmod table '{name}': max_rows must be a positive integer or None, "
                          f"got {max_rows!r}")
+    if admission_sketch_width is not None and (
+            isinstance(admission_sketch_width, bool) or
+            not isinstance(admission_sketch_width, int) or
+            not 0 < admission_sketch_width <= 2**32):
+        raise ValueError(f"graphmod table '{name}': admission_sketch_width must be None or an "
+                         f"integer in [1, 2**32], got {admission_sketch_width!r}")
     if when_full not in ("lru", "lfu", "refuse"):
         raise ValueError(f"graphmod table '{name}': when_full must be 'lru', 'lfu' or 'refuse', "
                          f"got {when_full!r}")
@@ -272,6 +289,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
             num_shards=num_shards, missing_is_initializer=default_value is None,
             default_value=0.0 if default_value is None else float(default_value),
             max_rows=-1 if max_rows is None else max_rows, when_full=when_full,
+            sketch_width=admission_sketch_width or 0,
             name=f"graphmod/{name}/table")
     table = Table(handle, optimizer)
     state.tables[name] = table

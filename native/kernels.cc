@@ -86,6 +86,7 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("missing_is_initializer", &config_.missing_is_initializer));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &config_.max_rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sketch_width", &config_.sketch_width));
     std::string when_full;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("when_full", &when_full));
     OP_REQUIRES(ctx, ParseCapacityPolicy(when_full, &config_.when_full),
@@ -112,11 +113,14 @@ class TableOp : public OpKernel {
                             }));
     ::tensorflow::core::ScopedUnref unref(resource);
     const TableConfig& existing = resource->table.config();
-    OP_REQUIRES(ctx, existing.dim == config_.dim && existing.num_slots == config_.num_slots,
+    OP_REQUIRES(ctx, existing.dim == config_.dim && existing.num_slots == config_.num_slots &&
+                         existing.sketch_width == config_.sketch_width,
                 errors::InvalidArgument("graphmod table '", config_.name, "' already exists as '",
-                                        existing.name, "' with dim ", existing.dim, " and ",
-                                        existing.num_slots, " slots; asked for dim ",
-                                        config_.dim, " and ", config_.num_slots, " slots"));
+                                        existing.name, "' with dim ", existing.dim, ", ",
+                                        existing.num_slots, " slots and sketch width ",
+                                        existing.sketch_width, "; asked for dim ", config_.dim,
+                                        ", ", config_.num_slots, " slots and sketch width ",
+                                        config_.sketch_width));
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<ResourceHandle>()() = ::tensorflow::MakeResourceHandle<TableResource>(
@@ -350,15 +354,16 @@ class ExportPendingOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     Status status;
-    t->ExportPending([&](int64_t n) {
+    t->ExportPending([&](int64_t n, int64_t sketch) {
       PendingBuffers out;
-      Tensor* tensors[3];
-      for (int i = 0; i < 3 && status.ok(); ++i)
-        status = ctx->allocate_output(i, TensorShape({n}), &tensors[i]);
+      Tensor* tensors[4];
+      for (int i = 0; i < 4 && status.ok(); ++i)
+        status = ctx->allocate_output(i, TensorShape({i < 3 ? n : sketch}), &tensors[i]);
       if (!status.ok()) return out;
       out.keys = tensors[0]->flat<int64_t>().data();
       out.counts = tensors[1]->flat<int64_t>().data();
       out.last_seen = tensors[2]->flat<int64_t>().data();
+      out.sketch = tensors[3]->flat<int32_t>().data();
       return out;
     });
     OP_REQUIRES_OK(ctx, status);
@@ -376,9 +381,14 @@ class ImportPendingOp : public TableKernel {
                   TableError(*t, std::string("pending ") + names[i - 1] + " must be a vector of " +
                                      std::to_string(keys.NumElements()) + ", got shape " +
                                      ctx->input(i).shape().DebugString()));
-    const std::string error =
-        t->ImportPending(keys.flat<int64_t>().data(), ctx->input(2).flat<int64_t>().data(),
-                         ctx->input(3).flat<int64_t>().data(), keys.NumElements());
+    const Tensor& sketch = ctx->input(4);
+    OP_REQUIRES(ctx, sketch.dims() == 1,
+                TableError(*t, "the admission sketch must be a vector, got shape " +
+                                   sketch.shape().DebugString()));
+    const std::string error = t->ImportPending(
+        keys.flat<int64_t>().data(), ctx->input(2).flat<int64_t>().data(),
+        ctx->input(3).flat<int64_t>().data(), keys.NumElements(), sketch.flat<int32_t>().data(),
+        sketch.NumElements());
     OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
   }
 };

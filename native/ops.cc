@@ -41,6 +41,7 @@ REGISTER_OP("GraphmodTable")
     .Attr("default_value: float = 0.0")
     .Attr("max_rows: int = -1")
     .Attr("when_full: {'lru', 'lfu', 'refuse'} = 'lru'")
+    .Attr("sketch_width: int = 0")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Creates (on first run) or finds a graphmod embedding table.");
@@ -151,21 +152,24 @@ REGISTER_OP("GraphmodTableExportPending")
     .Output("keys: int64")
     .Output("counts: int64")
     .Output("last_seen: int64")
+    .Output("sketch: int32")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Keys counted towards admission that have no row yet, with their counts.");
+    .Doc("Keys counted towards admission that have no row yet, with their counts; the "
+         "admission sketch's counters (empty when counting exactly).");
 
 REGISTER_OP("GraphmodTableImportPending")
     .Input("table: resource")
     .Input("keys: int64")
     .Input("counts: int64")
     .Input("last_seen: int64")
+    .Input("sketch: int32")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
-    .Doc("Sets the admission counts of keys that have no row.");
+    .Doc("Sets the admission counts of keys that have no row, and the sketch's counters.");
 
 REGISTER_OP("GraphmodTableRemove")
     .Input("table: resource")

@@ -237,6 +237,9 @@ std::string ValidateConfig(const TableConfig& c) {
            std::to_string(c.num_slots) + " slots";
   if (c.num_shards < 1 || c.num_shards > 4096 || (c.num_shards & (c.num_shards - 1)) != 0)
     return "num_shards must be a power of two in [1, 4096], got " + std::to_string(c.num_shards);
+  if (c.sketch_width < 0 || c.sketch_width > (int64_t{1} << 32))
+    return "sketch_width must be 0 (exact counting) or in [1, 2^32], got " +
+           std::to_string(c.sketch_width);
   if (c.max_rows < -1 || c.max_rows == 0)
     return "max_rows must be positive or -1 (no bound), got " + std::to_string(c.max_rows);
   if (c.init == Initializer::kUniform && !(c.init_a < c.init_b))
@@ -319,6 +322,27 @@ struct EmbeddingTable::Shard {
     int64_t last_seen;
   };
   std::unordered_map<int64_t, Pending> pending;
+  // Or, with TableConfig::sketch_width, a count-min sketch: kSketchRows rows
+  // of sketch_cols counters; a key's count is the least of its counters.
+  static constexpr int kSketchRows = 4;
+  std::vector<uint32_t> sketch;
+  size_t sketch_cols = 0;
+
+  // One more sighting of the key with hash h; returns its estimated count.
+  // Conservative update (only the counters at the minimum grow) keeps the
+  // overestimate as small as count-min allows.
+  uint64_t SketchAdd(uint64_t h) {
+    uint32_t* cell[kSketchRows];
+    uint32_t least = UINT32_MAX;
+    for (int r = 0; r < kSketchRows; ++r) {
+      const uint64_t hr = Mix(h + 0x9e3779b97f4a7c15ULL * (r + 1));
+      cell[r] = &sketch[r * sketch_cols + hr % sketch_cols];
+      least = std::min(least, *cell[r]);
+    }
+    const uint32_t next = AddCount(least, 1);
+    for (uint32_t* c : cell) *c = std::max(*c, next);
+    return next;
+  }
 
   char* Record(uint64_t row) const {
     size_t block;
@@ -550,6 +574,7 @@ struct EmbeddingTable::Shard {
     free_rows.clear();
     free_rows.shrink_to_fit();
     pending = {};
+    std::fill(sketch.begin(), sketch.end(), 0u);
   }
 
   int64_t Bytes() const {
@@ -558,7 +583,8 @@ struct EmbeddingTable::Shard {
     constexpr size_t kPendingBytes = 40 + sizeof(void*);
     return static_cast<int64_t>(groups * sizeof(Group) + arena_bytes +
                                 free_rows.capacity() * sizeof(uint32_t) +
-                                pending.size() * kPendingBytes);
+                                pending.size() * kPendingBytes +
+                                sketch.size() * sizeof(uint32_t));
   }
 };
 
@@ -582,6 +608,11 @@ EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) 
     shards_.back()->table_rows = &rows_;
     shards_.back()->max_rows = config_.max_rows;
     shards_.back()->when_full = config_.when_full;
+    if (config_.sketch_width > 0) {
+      Shard& shard = *shards_.back();
+      shard.sketch_cols = std::max<size_t>(1, config_.sketch_width / config_.num_shards);
+      shard.sketch.assign(Shard::kSketchRows * shard.sketch_cols, 0u);
+    }
   }
 }
 
@@ -773,7 +804,9 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
             row = shard.Row(slot);
           } else {
             Shard::Pending* pending = nullptr;
-            if (access_threshold > 1) {
+            if (access_threshold > 1 && !shard.sketch.empty()) {
+              sightings = shard.SketchAdd(batch.hash[i]);
+            } else if (access_threshold > 1) {
               pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
               sightings = AddCount(pending->count, 1);
               pending->count = static_cast<uint32_t>(sightings);
@@ -1052,6 +1085,7 @@ int64_t EmbeddingTable::Evict(int64_t before) {
     }
     for (auto it = shard.pending.begin(); it != shard.pending.end();)
       it = it->second.last_seen < before ? shard.pending.erase(it) : std::next(it);
+    for (uint32_t& c : shard.sketch) c >>= 1;
   }
   evicted_ += removed;
   return removed;
@@ -1138,17 +1172,22 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
   return "";
 }
 
+int64_t EmbeddingTable::sketch_size() const {
+  return static_cast<int64_t>(shards_[0]->sketch.size()) * config_.num_shards;
+}
+
 void EmbeddingTable::ExportPending(
-    const std::function<PendingBuffers(int64_t n)>& alloc) const {
+    const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const {
   std::vector<std::unique_lock<std::mutex>> locks;  // a consistent count and contents
   int64_t n = 0;
   for (const auto& s : shards_) {
     locks.emplace_back(s->mu);
     n += static_cast<int64_t>(s->pending.size());
   }
-  const PendingBuffers out = alloc(n);
-  if (out.keys == nullptr && n > 0) return;  // the allocator failed and said so
-  int64_t i = 0;
+  const PendingBuffers out = alloc(n, sketch_size());
+  // A failed allocator said so and returned no buffers.
+  if ((n > 0 && out.keys == nullptr) || (sketch_size() > 0 && out.sketch == nullptr)) return;
+  int64_t i = 0, c = 0;
   for (const auto& s : shards_) {
     for (const auto& [key, p] : s->pending) {
       out.keys[i] = key;
@@ -1156,14 +1195,20 @@ void EmbeddingTable::ExportPending(
       out.last_seen[i] = p.last_seen;
       ++i;
     }
+    for (uint32_t v : s->sketch) out.sketch[c++] = static_cast<int32_t>(std::min<uint32_t>(v, INT32_MAX));
   }
 }
 
 std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* counts,
-                                          const int64_t* last_seen, int64_t n) {
+                                          const int64_t* last_seen, int64_t n,
+                                          const int32_t* sketch, int64_t sketch_count) {
   for (int64_t i = 0; i < n; ++i)
     if (counts[i] < 0) return "negative admission count " + std::to_string(counts[i]) +
                               " for key " + std::to_string(keys[i]);
+  if (sketch_count != 0 && sketch_count != sketch_size())
+    return "the admission sketch has " + std::to_string(sketch_count) +
+           " counters but this table's has " + std::to_string(sketch_size()) +
+           " (sketch_width or num_shards differ)";
   int64_t max_seen = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t h = HashKey(keys[i]);
@@ -1174,6 +1219,14 @@ std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* co
     max_seen = std::max(max_seen, last_seen[i]);
   }
   AdvanceLatest(max_seen);
+  int64_t c = 0;  // sketch_count is 0 or every shard's counters, in shard order
+  for (auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (uint32_t& v : s->sketch) {
+      if (c == sketch_count) break;
+      v = static_cast<uint32_t>(std::max<int32_t>(sketch[c++], 0));
+    }
+  }
   return "";
 }
 

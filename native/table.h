@@ -71,6 +71,10 @@ struct TableConfig {
   // regardless.
   int64_t max_rows = -1;
   CapacityPolicy when_full = CapacityPolicy::kLru;
+  // How sightings of keys without a row are counted for admission: 0 = exactly,
+  // per key; else in a count-min sketch of 4 rows of this many counters
+  // (spread over the shards), bounded memory at a stated error (see README).
+  int64_t sketch_width = 0;
 };
 
 // Returns "" when the config is usable, else what is wrong with it.
@@ -118,11 +122,13 @@ struct TableCounters {
   int64_t latest = 0;    // the largest `now` a training lookup has passed
 };
 
-// Pending keys as Export/ImportPending see them.
+// Pending keys as Export/ImportPending see them; sketch holds the count-min
+// counters of a sketch-counting table (empty otherwise).
 struct PendingBuffers {
   int64_t* keys = nullptr;
   int64_t* counts = nullptr;
   int64_t* last_seen = nullptr;
+  int32_t* sketch = nullptr;
 };
 
 // Where Export writes; filled by the caller's allocator once the row count is
@@ -171,7 +177,7 @@ class EmbeddingTable {
   // Removes the keys' rows (absent keys are ignored); returns rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
   // Removes every row and pending key last seen before `before`; returns the
-  // rows removed.
+  // rows removed. A sketch's counters are halved instead (they age).
   int64_t Evict(int64_t before);
   void Clear();
   // Writes every row whose version >= min_version. alloc(n) is called once,
@@ -184,12 +190,16 @@ class EmbeddingTable {
   std::string Import(const int64_t* keys, const float* values, const float* slots,
                      const int64_t* counts, const int64_t* last_seen,
                      const int64_t* versions, int64_t n, bool replace);
-  // Writes every pending key; alloc(n) as for Export.
-  void ExportPending(const std::function<PendingBuffers(int64_t n)>& alloc) const;
+  // Writes every pending key and the sketch; alloc(n, sketch size) as for Export.
+  void ExportPending(const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const;
   // Sets the admission counts of keys that have no row (keys with a row are
-  // skipped). Returns "" or the error.
+  // skipped) and, when sketch_count > 0, the sketch's counters (sketch_count
+  // must then be this table's sketch_size()). Returns "" or the error.
   std::string ImportPending(const int64_t* keys, const int64_t* counts,
-                            const int64_t* last_seen, int64_t n);
+                            const int64_t* last_seen, int64_t n, const int32_t* sketch,
+                            int64_t sketch_count);
+  // Counters in the admission sketch (0 when counting exactly).
+  int64_t sketch_size() const;
 
   // The initial values row `key` gets (deterministic in key and seed).
   void InitialRow(int64_t key, float* out) const;

@@ -323,16 +323,57 @@ void TestAdmission() {
   CHECK(c.rows == 2 && c.admitted == 2 && c.pending == 2 && c.rejected == 2 + 2 + 3 && c.latest == 6);
   // Pending counts round-trip: 11 (seen twice) is admitted on its next sighting.
   std::vector<int64_t> keys, counts, seen;
-  t.ExportPending([&](int64_t n) {
+  t.ExportPending([&](int64_t n, int64_t sketch) {
+    CHECK(sketch == 0);
     keys.resize(n), counts.resize(n), seen.resize(n);
-    return graphmod::PendingBuffers{keys.data(), counts.data(), seen.data()};
+    return graphmod::PendingBuffers{keys.data(), counts.data(), seen.data(), nullptr};
   });
   CHECK(keys.size() == 2);
   EmbeddingTable u(Config(2, 1));
-  CHECK(u.ImportPending(keys.data(), counts.data(), seen.data(), 2).empty());
+  CHECK(u.ImportPending(keys.data(), counts.data(), seen.data(), 2, nullptr, 0).empty());
   t.FindOrInsert(rare, 1, 7, 3, values.data(), handles.data(), graphmod::SerialRunner);
   u.FindOrInsert(rare, 1, 7, 3, values.data(), handles.data(), graphmod::SerialRunner);
   CHECK(handles[0] >= 0 && t.size() == 3 && u.size() == 1 && u.counters().pending == 1);
+}
+
+// Counting in a count-min sketch: without collisions (a small stream in a
+// wide sketch) admission is exact; the counters round-trip and age on Evict.
+void TestSketchAdmission() {
+  TableConfig c = Config(2, 1);
+  c.sketch_width = 1 << 14;
+  EmbeddingTable t(c);
+  CHECK(t.sketch_size() == 4 * (1 << 14));
+  std::vector<float> values(2);
+  int64_t handle;
+  for (int64_t k = 0; k < 50; ++k)
+    for (int call = 1; call <= 3; ++call) {
+      t.FindOrInsert(&k, 1, 0, 3, values.data(), &handle, graphmod::SerialRunner);
+      CHECK((handle == -1) == (call < 3));
+    }
+  const int64_t twice[2] = {99, 99};
+  t.FindOrInsert(twice, 2, 0, 3, values.data(), nullptr, graphmod::SerialRunner);
+  CHECK(t.size() == 50 && t.counters().pending == 0);
+  std::vector<int32_t> sketch;
+  t.ExportPending([&](int64_t n, int64_t size) {
+    CHECK(n == 0);
+    sketch.resize(size);
+    return graphmod::PendingBuffers{nullptr, nullptr, nullptr, sketch.data()};
+  });
+  EmbeddingTable u(c);
+  CHECK(u.ImportPending(nullptr, nullptr, nullptr, 0, sketch.data(), sketch.size()).empty());
+  CHECK(!u.ImportPending(nullptr, nullptr, nullptr, 0, sketch.data(), 7).empty());
+  const int64_t k99 = 99;
+  u.FindOrInsert(&k99, 1, 0, 3, values.data(), &handle, graphmod::SerialRunner);
+  CHECK(handle >= 0);  // its third sighting, two of them restored
+  // Evict halves the counters: two sightings count as one afterwards.
+  const int64_t k7 = 7777;
+  EmbeddingTable v(c);
+  v.FindOrInsert(twice, 2, 0, 3, values.data(), nullptr, graphmod::SerialRunner);
+  v.Evict(0);
+  v.FindOrInsert(&k99, 1, 0, 3, values.data(), &handle, graphmod::SerialRunner);
+  CHECK(handle == -1);
+  v.FindOrInsert(&k7, 1, 0, 3, values.data(), &handle, graphmod::SerialRunner);
+  CHECK(handle == -1 && v.size() == 0);
 }
 
 // Evict removes exactly the rows and pending keys last seen before the cut.
@@ -421,6 +462,7 @@ int main() {
   TestConcurrentUse();
   TestMaxRows();
   TestAdmission();
+  TestSketchAdmission();
   TestEvict();
   TestCapacityPolicies();
   TestValidation();

@@ -44,7 +44,8 @@ def rewrite(rw, conversion: Conversion, slot_layout) -> None:
         table = graphmod.create_table(
             conversion.table_name, conversion.dim, initializer=init, optimizer=slot_layout,
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
-            when_full=s.when_full, shape_hint=[conversion.rows, conversion.dim])
+            when_full=s.when_full, admission_sketch_width=s.admission_sketch_width,
+            shape_hint=[conversion.rows, conversion.dim])
         rw.track_added(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)[-1],
                        label=f"table {table.name}")

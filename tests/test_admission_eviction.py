@@ -209,3 +209,30 @@ def test_feature_specs_must_match_the_batch_and_come_before_lookups():
                                                                             access_threshold=2)])
         with pytest.raises(ValueError, match="EvictHook: graphmod table 'item' has no eviction"):
             graphmod.EvictHook(table_names=["item"]).begin()
+
+
+def test_admission_counted_in_a_sketch_survives_a_checkpoint(tmp_path):
+    def build():
+        ids = tf1.placeholder(tf.int64, [None])
+        graphmod.use_feature_specs({"item": ids}, [graphmod.FeatureSpec("item",
+                                                                        access_threshold=3)])
+        opt = graphmod.optimizers.SGD(1.0)
+        table = graphmod.create_table("item", 2, optimizer=opt, admission_sketch_width=4096)
+        return table, ids, opt.minimize(tf.reduce_sum(graphmod.sparse_lookup(table, ids)))
+
+    with tf.Graph().as_default():
+        table, ids, train = build()
+        with tf1.Session() as sess:
+            sess.run(train, {ids: [1, 1, 1, 2, 2, 3]})
+            info = sess.run(table.info())
+            assert keys_of(sess, table) == {1} and info["pending"] == 0  # no per-id entries
+            assert info["memory_bytes"] >= 4 * 4096 * 4
+            tf1.train.Saver().save(sess, str(tmp_path / "model"))
+    assert tf.train.load_checkpoint(str(tmp_path)).get_tensor("item-pending_sketch").size == \
+        4 * 4096
+    with tf.Graph().as_default():
+        table, ids, train = build()
+        with tf1.Session() as sess:
+            tf1.train.Saver().restore(sess, str(tmp_path / "model"))
+            sess.run(train, {ids: [2, 3]})
+            assert keys_of(sess, table) == {1, 2}
