@@ -197,17 +197,19 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 continue
             ready.append((c, translation, layout))
         training = mode == "train"
-        if training and self.timestamp_feature is not None:
-            ts = self.timestamp_feature
-            features.set_timestamp(_input_feature(ts) if isinstance(ts, str) else ts,
-                                   ts if isinstance(ts, str) else ts.name, graph)
-        for c, _, _ in ready:
-            features.set_policy(c.table_name, c.settings.policy, graph)
         planned = time.time()
         rw = Rewriter(graph)
         freed = 0
         unsqueezed, kept = [], []
+        state = graph_state(graph)
+        clocks, timestamp = dict(state.clocks), state.timestamp
         try:
+            if training and self.timestamp_feature is not None:
+                ts = self.timestamp_feature
+                features.set_timestamp(_input_feature(ts) if isinstance(ts, str) else ts,
+                                       ts if isinstance(ts, str) else ts.name, graph)
+            for c, _, _ in ready:
+                features.set_policy(c.table_name, c.settings.policy, graph)
             if self.collision_free:
                 unsqueezed, kept = collisionless_keys.unsqueeze(
                     rw, {c.table_name: [g.op for g in c.gathers] for c, _, _ in ready},
@@ -228,10 +230,12 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                            training=mode == "train", full=self.full_check)
         except Exception as e:
             rw.undo()
-            for c, _, _ in ready:  # so that begin() can run again on this graph
-                graph_state(graph).policies.pop(c.table_name, None)
+            # So that begin() can run again on this graph:
+            state.clocks, state.timestamp = clocks, timestamp
+            for c, _, _ in ready:
+                state.policies.pop(c.table_name, None)
                 if c.table is not None:
-                    graph_state(graph).tables.pop(c.table.name, None)
+                    state.tables.pop(c.table.name, None)
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report = RewriteReport(
             graph=mode,
