@@ -197,9 +197,19 @@ def counters(table: Table) -> Dict[str, tf.Tensor]:
     return {k: info[k] for k in ("size", "admitted", "rejected", "evicted", "pending")}
 
 
-def add_summaries(tables: List[Table]) -> None:
-    """TensorBoard scalars graphmod/<table>/<counter> for each table."""
-    for table in tables:
-        for name, value in counters(table).items():
-            tf1.summary.scalar(f"graphmod/{table.name}/{'rows' if name == 'size' else name}",
-                               value)
+def add_summaries(tables: List[Table]) -> Dict[str, Dict[str, tf.Tensor]]:
+    """TensorBoard scalars graphmod/<table>/<counter> for each table; returns
+    {table: counters}. One summary op writes them all (an op per scalar costs
+    a millisecond each to build: a second for 200 tables)."""
+    by_table = {t.name: counters(t) for t in tables}
+    if not by_table:
+        return by_table
+    tags, values = [], []
+    for name, c in by_table.items():
+        for counter, value in c.items():
+            tags.append(f"graphmod/{name}/{'rows' if counter == 'size' else counter}")
+            values.append(value)
+    summary = tf.raw_ops.ScalarSummary(tags=tags, values=tf.cast(tf.stack(values), tf.float32),
+                                       name="graphmod/counters")
+    tf1.add_to_collection(tf1.GraphKeys.SUMMARIES, summary)
+    return by_table

@@ -255,8 +255,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             self._write(model_dir, before, graph)
         if training and ready:
             converted = [c.table for c, _, _ in ready]
-            features.add_summaries(converted)
-            self._counters = {t.name: features.counters(t) for t in converted}
+            self._counters = features.add_summaries(converted)
             self.evict_hook.table_names = [t.name for t in converted
                                            if features.policy_of(t).evicts]
             self.evict_hook.begin()

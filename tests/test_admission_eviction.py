@@ -236,3 +236,48 @@ def test_admission_counted_in_a_sketch_survives_a_checkpoint(tmp_path):
             tf1.train.Saver().restore(sess, str(tmp_path / "model"))
             sess.run(train, {ids: [2, 3]})
             assert keys_of(sess, table) == {1, 2}
+
+
+def stream_estimator(model_dir):
+    """An unchanged model_fn over an id stream that moves on every step."""
+    def input_fn():
+        ds = tf.data.Dataset.range(10**6).map(lambda i: (
+            {"item": tf.reshape(i // 4 % 100_000, [1]), "ts": tf.reshape(i, [1])},
+            tf.reshape(tf.cast(i % 2, tf.float32), [1])))
+        return ds.batch(64)
+
+    def model_fn(features, labels, mode):
+        emb = tf1.get_variable("item_emb", [100_000, 4])
+        logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, features["item"][:, 0]), 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels[:, 0],
+                                                                      logits=logits))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf1.train.AdagradOptimizer(
+            0.1).minimize(loss, tf1.train.get_global_step()))
+
+    return tf.estimator.Estimator(model_fn, model_dir=str(model_dir)), input_fn
+
+
+def test_the_hook_drives_eviction_by_steps_in_an_estimator(tmp_path):
+    est, input_fn = stream_estimator(tmp_path)
+    hook = graphmod.GraphModifierHook(
+        tables={"item_emb": dict(eviction_threshold=5, eviction_unit="steps")},
+        evict_time_interval=None, evict_step_interval=10)
+    est.train(input_fn, steps=60, hooks=[hook])
+    assert hook.evict_hook.evictions == 5  # after steps 10, 20, ..., 50
+    reader = tf.train.load_checkpoint(str(tmp_path))
+    seen = reader.get_tensor("item_emb-last_seen")
+    # Each step brings 16 new ids; the last eviction (after step 50) kept steps 45+.
+    assert seen.min() >= 45 and len(seen) == 16 * (60 - 45)
+
+
+def test_the_hook_finds_the_timestamp_feature_by_name_or_says_what_the_batch_has(tmp_path):
+    est, input_fn = stream_estimator(tmp_path / "a")
+    hook = graphmod.GraphModifierHook(tables={"item_emb": dict(eviction_threshold=100)},
+                                      timestamp_feature="ts", evict_step_interval=10)
+    est.train(input_fn, steps=30, hooks=[hook])
+    seen = tf.train.load_checkpoint(str(tmp_path / "a")).get_tensor("item_emb-last_seen")
+    assert seen.max() == 30 * 64 - 1 and seen.min() >= 30 * 64 - 1 - 100 - 64 * 10
+    est, input_fn = stream_estimator(tmp_path / "b")
+    with pytest.raises(RuntimeError, match=r"'timestamp'.*not in the input batch.*'item', 'ts'"):
+        est.train(input_fn, steps=1, hooks=[graphmod.GraphModifierHook(
+            tables={"item_emb": dict(eviction_threshold=100)}, timestamp_feature="timestamp")])
