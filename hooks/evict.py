@@ -66,6 +66,11 @@ class EvictHook(tf1.train.SessionRunHook):
                 raise ValueError(f"EvictHook: graphmod table '{n}' has no eviction_threshold "
                                  "(set one with FeatureSpec or the hook's table settings)")
         self.tables = [by_name[n] for n in names]
+        if self.enabled and self.tables and not any(
+                op.type == "GraphmodTableFindOrInsert" for op in graph.get_operations()):
+            # Evaluation and prediction graphs only read tables: never evict there.
+            logging.info("EvictHook: no training lookup in this graph; eviction is off")
+            self.enabled = False
         self._step = tf1.train.get_global_step(graph)
         if self.enabled and self.step_interval is not None and self._step is None:
             raise ValueError("EvictHook: evict_step_interval needs a global step in the graph")

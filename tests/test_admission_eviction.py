@@ -281,3 +281,15 @@ def test_the_hook_finds_the_timestamp_feature_by_name_or_says_what_the_batch_has
     with pytest.raises(RuntimeError, match=r"'timestamp'.*not in the input batch.*'item', 'ts'"):
         est.train(input_fn, steps=1, hooks=[graphmod.GraphModifierHook(
             tables={"item_emb": dict(eviction_threshold=100)}, timestamp_feature="timestamp")])
+
+
+def test_evict_hook_never_evicts_in_a_graph_that_only_reads():
+    with tf.Graph().as_default():
+        ids = tf1.placeholder(tf.int64, [None])
+        graphmod.use_feature_specs({"item": ids}, [graphmod.FeatureSpec(
+            "item", eviction_threshold=0)])
+        table = graphmod.create_table("item", 2)
+        graphmod.sparse_lookup(table, ids, is_training=False)
+        hook = graphmod.EvictHook(evict_step_interval=1)
+        hook.begin()
+        assert [t.name for t in hook.tables] == ["item"] and not hook.enabled
