@@ -21,6 +21,11 @@ from graphmod.graph_view import GraphView
 tf1 = tf.compat.v1
 
 _SPARSE_APPLY = re.compile(r"^(Resource)?SparseApply\w+$")
+# Fused reads: embedding_lookup_sparse on one variable (TF's fast path, taken
+# for reference variables) sums/averages rows straight from the variable.
+SEGMENT_READS = {"SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                 "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+                 "SparseSegmentSqrtNWithNumSegments"}
 _WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub",
            "AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub",
            "AssignAdd", "Assign", "ResourceScatterUpdate", "ScatterUpdate"}
@@ -65,9 +70,11 @@ class TableSettings:
 
 @dataclasses.dataclass
 class Gather:
+    """A read of rows by id: a gather, or a fused sparse-segment read
+    (op.type in SEGMENT_READS: rows of ids combined by segment)."""
     op: tf.Operation
     ids: tf.Tensor
-    grads: List[tf.Tensor]  # gradient w.r.t. the gather's output, one per tf.gradients call
+    grads: List[tf.Tensor]  # gradient w.r.t. the op's output, one per tf.gradients call
 
 
 @dataclasses.dataclass
@@ -126,6 +133,9 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, List[tf.Operation]]:
     def dead(op):
         return not any(view.consumers(t) for t in op.outputs)
 
+    def reads_rows(op, value):  # a gather or fused segment read of value's rows
+        return op.inputs[0] is value and (op.type == "GatherV2" or op.type in SEGMENT_READS)
+
     for op in view.consumers(handle):
         if op is init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
             out["plumbing"].append(op)
@@ -135,10 +145,10 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, List[tf.Operation]]:
             out["updates"].append(op)
         elif op.type == "ReadVariableOp" and dead(op):
             out["plumbing"].append(op)  # snapshot reads nothing consumes
-        elif op.type == "Identity" and op.name == v.op.name + "/read":  # reference variable
+        elif op.type == "ReadVariableOp" or (  # a resource or a reference variable's value
+                op.type == "Identity" and op.name == v.op.name + "/read"):
             for c in view.consumers(op.outputs[0]):
-                (out["gathers"] if c.type == "GatherV2" and c.inputs[0] is op.outputs[0]
-                 else out["other"]).append(c)
+                out["gathers" if reads_rows(c, op.outputs[0]) else "other"].append(c)
         else:
             out["other"].append(op)
     return out
@@ -153,6 +163,8 @@ def _gradients_of(view: GraphView, gather: tf.Operation) -> List[tf.Tensor]:
     variable; the gradient of the output is that Reshape's first input. (Its
     Size(ids) is a constant when the batch shape is static, so match Reshape_1.)
     """
+    if gather.type in SEGMENT_READS:
+        return _segment_gradients_of(view, gather)
     pattern = re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(gather.name)
                          + r"_grad/Reshape_1$")
     out = []
@@ -161,6 +173,16 @@ def _gradients_of(view: GraphView, gather: tf.Operation) -> List[tf.Tensor]:
             scope = op.name[:-len("Reshape_1")]
             out.append(view.graph.get_operation_by_name(scope + "Reshape").inputs[0])
     return out
+
+
+def _segment_gradients_of(view: GraphView, read: tf.Operation) -> List[tf.Tensor]:
+    """Gradients w.r.t. a fused segment read's output: the first input of the
+    SparseSegment*Grad(V2) op its gradient function builds under
+    '<gradients scope>/<read name>_grad/' from the same ids."""
+    pattern = re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(read.name) + r"_grad/")
+    return [op.inputs[0] for op in view.consumers(read.inputs[1])
+            if op.type.startswith("SparseSegment") and "Grad" in op.type
+            and pattern.search(op.name)]
 
 
 class _Scopes:

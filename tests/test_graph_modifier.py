@@ -38,15 +38,24 @@ HEAD_B = np.array([0.05], np.float32)
 # The small model, its batches, and sessions.
 
 def build_model(make_optimizer, use_resource=True, ids_dtype=tf.int64, vocab=VOCAB,
-                name="emb", l2=0.0, keras=False):
-    """An embedding variable gathered by tf.nn.embedding_lookup, a dense head.
+                name="emb", l2=0.0, keras=False, combiner=None):
+    """An embedding variable gathered by tf.nn.embedding_lookup (or, with a
+    combiner, read by embedding_lookup_sparse's fused fast path), a dense head.
 
     Returns a dict of the graph's tensors; must be called inside a graph."""
     ids = tf1.placeholder(ids_dtype, [None, 2], name="ids")
     labels = tf1.placeholder(tf.float32, [None], name="labels")
     emb = tf1.get_variable(name, [vocab, DIM], initializer=tf1.constant_initializer(INIT),
                            use_resource=use_resource)
-    e = tf.nn.embedding_lookup(emb, ids)  # [B, 2, DIM]
+    if combiner is None:
+        e = tf.nn.embedding_lookup(emb, ids)  # [B, 2, DIM]
+    else:  # both ids of an example combined, twice: [B, 2, DIM] again
+        batch = tf.shape(ids, out_type=tf.int64)[0]
+        sparse = tf.SparseTensor(tf.reshape(tf.stack(tf.meshgrid(
+            tf.range(batch), tf.range(2, dtype=tf.int64), indexing="ij"), 2), [-1, 2]),
+            tf.cast(tf.reshape(ids, [-1]), tf.int64), [batch, 2])
+        combined = tf1.nn.embedding_lookup_sparse(emb, sparse, None, combiner=combiner)
+        e = tf.stack([combined, combined], 1)
     w = tf1.get_variable("head/w", initializer=HEAD_W, use_resource=use_resource)
     b = tf1.get_variable("head/b", initializer=HEAD_B, use_resource=use_resource)
     logits = tf.squeeze(tf.matmul(tf.reshape(e, [-1, 2 * DIM]), w) + b, 1)
@@ -136,14 +145,15 @@ KIND = {"sgd": "sgd", "adagrad": "adagrad", "momentum": "momentum", "nesterov": 
 ADAM_IDS = np.array([3, 17, 40, 63, 5, 22], np.int64)
 
 
-def train_twice(opt_name, use_resource=True, ids_dtype=tf.int64):
+def train_twice(opt_name, use_resource=True, ids_dtype=tf.int64, combiner=None):
     """(plain run, rewritten run, hook, data) of the same model and batches."""
     data = batches(seed=7, all_ids=ADAM_IDS if opt_name == "adam" else None)
     runs = []
     hook = graphmod.GraphModifierHook(min_rows=MIN_ROWS)
     for hooks in ([], [hook]):
         with tf.Graph().as_default():
-            model = build_model(OPTIMIZERS[opt_name], use_resource, ids_dtype)
+            model = build_model(OPTIMIZERS[opt_name], use_resource, ids_dtype,
+                                combiner=combiner)
             runs.append(run_steps(model, hooks, data))
             if hooks:
                 # The hook removed the variable and its slots from the graph's collections.
@@ -152,7 +162,8 @@ def train_twice(opt_name, use_resource=True, ids_dtype=tf.int64):
     return runs[0], runs[1], hook, data
 
 
-def assert_same_training(plain, converted, data):
+def assert_same_training(plain, converted, data, deduplicated=False):
+    """deduplicated: the model gathers each id once per batch (Unique first)."""
     p_losses, p_head, p_tables, p_emb = plain
     c_losses, c_head, c_tables, c_emb = converted
     assert p_tables == {} and p_emb is not None
@@ -170,7 +181,8 @@ def assert_same_training(plain, converted, data):
         np.testing.assert_allclose(c, p, rtol=1e-5, atol=1e-6)
     # counts: every occurrence of the id in a lookup; versions: the last step
     # that updated the row (one table apply per step).
-    occurrences = np.array([sum(int((ids == k).sum()) for ids, _ in data) for k in touched])
+    occurrences = np.array([sum(int((ids == k).sum()) if not deduplicated else int(k in ids)
+                                for ids, _ in data) for k in touched])
     np.testing.assert_array_equal(rows["counts"], occurrences)
     last_step = np.array([max(i + 1 for i, (ids, _) in enumerate(data) if k in ids)
                           for k in touched])
@@ -195,6 +207,20 @@ def test_matches_tf1_optimizer_reference_variable_int32_ids(opt_name):
     plain, converted, hook, data = train_twice(opt_name, use_resource=False,
                                                ids_dtype=tf.int32)
     assert_same_training(plain, converted, data)
+    assert [t["variable"] for t in hook.report.tables] == ["emb"]
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("use_resource", [False, True])
+def test_embedding_lookup_sparse_converts(combiner, use_resource):
+    """For a reference variable, embedding_lookup_sparse reads the variable
+    with one fused SparseSegmentSum/Mean/SqrtN (sparse gradient); for a
+    resource variable it gathers, then combines."""
+    plain, converted, hook, data = train_twice("adagrad", use_resource=use_resource,
+                                               combiner=combiner)
+    # The resource path gathers unique ids, so the table counts one sighting
+    # per batch.
+    assert_same_training(plain, converted, data, deduplicated=use_resource)
     assert [t["variable"] for t in hook.report.tables] == ["emb"]
 
 
