@@ -21,6 +21,7 @@ from graphmod.graph_view import GraphView
 tf1 = tf.compat.v1
 
 _SPARSE_APPLY = re.compile(r"^(Resource)?SparseApply\w+$")
+_APPLY = re.compile(r"^(Resource)?(Sparse)?Apply\w+$")
 # Fused reads: embedding_lookup_sparse on one variable (TF's fast path, taken
 # for reference variables) sums/averages rows straight from the variable.
 SEGMENT_READS = {"SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
@@ -260,6 +261,15 @@ def plan(graph: tf.Graph, min_rows: int, tables: Dict[str, TableSettings], train
         if not uses["gathers"]:
             if settings is not None and settings.convert:
                 skipped.append((name, "matches a table pattern but is never read by a gather"))
+            elif settings is None and int(v.shape[0] or 0) >= min_rows:
+                # As big as an embedding: say why it is not one. Optimizer
+                # slots stay silent: only optimizer updates (ops in an
+                # optimizer's update_<variable> scope) use them.
+                kinds = sorted({op.type for op in uses["other"]
+                                if not _APPLY.match(op.type) and op.type not in _WRITES
+                                and "update_" not in op.name})
+                if kinds:
+                    skipped.append((name, "never read by a gather, only by " + ", ".join(kinds)))
             continue
         if settings is None:
             if int(v.shape[0]) < min_rows:

@@ -59,13 +59,17 @@ def test_deepctr_estimator(tmp_path, name):
     deepctr_estimator = pytest.importorskip("deepctr.estimator")
     linear, dnn = deepctr_columns()
     report, metrics = check_estimator(
+        # A graph seed makes the unmodified model deterministic (DeepCTR's
+        # seed covers only its own layers), so the margin compares like with like.
         lambda model_dir: getattr(deepctr_estimator, name)(
-            linear, dnn, dnn_hidden_units=(32,), model_dir=model_dir, l2_reg_linear=0.0, seed=1),
+            linear, dnn, dnn_hidden_units=(32,), model_dir=model_dir, l2_reg_linear=0.0, seed=1,
+            dnn_optimizer=tf1.train.AdagradOptimizer(0.1),
+            config=tf.estimator.RunConfig(tf_random_seed=1)),
         tmp_path, [], auc_key="AUC")
     converted = {t["variable"] for t in report.tables}
     # The two big embedding columns become tables (the 50-id one is under min_rows).
     assert sum("C1" in v for v in converted) >= 1 and sum("C2" in v for v in converted) >= 1
-    assert metrics["AUC"] > 0.53  # the task's best possible AUC is 0.60
+    assert metrics["AUC"] > 0.55  # the task's best possible AUC is 0.60
 
 
 def slim_model_fn(features, labels, mode):
