@@ -404,30 +404,49 @@ struct EmbeddingTable::Shard {
   }
 
   // Rebuilds the index with room for at least `want` live rows at 7/8 load.
+  // Keys are read from the arena in row order (sequential memory, unlike the
+  // old index's slot order), and each key's new group is prefetched a few
+  // rows before it is filled.
   void Rehash(size_t want) {
     const size_t new_groups = std::max<size_t>(1, (want * 8 + kGroup * 7 - 1) / (kGroup * 7));
     Memory fresh_memory = Allocate(new_groups * sizeof(Group));
     Group* fresh = reinterpret_cast<Group*>(fresh_memory.get());
     for (size_t g = 0; g < new_groups; ++g) std::memset(fresh[g].ctrl, kEmpty, sizeof(fresh[g].ctrl));
-    // Records are read in slot order, which is random in memory: prefetching
-    // the key a few full slots ahead overlaps those cache misses.
-    constexpr size_t kPrefetch = 16;
-    for (size_t slot = 0; slot < groups * kGroup; ++slot) {
-      const size_t ahead = slot + kPrefetch;
-      if (ahead < groups * kGroup && Ctrl(ahead) >= 0) __builtin_prefetch(Record(Row(ahead)));
-      if (Ctrl(slot) < 0) continue;
-      const uint32_t row = Row(slot);
-      const uint64_t h = HashKey(KeyOf(row));
+    std::vector<bool> dead;  // rows waiting on the free list hold stale keys
+    if (!free_rows.empty()) {
+      dead.assign(rows, false);
+      for (uint32_t r : free_rows) dead[r] = true;
+    }
+    auto place = [&](uint32_t row, uint64_t h) {
       for (size_t g = HomeGroup(h, new_groups);; g = NextGroup(g, new_groups)) {
         const uint32_t f = MatchFree(fresh[g].ctrl);
         if (f != 0) {
           const int i = __builtin_ctz(f);
           fresh[g].ctrl[i] = Tag(h);
           fresh[g].row[i] = row;
-          break;
+          return;
         }
       }
+    };
+    constexpr size_t kAhead = 8;  // a ring of rows whose groups are being prefetched
+    uint32_t ring_row[kAhead];
+    uint64_t ring_hash[kAhead];
+    size_t queued = 0;
+    uint64_t row = 0;
+    for (size_t b = 0; b < blocks.size() && row < rows; ++b) {
+      const char* rec = blocks[b];
+      for (uint64_t i = 0, n = BlockRows(b); i < n && row < rows; ++i, ++row, rec += stride) {
+        if (!dead.empty() && dead[row]) continue;
+        const uint64_t h = HashKey(reinterpret_cast<const RecordHeader*>(rec)->key);
+        __builtin_prefetch(&fresh[HomeGroup(h, new_groups)], 1);
+        const size_t at = queued++ % kAhead;
+        if (queued > kAhead) place(ring_row[at], ring_hash[at]);
+        ring_row[at] = static_cast<uint32_t>(row);
+        ring_hash[at] = h;
+      }
     }
+    for (size_t k = queued > kAhead ? queued - kAhead : 0; k < queued; ++k)
+      place(ring_row[k % kAhead], ring_hash[k % kAhead]);
     index_memory = std::move(fresh_memory);
     index = fresh;
     groups = new_groups;
