@@ -514,12 +514,14 @@ struct EmbeddingTable::Shard {
   }
 
   // A training lookup's insert of absent key. A bounded table at max_rows
-  // first makes room per when_full; returns kNoRow when it may not.
-  // *evicted tells whether a row was evicted for it.
-  uint32_t Insert(int64_t key, uint64_t h, size_t slot, int64_t now, bool* evicted) {
+  // first makes room per when_full (sparing rows this step looked up: see
+  // EvictNear); returns kNoRow when it may not. *evicted tells whether a row
+  // was evicted for it.
+  uint32_t Insert(int64_t key, uint64_t h, size_t slot, int64_t now, uint32_t step_version,
+                  bool* evicted) {
     *evicted = false;
     if (max_rows >= 0 && table_rows->fetch_add(1) >= max_rows) {
-      if (when_full == CapacityPolicy::kRefuse || !EvictNear(h, now)) {
+      if (when_full == CapacityPolicy::kRefuse || !EvictNear(h, now, step_version)) {
         table_rows->fetch_sub(1);
         return kNoRow;
       }
@@ -541,9 +543,10 @@ struct EmbeddingTable::Shard {
   // Sampled LRU/LFU, as Redis and HierarchicalKV do it: the victim is the
   // least recently (LRU) or least often (LFU) seen of the live rows in the
   // new key's home group and the groups after it (at least two groups and 8
-  // candidates, at most 16 groups). Rows seen at `now` or later are spared:
-  // this step's lookups may still apply gradients to them by handle.
-  bool EvictNear(uint64_t h, int64_t now) {
+  // candidates, at most 16 groups). Rows this step looked up are spared, as
+  // its gradients may still reach them by handle: those stamped with the
+  // current clock and the version of the step's coming Apply.
+  bool EvictNear(uint64_t h, int64_t now, uint32_t step_version) {
     if (groups == 0) return false;
     const bool lru = when_full == CapacityPolicy::kLru;
     auto better_victim = [lru](const RecordHeader* a, const RecordHeader* b) {
@@ -559,7 +562,7 @@ struct EmbeddingTable::Shard {
       for (size_t i = 0; i < kGroup; ++i) {
         if (index[g].ctrl[i] < 0) continue;
         const RecordHeader* r = Header(Record(index[g].row[i]));
-        if (r->last_seen >= now) continue;
+        if (r->last_seen >= now && r->version >= step_version) continue;
         ++candidates;
         if (worst == nullptr || better_victim(r, worst)) {
           worst = r;
@@ -801,8 +804,9 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
   AdvanceLatest(now);
   const Batch batch = Partition(keys, n, false, run);
   const int d = config_.dim, slots = config_.num_slots;
-  // New rows carry the version the next Apply will stamp, so an incremental
-  // export of "everything after version v" includes rows inserted after v.
+  // Rows looked up carry the version the next Apply will stamp: an
+  // incremental export of "everything after version v" includes rows
+  // inserted (or counted, or stamped) after v, and a full table spares them.
   const int64_t version = version_.load() + 1;
   const int64_t per_shard = n / config_.num_shards + 1;
   run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
@@ -833,7 +837,8 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
             }
             bool made_room = false;
             if (sightings >= static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1)))
-              row = shard.Insert(key, batch.hash[i], slot, now, &made_room);
+              row = shard.Insert(key, batch.hash[i], slot, now, static_cast<uint32_t>(version),
+                                 &made_room);
             if (row == Shard::kNoRow) {  // not admitted yet, or no room: no row, no gradient
               MissingRow(key, values + i * d);
               if (handles != nullptr) handles[i] = -1;
@@ -854,10 +859,10 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
           for (int k = 0; k < slots; ++k, slot += d)
             std::fill(slot, slot + d, config_.slot_init[k]);
           h->count = 0;
-          h->version = static_cast<uint32_t>(version);
         }
         h->count = AddCount(h->count, sightings);
         h->last_seen = now;
+        h->version = static_cast<uint32_t>(version);
         std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
         if (handles != nullptr) handles[i] = (s << kHandleRowBits) | row;
       });

@@ -154,7 +154,8 @@ class EmbeddingTable {
   int64_t size() const;
   // Bytes held by indexes and row arenas.
   int64_t memory_bytes() const;
-  // Apply calls so far; rows touched by the n-th call carry version n.
+  // Apply calls so far; rows updated by the n-th call, or looked up by
+  // training lookups since the (n-1)-th, carry version n.
   int64_t version() const { return version_.load(); }
 
   TableCounters counters() const;
