@@ -19,6 +19,8 @@ from typing import Dict, List, Optional, Set, Tuple
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from graphmod.conversion import SEGMENT_READS
+
 NAME = "collisionless_keys"
 
 _SQUEEZERS = ("StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket",
@@ -29,16 +31,21 @@ _CARRIERS = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Unique", "
              "Pack", "SparseSlice", "Select", "SelectV2", "IdentityN", "GatherV2", "Gather",
              "ResourceGather", "DynamicPartition", "Where"}
 # Consumers that only look at where ids are, how many, or their sign.
+# (Sparse segment reads are not here: their input 1 indexes rows like a
+# gather's ids; see _reads_rows.)
 _HARMLESS = {"Shape", "Size", "Rank", "GreaterEqual", "Greater", "Less", "LessEqual",
-             "NotEqual", "Equal", "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
-             "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
-             "SparseSegmentSqrtNWithNumSegments", "UnsortedSegmentSum", "Range", "Max", "Min",
+             "NotEqual", "Equal", "UnsortedSegmentSum", "Range", "Max", "Min",
              "SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad",
              "SparseSegmentSumGradV2", "SparseSegmentMeanGradV2", "SparseSegmentSqrtNGradV2"}
 
 
 def _is_gather(op: tf.Operation) -> bool:
     return op.type in ("ResourceGather", "GatherV2", "Gather")
+
+
+def _reads_rows(op: tf.Operation) -> bool:
+    """A gather, or a sparse segment op (its input 1 picks rows of input 0)."""
+    return _is_gather(op) or op.type in SEGMENT_READS
 
 
 def sources(gather_ids: List[tf.Tensor]) -> List[tf.Operation]:
@@ -72,10 +79,12 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
         seen.add(t.ref())
         for op in t.consumers():
             index = [i for i, x in enumerate(op.inputs) if x is t]
-            if _is_gather(op) and 1 in index and 0 not in index:
+            if _reads_rows(op) and 1 in index and 0 not in index:
                 if op.name not in converted_gathers:
                     return f"its ids also index '{op.inputs[0].op.name}', which stays dense"
                 continue
+            if op.type in SEGMENT_READS and 0 not in index and 1 not in index:
+                continue  # segment ids or counts: where the ids are, not what they are
             if op.type in _HARMLESS or op.name in replaced_ops:
                 continue
             if op.type in _CARRIERS:

@@ -71,6 +71,31 @@ def test_ids_that_also_index_a_dense_variable_stay_squeezed():
     assert "bias" in kept["reason"]
 
 
+def test_ids_that_also_feed_a_dense_fused_segment_read_stay_squeezed():
+    """embedding_lookup_sparse on a reference variable reads rows with one
+    SparseSegmentSum: its ids index the variable like a gather's."""
+    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)
+
+    def build():
+        ph = tf1.placeholder(tf.int64, [None])
+        bucket = ph % 100
+        n = tf.shape(bucket, out_type=tf.int64)[0]
+        sparse = tf.SparseTensor(tf.stack([tf.range(n), tf.zeros([n], tf.int64)], 1), bucket,
+                                 [n, 1])
+        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1),
+                               use_resource=False)
+        bias = tf1.get_variable("bias", [100, 1], use_resource=False)  # stays dense
+        loss = tf.reduce_sum(tf1.nn.embedding_lookup_sparse(emb, sparse, None, combiner="sum"))
+        return ph, loss + tf.reduce_sum(tf1.nn.embedding_lookup_sparse(bias, sparse, None,
+                                                                        combiner="sum"))
+
+    hook = graphmod.GraphModifierHook(tables={"emb": {}})
+    exported = train_once(build, ids, hook)
+    assert set(exported["keys"].tolist()) == set((ids % 100).tolist())
+    (kept,) = hook.report.squeezed_keys_kept
+    assert "bias" in kept["reason"]
+
+
 def test_collision_free_can_be_switched_off():
     words = np.array([f"w{i}".encode() for i in range(300)])
 
