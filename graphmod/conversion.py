@@ -22,6 +22,7 @@ tf1 = tf.compat.v1
 
 _SPARSE_APPLY = re.compile(r"^(Resource)?SparseApply\w+$")
 _APPLY = re.compile(r"^(Resource)?(Sparse)?Apply\w+$")
+_UPDATE_SCOPE = re.compile(r"(^|/)update_")  # an optimizer's update_<variable> scope
 # Fused reads: embedding_lookup_sparse on one variable (TF's fast path, taken
 # for reference variables) sums/averages rows straight from the variable.
 SEGMENT_READS = {"SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
@@ -267,7 +268,7 @@ def plan(graph: tf.Graph, min_rows: int, tables: Dict[str, TableSettings], train
                 # optimizer's update_<variable> scope) use them.
                 kinds = sorted({op.type for op in uses["other"]
                                 if not _APPLY.match(op.type) and op.type not in _WRITES
-                                and "update_" not in op.name})
+                                and not _UPDATE_SCOPE.search(op.name)})
                 if kinds:
                     skipped.append((name, "never read by a gather, only by " + ", ".join(kinds)))
             continue

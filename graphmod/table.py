@@ -10,6 +10,7 @@ saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
 >>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
 """
 import dataclasses
+import math
 import weakref
 import zlib
 from typing import Any, Dict, List, Optional
@@ -265,6 +266,12 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
     if when_full not in ("lru", "lfu", "refuse"):
         raise ValueError(f"graphmod table '{name}': when_full must be 'lru', 'lfu' or 'refuse', "
                          f"got {when_full!r}")
+    if max_rows is not None and when_full != "refuse" and max_rows < 64 * num_shards:
+        from absl import logging
+        logging.warning("graphmod table '%s': max_rows %d over %d shards leaves about %d rows "
+                        "a shard; a new id only evicts within its own shard, so some will be "
+                        "refused: use num_shards <= %d", name, max_rows, num_shards,
+                        max_rows // num_shards, max(1, 2 ** int(math.log2(max(max_rows // 64, 1)))))
     state = graph_state()
     if name in state.tables:
         raise ValueError(f"graphmod table '{name}' already exists in this graph")

@@ -114,13 +114,17 @@ class TableOp : public OpKernel {
     ::tensorflow::core::ScopedUnref unref(resource);
     const TableConfig& existing = resource->table.config();
     OP_REQUIRES(ctx, existing.dim == config_.dim && existing.num_slots == config_.num_slots &&
-                         existing.sketch_width == config_.sketch_width,
+                         existing.sketch_width == config_.sketch_width &&
+                         existing.max_rows == config_.max_rows &&
+                         existing.when_full == config_.when_full,
                 errors::InvalidArgument("graphmod table '", config_.name, "' already exists as '",
                                         existing.name, "' with dim ", existing.dim, ", ",
-                                        existing.num_slots, " slots and sketch width ",
-                                        existing.sketch_width, "; asked for dim ", config_.dim,
-                                        ", ", config_.num_slots, " slots and sketch width ",
-                                        config_.sketch_width));
+                                        existing.num_slots, " slots, sketch width ",
+                                        existing.sketch_width, ", max_rows ", existing.max_rows,
+                                        "; asked for dim ", config_.dim, ", ", config_.num_slots,
+                                        " slots, sketch width ", config_.sketch_width,
+                                        ", max_rows ", config_.max_rows,
+                                        " (or another capacity policy)"));
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<ResourceHandle>()() = ::tensorflow::MakeResourceHandle<TableResource>(
@@ -137,7 +141,9 @@ class FindOrInsertOp : public TableKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("access_threshold", &access_threshold_));
     OP_REQUIRES(ctx, access_threshold_ >= -1,
-                errors::InvalidArgument("access_threshold must be >= -1, got ", access_threshold_));
+                errors::InvalidArgument("graphmod lookup '", ctx->def().name(),
+                                        "': access_threshold must be >= -1, got ",
+                                        access_threshold_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     OP_REQUIRES_OK(ctx, CheckDim(*t, dim_));

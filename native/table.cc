@@ -819,37 +819,33 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
         uint64_t sightings = 1;
         bool added = false;
         if (row == Shard::kNoRow) {
-          // The key was missing when the batch was resolved; a duplicate
-          // earlier in the batch may have added it since.
+          // Probed again for the free slot an insert needs (the key is
+          // still absent: keys resolve just before this call).
           bool found;
           const size_t slot = shard.Probe(key, batch.hash[i], &found);
-          if (found) {
-            row = shard.Row(slot);
-          } else {
-            Shard::Pending* pending = nullptr;
-            if (access_threshold > 1 && !shard.sketch.empty()) {
-              sightings = shard.SketchAdd(batch.hash[i]);
-            } else if (access_threshold > 1) {
-              pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
-              sightings = AddCount(pending->count, 1);
-              pending->count = static_cast<uint32_t>(sightings);
-              pending->last_seen = std::max(pending->last_seen, now);
-            }
-            bool made_room = false;
-            if (sightings >= static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1)))
-              row = shard.Insert(key, batch.hash[i], slot, now, static_cast<uint32_t>(version),
-                                 &made_room);
-            if (row == Shard::kNoRow) {  // not admitted yet, or no room: no row, no gradient
-              MissingRow(key, values + i * d);
-              if (handles != nullptr) handles[i] = -1;
-              ++rejected;
-              return;
-            }
-            if (pending != nullptr) shard.pending.erase(key);
-            added = true;
-            ++admitted;
-            evicted += made_room;
+          Shard::Pending* pending = nullptr;
+          if (access_threshold > 1 && !shard.sketch.empty()) {
+            sightings = shard.SketchAdd(batch.hash[i]);
+          } else if (access_threshold > 1) {
+            pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
+            sightings = AddCount(pending->count, 1);
+            pending->count = static_cast<uint32_t>(sightings);
+            pending->last_seen = std::max(pending->last_seen, now);
           }
+          bool made_room = false;
+          if (sightings >= static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1)))
+            row = shard.Insert(key, batch.hash[i], slot, now, static_cast<uint32_t>(version),
+                               &made_room);
+          if (row == Shard::kNoRow) {  // not admitted yet, or no room: no row, no gradient
+            MissingRow(key, values + i * d);
+            if (handles != nullptr) handles[i] = -1;
+            ++rejected;
+            return;
+          }
+          if (pending != nullptr) shard.pending.erase(key);
+          added = true;
+          ++admitted;
+          evicted += made_room;
         }
         char* rec = shard.Record(row);
         RecordHeader* h = Header(rec);
@@ -859,9 +855,10 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
           for (int k = 0; k < slots; ++k, slot += d)
             std::fill(slot, slot + d, config_.slot_init[k]);
           h->count = 0;
+          h->last_seen = now;
         }
         h->count = AddCount(h->count, sightings);
-        h->last_seen = now;
+        h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
         h->version = static_cast<uint32_t>(version);
         std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
         if (handles != nullptr) handles[i] = (s << kHandleRowBits) | row;
@@ -1229,6 +1226,9 @@ std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* co
   for (int64_t i = 0; i < n; ++i)
     if (counts[i] < 0) return "negative admission count " + std::to_string(counts[i]) +
                               " for key " + std::to_string(keys[i]);
+  // A table that counts exactly (or only reads, as in evaluation) has no use
+  // for a saved sketch; one with another sketch cannot map its counters.
+  if (sketch_size() == 0) sketch_count = 0;
   if (sketch_count != 0 && sketch_count != sketch_size())
     return "the admission sketch has " + std::to_string(sketch_count) +
            " counters but this table's has " + std::to_string(sketch_size()) +

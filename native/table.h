@@ -195,7 +195,8 @@ class EmbeddingTable {
   void ExportPending(const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const;
   // Sets the admission counts of keys that have no row (keys with a row are
   // skipped) and, when sketch_count > 0, the sketch's counters (sketch_count
-  // must then be this table's sketch_size()). Returns "" or the error.
+  // must then be this table's sketch_size(); a table without a sketch ignores
+  // them). Returns "" or the error.
   std::string ImportPending(const int64_t* keys, const int64_t* counts,
                             const int64_t* last_seen, int64_t n, const int32_t* sketch,
                             int64_t sketch_count);

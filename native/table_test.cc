@@ -362,6 +362,8 @@ void TestSketchAdmission() {
   EmbeddingTable u(c);
   CHECK(u.ImportPending(nullptr, nullptr, nullptr, 0, sketch.data(), sketch.size()).empty());
   CHECK(!u.ImportPending(nullptr, nullptr, nullptr, 0, sketch.data(), 7).empty());
+  EmbeddingTable exact(Config(2, 1));  // counts exactly: a saved sketch is ignored
+  CHECK(exact.ImportPending(nullptr, nullptr, nullptr, 0, sketch.data(), sketch.size()).empty());
   const int64_t k99 = 99;
   u.FindOrInsert(&k99, 1, 0, 3, values.data(), &handle, graphmod::SerialRunner);
   CHECK(handle >= 0);  // its third sighting, two of them restored

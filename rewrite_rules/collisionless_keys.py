@@ -44,8 +44,15 @@ def _is_gather(op: tf.Operation) -> bool:
 
 
 def _reads_rows(op: tf.Operation) -> bool:
-    """A gather, or a sparse segment op (its input 1 picks rows of input 0)."""
-    return _is_gather(op) or op.type in SEGMENT_READS
+    """A gather, or a sparse segment op reading a variable's value (its input
+    1 then picks the variable's rows; over gathered rows it picks batch rows)."""
+    if _is_gather(op):
+        return True
+    if op.type not in SEGMENT_READS:
+        return False
+    data = op.inputs[0].op
+    return data.type == "ReadVariableOp" or (
+        data.type == "Identity" and data.inputs[0].op.type in ("VariableV2", "Variable"))
 
 
 def sources(gather_ids: List[tf.Tensor]) -> List[tf.Operation]:
@@ -83,8 +90,8 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
                 if op.name not in converted_gathers:
                     return f"its ids also index '{op.inputs[0].op.name}', which stays dense"
                 continue
-            if op.type in SEGMENT_READS and 0 not in index and 1 not in index:
-                continue  # segment ids or counts: where the ids are, not what they are
+            if op.type in SEGMENT_READS and 0 not in index:
+                continue  # positions in the batch, segment ids or counts
             if op.type in _HARMLESS or op.name in replaced_ops:
                 continue
             if op.type in _CARRIERS:
