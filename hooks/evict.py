@@ -45,7 +45,8 @@ class EvictHook(tf1.train.SessionRunHook):
         _check_interval("evict_step_interval", evict_step_interval)
         if evict_enable and evict_time_interval is None and evict_step_interval is None:
             raise ValueError("EvictHook: give evict_time_interval, evict_step_interval or both")
-        self.enabled = bool(evict_enable)
+        self.evict_enable = bool(evict_enable)
+        self.enabled = self.evict_enable  # for this graph: decided again in every begin()
         self.time_interval = evict_time_interval
         self.step_interval = evict_step_interval
         self.table_names = table_names
@@ -66,6 +67,7 @@ class EvictHook(tf1.train.SessionRunHook):
                 raise ValueError(f"EvictHook: graphmod table '{n}' has no eviction_threshold "
                                  "(set one with FeatureSpec or the hook's table settings)")
         self.tables = [by_name[n] for n in names]
+        self.enabled = self.evict_enable
         if self.enabled and self.tables and not any(
                 op.type == "GraphmodTableFindOrInsert" for op in graph.get_operations()):
             # Evaluation and prediction graphs only read tables: never evict there.

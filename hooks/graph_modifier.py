@@ -165,8 +165,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                             f"tensor, got {type(timestamp_feature).__name__}")
         self.timestamp_feature = timestamp_feature
         evicting = [p for p, t in self.tables.items() if t.policy.evicts and t.convert]
-        self._evict_settings = (bool(evicting), evict_time_interval, evict_step_interval)
-        self.evict_hook = EvictHook(*self._evict_settings)  # checks the intervals now
+        self.evict_hook = EvictHook(bool(evicting), evict_time_interval, evict_step_interval)
         self.report: Optional[RewriteReport] = None
         self._counters = {}
 
@@ -174,9 +173,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         graph = tf1.get_default_graph()
         start = time.time()
         # The same hook may serve train, then evaluate or predict: nothing of
-        # an earlier graph carries over.
+        # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
-        self.evict_hook = EvictHook(*self._evict_settings)
         estimator_dir, method = _estimator_call()
         model_dir = self.model_dir or estimator_dir
         mode = _graph_mode(graph, method)

@@ -774,7 +774,9 @@ void EmbeddingTable::ForEachResolved(const Shard& shard, const Batch& batch, int
     if (p + 2 * kAhead < e) shard.PrefetchGroup(batch.hash[batch.order[p + 2 * kAhead]]);
     if (p + kAhead < e) shard.PrefetchCandidate(batch.hash[batch.order[p + kAhead]]);
     const int64_t i = batch.order[p];
-    fn(i, shard.FindRow(keys[i], batch.hash[i]));
+    bool found;
+    const size_t slot = shard.Probe(keys[i], batch.hash[i], &found);
+    fn(i, found ? shard.Row(slot) : Shard::kNoRow, slot);
   }
 }
 
@@ -814,15 +816,11 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
+      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row, size_t slot) {
         const int64_t key = keys[i];
         uint64_t sightings = 1;
         bool added = false;
         if (row == Shard::kNoRow) {
-          // Probed again for the free slot an insert needs (the key is
-          // still absent: keys resolve just before this call).
-          bool found;
-          const size_t slot = shard.Probe(key, batch.hash[i], &found);
           Shard::Pending* pending = nullptr;
           if (access_threshold > 1 && !shard.sketch.empty()) {
             sightings = shard.SketchAdd(batch.hash[i]);
@@ -880,7 +878,7 @@ void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row) {
+      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row, size_t) {
         if (row != Shard::kNoRow) {
           std::memcpy(values + i * d, Values(shard.Record(row)), sizeof(float) * d);
         } else {

@@ -214,7 +214,10 @@ class EmbeddingTable {
   void AdvanceLatest(int64_t now);
   Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
                   const Runner& run) const;
-  // Calls fn(position, row or Shard::kNoRow) for shard s's keys of the batch.
+  // Calls fn(position, row or Shard::kNoRow, slot) for shard s's keys of the
+  // batch, slot being the key's index slot or, when absent, the free slot an
+  // insert would take (each key is resolved just before its call, so keys an
+  // earlier call inserted are found).
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, const int64_t* keys,
                        Fn&& fn) const;

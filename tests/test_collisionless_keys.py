@@ -1,5 +1,6 @@
 """The collisionless_keys rule: hash-bucket and modulo ids feed tables unsqueezed."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import graphmod
@@ -53,41 +54,30 @@ def test_modulo_ids_become_raw_ids():
     assert sorted(exported["keys"].tolist()) == ids.tolist()
 
 
-def test_ids_that_also_index_a_dense_variable_stay_squeezed():
+def _lookup(variable, ids, fused):
+    """tf.nn.embedding_lookup, or embedding_lookup_sparse, which for a
+    reference variable reads rows with one fused SparseSegmentSum whose ids
+    index the variable like a gather's."""
+    if not fused:
+        return tf.nn.embedding_lookup(variable, ids)
+    n = tf.shape(ids, out_type=tf.int64)[0]
+    sparse = tf.SparseTensor(tf.stack([tf.range(n), tf.zeros([n], tf.int64)], 1), ids, [n, 1])
+    return tf1.nn.embedding_lookup_sparse(variable, sparse, None, combiner="sum")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_ids_that_also_index_a_dense_variable_stay_squeezed(fused):
     ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)
 
     def build():
         ph = tf1.placeholder(tf.int64, [None])
         bucket = ph % 100
-        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1))
-        bias = tf1.get_variable("bias", [100, 1])  # not converted (below min_rows, no pattern)
-        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, bucket))
-        return ph, loss + tf.reduce_sum(tf.nn.embedding_lookup(bias, bucket))
-
-    hook = graphmod.GraphModifierHook(tables={"emb": {}})
-    exported = train_once(build, ids, hook)
-    assert set(exported["keys"].tolist()) == set((ids % 100).tolist())
-    (kept,) = hook.report.squeezed_keys_kept
-    assert "bias" in kept["reason"]
-
-
-def test_ids_that_also_feed_a_dense_fused_segment_read_stay_squeezed():
-    """embedding_lookup_sparse on a reference variable reads rows with one
-    SparseSegmentSum: its ids index the variable like a gather's."""
-    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)
-
-    def build():
-        ph = tf1.placeholder(tf.int64, [None])
-        bucket = ph % 100
-        n = tf.shape(bucket, out_type=tf.int64)[0]
-        sparse = tf.SparseTensor(tf.stack([tf.range(n), tf.zeros([n], tf.int64)], 1), bucket,
-                                 [n, 1])
         emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1),
-                               use_resource=False)
-        bias = tf1.get_variable("bias", [100, 1], use_resource=False)  # stays dense
-        loss = tf.reduce_sum(tf1.nn.embedding_lookup_sparse(emb, sparse, None, combiner="sum"))
-        return ph, loss + tf.reduce_sum(tf1.nn.embedding_lookup_sparse(bias, sparse, None,
-                                                                        combiner="sum"))
+                               use_resource=not fused)
+        # not converted (below min_rows, no pattern)
+        bias = tf1.get_variable("bias", [100, 1], use_resource=not fused)
+        loss = tf.reduce_sum(_lookup(emb, bucket, fused))
+        return ph, loss + tf.reduce_sum(_lookup(bias, bucket, fused))
 
     hook = graphmod.GraphModifierHook(tables={"emb": {}})
     exported = train_once(build, ids, hook)
