@@ -21,10 +21,11 @@ from graphmod.lookup import sparse_lookup  # noqa: E402
 from graphmod.table import Lookup, Table, create_table, tables, training_lookups  # noqa: E402
 
 from graphmod.features import FeatureSpec, use_feature_specs  # noqa: E402
-from graphmod.conversion import TableSettings  # noqa: E402
+from graphmod.rewrite.plan import TableSettings  # noqa: E402
 from graphmod.export import export_saved_model  # noqa: E402
 from graphmod.hooks.evict import EvictHook  # noqa: E402
-from graphmod.hooks.graph_modifier import GraphModifierHook, RewriteReport  # noqa: E402
+from graphmod.hooks.graph_modifier import GraphModifierHook
+from graphmod.rewrite.report import RewriteReport  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["GraphModifierHook", "EvictHook", "export_saved_model", "RewriteReport",

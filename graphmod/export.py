@@ -2,29 +2,41 @@
 
 >>> path = graphmod.export_saved_model(estimator, serving_input_receiver_fn, "/tmp/export")
 
-The SavedModel serves in any process that has imported graphmod (which loads
-the table ops): tf.compat.v1.saved_model.load(sess, ["serve"], path).
+The serving graph is rewritten by the same pipeline as training, replaying
+the conversion plan training saved in the Estimator's model_dir, so it reads
+the same tables with the same keys. The SavedModel serves in any process that
+has imported graphmod (which loads the table ops):
+tf.compat.v1.saved_model.load(sess, ["serve"], path).
 """
-from typing import Optional
+from absl import logging
 
 
 def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: str,
-                       hook=None, **kwargs) -> bytes:
+                       **kwargs) -> bytes:
     """Estimator.export_saved_model with graphmod's rewrite of the serving graph.
 
     The Estimator builds its export graph, Saver and restore without running
-    hooks; this runs `hook` (default GraphModifierHook()) on that graph right
-    after the model_fn, so the Saver restores the checkpoint's tables. Extra
-    keyword arguments go to Estimator.export_saved_model. Returns its path.
+    hooks; this rewrites that graph right after the model_fn, so the Saver
+    restores the checkpoint's tables. Extra keyword arguments go to
+    Estimator.export_saved_model. Returns its path.
     """
-    from graphmod.hooks.graph_modifier import GraphModifierHook
+    import tensorflow as tf
 
-    hook = hook if hook is not None else GraphModifierHook()
+    from graphmod.rewrite import plan_file
+    from graphmod.rewrite.pipeline import rewrite
+    from graphmod.rewrite.plan import RewriteSettings
+
+    if plan_file.read(estimator.model_dir) is None:
+        logging.warning("graphmod: %s holds no conversion plan (not trained with "
+                        "GraphModifierHook?); the export converts what a default hook would",
+                        estimator.model_dir)
     call_model_fn = estimator._call_model_fn  # pylint: disable=protected-access
 
     def call_and_rewrite(*args, **kw):
         spec = call_model_fn(*args, **kw)
-        hook.begin()  # the export graph is the default graph here
+        report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "predict",
+                         estimator.model_dir)
+        report.log()
         return spec
 
     estimator._call_model_fn = call_and_rewrite  # pylint: disable=protected-access

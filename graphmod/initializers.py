@@ -90,36 +90,50 @@ def _variance_scaling(cfg: dict, table: str, shape: Optional[Sequence[int]]) -> 
     return TableInitializer("truncated_normal", 0.0, math.sqrt(scale) / 0.87962566103423978)
 
 
+class Unreadable(ValueError):
+    """A variable's initial value has no table equivalent."""
+
+
+# Random ops initializers build (tf.compat.v1 stateful, Keras stateless).
+_RANDOM_KINDS = {
+    "TruncatedNormal": "truncated_normal", "StatelessTruncatedNormal": "truncated_normal",
+    "StatelessTruncatedNormalV2": "truncated_normal",
+    "RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
+    "StatelessRandomNormalV2": "normal",
+    "RandomUniform": "uniform", "StatelessRandomUniform": "uniform",
+    "StatelessRandomUniformV2": "uniform",
+}
+
+
 def from_variable(variable) -> TableInitializer:
     """The initializer a variable's initial-value graph computes, as a TableInitializer.
 
-    Recognises what tf initializers build: Add(Mul(<random op>, scale), shift)
-    over TruncatedNormal, RandomStandardNormal or RandomUniform (Glorot and
-    the other fan-based initializers arrive here already scaled), and
-    constants. Anything else falls back to the default, with a warning.
+    Recognises what tf and Keras initializers build: Add(Mul(<random op>,
+    scale), shift) over a truncated normal, normal or uniform op, stateful or
+    stateless (Glorot and the other fan-based initializers arrive here already
+    scaled), and one constant filling the variable. Raises Unreadable for
+    anything else (a matrix of different values, e.g. pretrained rows): a
+    table must never start from another distribution than the variable.
     """
-    from absl import logging
-
     name = variable.op.name
-    dim = int(variable.shape[1])
     t = variable.initial_value
     while t.op.type == "Identity":
         t = t.op.inputs[0]
     v = folding.scalar(t)
     if v is not None:
         return TableInitializer("zeros") if v == 0 else TableInitializer("constant", v)
+    if folding.fold(t) is not None:
+        raise Unreadable(f"its initial value is a matrix of different values (e.g. pretrained "
+                         f"rows), which a table cannot start from")
     shift, scale = 0.0, 1.0
     if t.op.type in ("Add", "AddV2"):
         shift, t = _constant_and_other(t.op)
     if t is not None and t.op.type == "Mul":
         scale, t = _constant_and_other(t.op)
-    kind = {"TruncatedNormal": "truncated_normal", "RandomStandardNormal": "normal",
-            "RandomUniform": "uniform"}.get(t.op.type if t is not None else "")
+    kind = _RANDOM_KINDS.get(t.op.type if t is not None else "")
     if kind is None or shift is None or scale is None:
-        logging.warning("graphmod: cannot read the initializer of '%s' (%s); its table uses "
-                        "the default truncated normal(stddev=1/sqrt(%d))", name,
-                        t.op.type if t is not None else "?", dim)
-        return default_initializer(dim)
+        raise Unreadable(f"its initializer ({t.op.type if t is not None else '?'} in "
+                         f"{variable.initial_value.op.name}) has no table equivalent")
     if kind == "uniform":
         return TableInitializer("uniform", shift, shift + scale)
     return TableInitializer(kind, shift, scale)

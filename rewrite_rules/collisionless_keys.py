@@ -4,49 +4,54 @@ A variable of N rows forces ids into [0, N): hash-bucket columns hash strings
 to Fingerprint64(s) % N (StringToHashBucketFast; Strong and the legacy op
 alike) and models write `ids % N` (FloorMod), so distinct feature values share
 rows. A table needs no range: this rule makes the squeezing op's consumers
-read the unsqueezed key instead, the string's full fingerprint (63 bits, kept
-non-negative because feature columns prune negative ids) or the raw id.
+read the unsqueezed key instead, the string's full fingerprint or the raw id,
+both kept non-negative (63 bits; feature columns prune negative ids, and a
+sign check must answer as it did for the squeezed id).
 
 Matches a squeezing op found by walking back from a converted variable's
-gather ids through ops that carry ids unchanged (casts, reshapes, unique,
-sparse plumbing, gathers of the ids). Refuses (leaves the op alone) when any
-path from it reaches something other than converted gathers or ops that only
-look at positions, shapes or signs: a dense variable indexed by those ids
-would break on ids beyond its rows.
+gather ids through ops that carry ids unchanged (reshapes, unique, sparse
+plumbing, gathers of the ids, casts that keep 64 bits). Refuses (leaves the op
+alone, so those ids keep sharing rows, reported) when any path from it reaches
+something that reads id values: a dense variable indexed by them, a cast to
+32 bits, a comparison with anything but a non-positive constant (a range
+check against N would now fail), Max, one_hot and the like.
+
+When a training plan is replayed (evaluation, prediction, export, resume),
+the table gets exactly the keys training gave it: the plan's squeezing ops are
+unsqueezed (an error if this graph cannot), and no other.
 """
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from graphmod.conversion import SEGMENT_READS
+from graphmod.rewrite.plan import (SEGMENT_READS, Conversion, PlanMismatch, carries, is_gather,
+                                   is_squeezer)
+from graphmod.rewrite.rule import Context
 
 NAME = "collisionless_keys"
 
-_SQUEEZERS = ("StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket",
-              "FloorMod")
-# Ops whose outputs carry their id input's values (walked through both ways).
-_CARRIERS = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Unique", "UniqueV2",
-             "SparseFillEmptyRows", "SparseReshape", "StridedSlice", "Slice", "ConcatV2",
-             "Pack", "SparseSlice", "Select", "SelectV2", "IdentityN", "GatherV2", "Gather",
-             "ResourceGather", "DynamicPartition", "Where"}
-# Consumers that only look at where ids are, how many, or their sign.
-# (Sparse segment reads are not here: their input 1 indexes rows like a
-# gather's ids; see _reads_rows.)
-_HARMLESS = {"Shape", "Size", "Rank", "GreaterEqual", "Greater", "Less", "LessEqual",
-             "NotEqual", "Equal", "UnsortedSegmentSum", "Range", "Max", "Min",
-             "SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad",
-             "SparseSegmentSumGradV2", "SparseSegmentMeanGradV2", "SparseSegmentSqrtNGradV2"}
+# Consumers that only look at where ids are or how many there are.
+_POSITIONAL = {"Shape", "Size", "Rank", "UnsortedSegmentSum",
+               "SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad",
+               "SparseSegmentSumGradV2", "SparseSegmentMeanGradV2", "SparseSegmentSqrtNGradV2"}
+# Comparisons: harmless against a constant <= 0 (a sign or validity check),
+# since squeezed and unsqueezed ids are both non-negative.
+_COMPARISONS = {"GreaterEqual", "Greater", "Less", "LessEqual", "NotEqual", "Equal"}
 
 
-def _is_gather(op: tf.Operation) -> bool:
-    return op.type in ("ResourceGather", "GatherV2", "Gather")
+def _sign_check(op: tf.Operation, t: tf.Tensor) -> bool:
+    if op.type not in _COMPARISONS:
+        return False
+    other = op.inputs[1] if op.inputs[0] is t else op.inputs[0]
+    value = tensor_util.constant_value(other)
+    return value is not None and value.size == 1 and float(value.reshape(-1)[0]) <= 0
 
 
 def _reads_rows(op: tf.Operation) -> bool:
     """A gather, or a sparse segment op reading a variable's value (its input
     1 then picks the variable's rows; over gathered rows it picks batch rows)."""
-    if _is_gather(op):
+    if is_gather(op):
         return True
     if op.type not in SEGMENT_READS:
         return False
@@ -63,13 +68,12 @@ def sources(gather_ids: List[tf.Tensor]) -> List[tf.Operation]:
         if op.name in seen:
             continue
         seen.add(op.name)
-        if op.type in _SQUEEZERS:
-            if op.type != "FloorMod" or tensor_util.constant_value(op.inputs[1]) is not None:
-                found.append(op)
+        if is_squeezer(op):
+            found.append(op)
             continue
-        if op.type in _CARRIERS:
+        if carries(op):
             # a gather of the ids themselves carries input 0; others, every input
-            inputs = op.inputs[:1] if _is_gather(op) else op.inputs
+            inputs = op.inputs[:1] if is_gather(op) else op.inputs
             stack.extend(t.op for t in inputs if t.dtype.is_integer)
     return found
 
@@ -92,44 +96,68 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
                 continue
             if op.type in SEGMENT_READS and 0 not in index:
                 continue  # positions in the batch, segment ids or counts
-            if op.type in _HARMLESS or op.name in replaced_ops:
+            if op.type in _POSITIONAL or op.name in replaced_ops or _sign_check(op, t):
                 continue
-            if op.type in _CARRIERS:
+            if carries(op):
                 stack.extend(o for o in op.outputs if o.dtype.is_integer)
                 continue
-            return f"its ids also reach {op.type} '{op.name}'"
+            what = (f"a cast to {op.outputs[0].dtype.name}" if op.type == "Cast"
+                    else op.type)
+            return f"its ids also reach {what} '{op.name}', which reads their values"
     return None
 
 
-def rewrite(rw, source: tf.Operation) -> tf.Tensor:
+def _unsqueeze(rw, source: tf.Operation) -> tf.Tensor:
     """Makes the source's consumers read the unsqueezed keys."""
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/keys/{source.name}"):
         if source.type == "FloorMod":
-            keys = tf.cast(source.inputs[0], source.outputs[0].dtype)
+            raw = tf.cast(source.inputs[0], tf.int64)
         else:
             strings = source.inputs[0]
-            flat = tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])), tf.int64)
-            keys = tf.reshape(tf.bitwise.bitwise_and(flat, tf.constant(2**63 - 1, tf.int64)),
-                              tf.shape(strings))
+            raw = tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])), tf.int64),
+                             tf.shape(strings))
+        keys = tf.bitwise.bitwise_and(raw, tf.constant(2**63 - 1, tf.int64))
+        keys = tf.cast(keys, source.outputs[0].dtype)
         rw.reroute(source.outputs[0], keys)
     return keys
 
 
-def unsqueeze(rw, gathers_by_conversion: Dict[str, List[tf.Operation]], replaced_ops: Set[str]
-              ) -> Tuple[List[str], List[Tuple[str, str]]]:
-    """Runs the rule for every source upstream of the converted gathers.
-    Returns (sources replaced, (source, reason) refused)."""
-    converted = {g.name for gathers in gathers_by_conversion.values() for g in gathers}
-    replaced, refused, done = [], [], set()
-    for gathers in gathers_by_conversion.values():
-        for source in sources([g.inputs[1] for g in gathers]):
-            if source.name in done:
-                continue
-            done.add(source.name)
-            reason = refusal(source, converted, replaced_ops)
-            if reason is None:
-                rewrite(rw, source)
-                replaced.append(source.name)
-            else:
-                refused.append((source.name, reason))
-    return replaced, refused
+def check(conversion: Conversion, context: Context) -> None:
+    del conversion, context
+
+
+def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
+    """Unsqueezes every source upstream of the converted gathers that can be
+    (or, replaying a plan, exactly the plan's); notes each conversion's."""
+    if not context.collision_free and not any(c.unsqueezed for c in conversions):
+        return
+    converted = {g.op.name for c in conversions for g in c.gathers}
+    replaced_ops = {op.name for c in conversions if c.update is not None for op in c.update.ops}
+    decided: Dict[str, Optional[str]] = {}  # source -> refusal reason (None: unsqueezed)
+    for c in conversions:
+        found = sources([g.op.inputs[1] for g in c.gathers])
+        planned = c.unsqueezed
+        if planned is not None:
+            missing = sorted(set(planned) - {s.name for s in found})
+            if missing:
+                raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
+                                   f"unsqueezed ids of {', '.join(missing)}, which do not reach "
+                                   f"'{c.variable.op.name}' in this graph")
+            found = [s for s in found if s.name in planned]
+        elif not context.collision_free:
+            found = []
+        c.unsqueezed = []
+        for source in found:
+            if source.name not in decided:
+                reason = refusal(source, converted, replaced_ops)
+                decided[source.name] = reason
+                if reason is None:
+                    _unsqueeze(rw, source)
+                    context.unsqueezed.append(source.name)
+                elif planned is not None:
+                    raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
+                                       f"unsqueezed ids of '{source.name}', but here {reason}")
+                else:
+                    context.squeezed_kept.append((source.name, reason))
+            if decided[source.name] is None:
+                c.unsqueezed.append(source.name)

@@ -1,58 +1,56 @@
-"""Rule: reads of a converted embedding variable become table lookups.
+"""Rule: reads of a converted embedding variable's rows become table lookups.
 
 Matches every gather of the variable (ResourceGather with batch_dims 0, or
 GatherV2 on axis 0 of its value) and every fused sparse-segment read
 (SparseSegmentSum/Mean/SqrtN straight from the variable, which
 embedding_lookup_sparse builds for reference variables): the lookup reads the
-rows of its ids, and the segment op then combines those rows. Builds the variable's
-table (its initializer inherited from the variable's, its optimizer slots
-from the optimizer rule) and, per gather, a lookup on the gather's ids:
-find_or_insert in a graph that trains the variable (recording row handles
-and gradient rows for the optimizer rule), read-only find otherwise. The
-gather's consumers then read the lookup's rows, which have the same shape.
-Refuses gathers with batch dimensions or on another axis.
+rows of its ids, and the same segment op then combines those rows. Builds the
+variable's table (initializer and seed as planned, optimizer slots from the
+optimizer rule's match) and, per read, a lookup on its ids: find_or_insert in
+a graph that trains the variable, read-only find otherwise. The read's
+consumers then read the lookup's output, which has the same shape; reads of
+the variable's static shape become constants. Gradients are not taken here:
+the optimizer rule takes the one the variable's update consumes, so whatever
+the model did between tf.gradients and the update still applies.
+Refuses gathers with batch dimensions, on another axis, or with non-integer ids.
 """
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 import graphmod
 from graphmod._ops import ops
-from graphmod.conversion import SEGMENT_READS, Conversion, Gather
-from graphmod.initializers import from_variable
 from graphmod.lookup import find_or_insert
+from graphmod.rewrite.plan import SEGMENT_READS, Conversion, Gather
+from graphmod.rewrite.rule import Context, Refused
 
 NAME = "gather_to_lookup"
 
 
-class Refused(Exception):
-    pass
-
-
-def check(conversion: Conversion) -> None:
-    """Raises Refused when a gather of the variable cannot become a lookup."""
+def check(conversion: Conversion, context: Context) -> None:
+    del context
     for g in conversion.gathers:
-        if g.op.type in SEGMENT_READS:
-            if not g.ids.dtype.is_integer:
-                raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")
-            continue
+        if not g.ids.dtype.is_integer:
+            raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")
         if g.op.type == "ResourceGather" and g.op.get_attr("batch_dims") != 0:
             raise Refused(f"{g.op.name} gathers with batch_dims")
         if g.op.type == "GatherV2" and tensor_util.constant_value(g.op.inputs[2]) != 0:
             raise Refused(f"{g.op.name} gathers along an axis other than 0")
-        if not g.ids.dtype.is_integer:
-            raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")
 
 
-def rewrite(rw, conversion: Conversion, slot_layout) -> None:
-    v = conversion.variable
+def rewrite(rw, conversions, context: Context) -> None:
+    for c in conversions:
+        _rewrite_one(rw, c)
+
+
+def _rewrite_one(rw, conversion: Conversion) -> None:
     s = conversion.settings
     with rw.rule(NAME):
-        init = s.initializer if s.initializer is not None else from_variable(v)
         table = graphmod.create_table(
-            conversion.table_name, conversion.dim, initializer=init, optimizer=slot_layout,
+            conversion.table_name, conversion.dim, initializer=conversion.initializer,
+            optimizer=conversion.translation.layout if conversion.training else None,
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
             when_full=s.when_full, admission_sketch_width=s.admission_sketch_width,
-            shape_hint=[conversion.rows, conversion.dim])
+            seed=conversion.seed, shape_hint=[conversion.rows, conversion.dim])
         rw.track_added(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)[-1],
                        label=f"table {table.name}")
@@ -62,34 +60,24 @@ def rewrite(rw, conversion: Conversion, slot_layout) -> None:
                 keys = g.op.inputs[1]  # the current input: keys may have been unsqueezed
                 if keys.dtype != tf.int64:
                     keys = tf.cast(keys, tf.int64)
-                grads = g.grads
                 if conversion.training:
-                    rows, handles = find_or_insert(table, keys)
+                    rows, _ = find_or_insert(table, keys)
                 else:
                     rows = ops.graphmod_table_find(table.handle, keys, dim=table.dim)
                 if g.op.type in SEGMENT_READS:
-                    rows, grads = _combine_by_segment(g, rows)
-                if conversion.training:
-                    # The gradient of the rows has the handles' shape + [dim],
-                    # as the apply wants (TF's own gradient reshapes it using the
-                    # variable's shape, and the variable is never initialized now).
-                    conversion.lookups.extend((handles, grad) for grad in grads)
+                    rows = _combine_by_segment(g, rows)
             rw.reroute(g.op.outputs[0], rows)
             conversion.outputs.append(rows)
+        for read in conversion.shape_reads:  # the variable is never initialized now
+            rows, dim = conversion.rows, conversion.dim
+            value = {"Rank": 2, "Size": rows * dim}.get(read.op.type, [rows, dim])
+            rw.reroute(read, tf.constant(value, read.dtype))
 
 
-def _combine_by_segment(read: Gather, rows: tf.Tensor):
-    """The fused read's combination over the looked-up rows (row i is id i),
-    and the gradients of those rows from the gradients of its output."""
+def _combine_by_segment(read: Gather, rows: tf.Tensor) -> tf.Tensor:
+    """The fused read's combination over the looked-up rows (row i is id i)."""
     op = read.op
-    indices, segments = op.inputs[1], op.inputs[2]
-    n = tf.size(indices, out_type=indices.dtype)
-    positions = tf.range(n)
-    kind = op.type.replace("WithNumSegments", "")  # SparseSegmentSum / Mean / SqrtN
-    combine = getattr(tf.raw_ops, op.type)
+    positions = tf.range(tf.size(op.inputs[1], out_type=op.inputs[1].dtype))
     extra = {"num_segments": op.inputs[3]} if "WithNumSegments" in op.type else {}
-    out = combine(data=rows, indices=positions, segment_ids=segments, **extra)
-    row_grad = getattr(tf.raw_ops, kind + "Grad")
-    grads = [row_grad(grad=g, indices=positions, segment_ids=segments,
-                      output_dim0=tf.cast(n, tf.int32)) for g in read.grads]
-    return out, grads
+    return getattr(tf.raw_ops, op.type)(data=rows, indices=positions, segment_ids=op.inputs[2],
+                                        **extra)

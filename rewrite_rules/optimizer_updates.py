@@ -8,10 +8,15 @@ Keras legacy Adagrad, Ftrl and plain SGD) build under '<optimizer>/update_<var>'
   - Adam: TF1's composite sparse update (m, v scatters and the bias-corrected
     step), whose learning rate, betas, epsilon and beta powers are read off
     its ops, so the table shares the dense variables' bias correction.
-Builds one by-address table apply per variable from the gradients of its
-lookups, and makes whatever waited for the old update wait for the apply.
+Builds one table apply per variable from the gradient the update consumes
+(the IndexedSlices after everything the model did to it: clipping, loss
+scaling, multipliers, tower averaging), keyed by its indices (the ids, or
+the unsqueezed keys when collisionless_keys fed the table those), duplicates
+summed; whatever waited for the old update waits for the apply.
 Refuses (the variable then stays dense): centered RMSProp, Keras momentum and
-Adam forms, and anything else it does not recognise.
+Adam forms, TF1 Adam when exact=True (a table's Adam is lazy: rows outside
+the batch keep their moments, which the report states otherwise), and
+anything else it does not recognise.
 """
 from typing import List, Optional, Tuple
 
@@ -19,12 +24,15 @@ import tensorflow as tf
 
 from graphmod import folding, optimizers
 from graphmod._ops import ops
-from graphmod.conversion import Conversion, Update
+from graphmod.rewrite.plan import Conversion, Update
+from graphmod.rewrite.rule import Context, Refused
 
 NAME = "optimizer_updates"
+LAZY_ADAM = ("Adam is lazy on a table: rows outside the batch keep their moments "
+             "(TF's dense Adam decays every row's)")
 
 
-class Untranslatable(Exception):
+class Untranslatable(Refused):
     pass
 
 
@@ -50,6 +58,7 @@ class Translation:
         self.hparams = hparams
         self.slot_vars = slot_vars
         self.nesterov = nesterov
+        self.layout: Optional[optimizers.SparseOptimizer] = None  # set by check()
 
     def slot_layout(self) -> optimizers.SparseOptimizer:
         """A graphmod optimizer whose slot rows start as the variable's slots did."""
@@ -71,15 +80,9 @@ def _constant(t: tf.Tensor, what: str) -> float:
     return value
 
 
-def _variables_by_handle(graph: tf.Graph):
-    return {v.op: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-
-
-def translate(update: Update, variables_by_op: Optional[dict] = None) -> Translation:
-    """Raises Untranslatable with the reason when the update is not understood.
-    variables_by_op ({variable op: variable}) saves rebuilding it per update."""
-    by_op = variables_by_op if variables_by_op is not None else (
-        _variables_by_handle(update.ops[0].graph) if update.ops else {})
+def translate(update: Update) -> Translation:
+    """Raises Untranslatable with the reason when the update is not understood."""
+    by_op = {s.op: s for s in update.slots}
     for op in update.writes:
         base = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
         if base == "SparseApplyCenteredRMSProp":
@@ -101,21 +104,23 @@ def translate(update: Update, variables_by_op: Optional[dict] = None) -> Transla
         return _adam(update, by_op)
     scatters = [op for op in update.writes if op.type in ("ResourceScatterAdd", "ScatterSub")]
     if len(update.writes) == 1 and scatters:
-        return Translation("sgd", [_sgd_lr(scatters[0])], [])
+        return Translation("sgd", [_sgd_lr(scatters[0], update.values)], [])
     raise Untranslatable("unrecognised update ops (" + ", ".join(sorted(types))[:200] + ")")
 
 
-def _is_gradient(t: tf.Tensor) -> bool:
-    return "gradients" in t.name.split("/")[0]
-
-
-def _sgd_lr(scatter: tf.Operation) -> tf.Tensor:
+def _sgd_lr(scatter: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     value = scatter.inputs[2]
     if value.op.type == "Neg":  # Keras: -(grad * lr)
         value = value.op.inputs[0]
     if value.op.type != "Mul":
         raise Untranslatable(f"gradient-descent scatter {scatter.name} is not lr * grad")
-    others = [t for t in value.op.inputs if t.op.type != "Neg" and not _is_gradient(t)]
+
+    def is_grad(t):  # the consumed gradient, or its negation (TF1: -grad * lr)
+        return t is grad or (t.op.type == "Neg" and t.op.inputs[0] is grad)
+    if not any(is_grad(t) for t in value.op.inputs):
+        raise Untranslatable(f"gradient-descent scatter {scatter.name} does not scale the "
+                             "gradient the update consumes")
+    others = [t for t in value.op.inputs if not is_grad(t)]
     if len(others) != 1:
         raise Untranslatable(f"cannot tell the learning rate in {value.op.name}")
     return others[0]
@@ -164,28 +169,40 @@ def _adam(update: Update, by_op) -> Translation:
     return Translation("adam", [lr, beta1, beta2, epsilon, beta1_power, beta2_power], slots)
 
 
-def _concat(tensors: List[tf.Tensor], dim: Optional[int] = None) -> tf.Tensor:
-    """One tensor of all rows: flattened to [N] (or [N, dim]) and concatenated,
-    unless there is just one (the apply takes any ids shape)."""
-    if len(tensors) == 1:
-        return tensors[0]
-    shape = [-1] if dim is None else [-1, dim]
-    return tf.concat([tf.reshape(t, shape) for t in tensors], 0)
+def check(conversion: Conversion, context: Context) -> None:
+    """Translates the update of a variable the graph trains (noting the
+    translation on the conversion); Adam is an approximation (lazy)."""
+    if not conversion.training:
+        return
+    translation = translate(conversion.update)
+    if translation.kind == "adam":
+        if context.exact:
+            raise Untranslatable("its Adam update would become lazy Adam on a table "
+                                 "(exact=True keeps it dense)")
+        conversion.approximations.append(LAZY_ADAM)
+    translation.layout = translation.slot_layout()  # refuses slots a table cannot start as
+    conversion.translation = translation
 
 
-def rewrite(rw, conversion: Conversion, translation: Translation) -> Optional[tf.Operation]:
-    """Builds the table apply for conversion's recorded lookups; swaps it in."""
-    if not conversion.lookups:
-        return None
-    table = conversion.table
+def rewrite(rw, conversions, context: Context) -> None:
+    del context
+    for c in conversions:
+        if c.training:
+            _rewrite_one(rw, c)
+
+
+def _rewrite_one(rw, conversion: Conversion) -> None:
+    """The table apply of the gradient the update consumes; swapped in for the update."""
+    table, update, translation = conversion.table, conversion.update, conversion.translation
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
-        handles = _concat([h for h, _ in conversion.lookups])
-        grads = _concat([g for _, g in conversion.lookups], table.dim)
+        keys = update.indices
+        if keys.dtype != tf.int64:
+            keys = tf.cast(keys, tf.int64)
+        grads = tf.reshape(update.values, [-1, table.dim])
         hparams = tf.stack([h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
                             for h in translation.hparams])
-        apply = ops.graphmod_table_apply(table.handle, handles, grads, hparams,
-                                         optimizer=translation.kind, by_address=True,
+        apply = ops.graphmod_table_apply(table.handle, keys, grads, hparams,
+                                         optimizer=translation.kind, by_address=False,
                                          nesterov=translation.nesterov)
-        rw.replace_control_input(conversion.update.update_op, apply)
+        rw.replace_control_input(update.update_op, apply)
     conversion.apply = apply
-    return apply

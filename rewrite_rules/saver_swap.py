@@ -9,12 +9,22 @@ checkpoint. The same goes for summaries of the dense variable (the canned
 linear models' fraction of zero weights): Estimators merge the SUMMARIES
 collection after begin(). Matches every conversion; refuses nothing.
 """
-from graphmod.conversion import Conversion
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context
 
 NAME = "saver_swap"
 
 
-def rewrite(rw, conversion: Conversion) -> int:
+def check(conversion: Conversion, context: Context) -> None:
+    del conversion, context
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    for c in conversions:
+        context.dense_bytes_freed += _rewrite_one(rw, c)
+
+
+def _rewrite_one(rw, conversion: Conversion) -> int:
     """Returns the dense bytes no longer allocated (variable and slots)."""
     freed = 0
     # Slots leave the Saver in every mode: eval and predict graphs restore a

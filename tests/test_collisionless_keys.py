@@ -74,12 +74,12 @@ def test_ids_that_also_index_a_dense_variable_stay_squeezed(fused):
         bucket = ph % 100
         emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1),
                                use_resource=not fused)
-        # not converted (below min_rows, no pattern)
+        # kept dense by its pattern (hashed ids would convert it at any size)
         bias = tf1.get_variable("bias", [100, 1], use_resource=not fused)
         loss = tf.reduce_sum(_lookup(emb, bucket, fused))
         return ph, loss + tf.reduce_sum(_lookup(bias, bucket, fused))
 
-    hook = graphmod.GraphModifierHook(tables={"emb": {}})
+    hook = graphmod.GraphModifierHook(tables={"emb": {}, "bias": {"convert": False}})
     exported = train_once(build, ids, hook)
     assert set(exported["keys"].tolist()) == set((ids % 100).tolist())
     (kept,) = hook.report.squeezed_keys_kept

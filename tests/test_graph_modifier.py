@@ -14,6 +14,7 @@ import tensorflow as tf
 import tensorflow_estimator as tf_estimator
 
 import graphmod
+from graphmod.rewrite import validate
 from graphmod.table import _TableSaveable
 
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")
@@ -359,9 +360,9 @@ def graph_snapshot(graph):
 
 def test_failed_rewrite_is_undone(monkeypatch):
     def fail(*args, **kwargs):
-        raise graphmod.validate.InvalidRewrite("injected failure")
+        raise validate.InvalidRewrite("injected failure")
 
-    monkeypatch.setattr("graphmod.hooks.graph_modifier.validate.check", fail)
+    monkeypatch.setattr(validate, "check", fail)
     data = batches(seed=5)
     with tf.Graph().as_default() as graph:
         model = build_model(OPTIMIZERS["momentum"])

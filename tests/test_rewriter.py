@@ -2,8 +2,8 @@
 import pytest
 import tensorflow as tf
 
-from graphmod.graph_view import GraphView
-from graphmod.rewriter import Rewriter
+from graphmod.rewrite.view import GraphView
+from graphmod.rewrite.rewriter import Rewriter
 
 tf1 = tf.compat.v1
 

@@ -1,0 +1,142 @@
+"""The one rewrite pipeline: plan -> rules -> validate -> report.
+
+GraphModifierHook, export_saved_model (and the CLI) all call `rewrite`. It
+plans the conversion (replaying the model's saved plan when model_dir has
+one), lets every rule check every conversion (a refused variable stays dense,
+with the reason), runs the rules through one Rewriter, checks the result, and
+returns the RewriteReport; a training rewrite saves its plan for every later
+graph of the model. A failed rewrite is undone (graph edits, collections and
+the tables' policies) and raised.
+
+>>> report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "train", "/tmp/model")
+"""
+import dataclasses
+import time
+from typing import List, Optional
+
+import tensorflow as tf
+
+from graphmod import features
+from graphmod.rewrite import plan_file, validate
+from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, plan, trains_anything
+from graphmod.rewrite.report import RewriteReport
+from graphmod.rewrite.rewriter import Rewriter
+from graphmod.rewrite.rule import Context, Refused
+from graphmod.table import graph_state
+
+tf1 = tf.compat.v1
+MODES = ("train", "eval", "predict")
+
+
+def _dense_in_checkpoint(model_dir: Optional[str]) -> set:
+    """Variables the latest checkpoint in model_dir holds densely (not as tables)."""
+    ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
+    if ckpt is None:
+        return set()
+    names = {name for name, _ in tf.train.list_variables(ckpt)}
+    return {n for n in names if f"{n}-keys" not in names}
+
+
+def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
+            model_dir: Optional[str] = None, timestamp: Optional[tf.Tensor] = None,
+            timestamp_name: str = "", full_check: bool = False) -> RewriteReport:
+    """Rewrites graph's embedding variables into tables; returns the report.
+
+    mode: "train" (lookups insert ids, updates become table applies), "eval"
+    or "predict". model_dir: where the model's plan is read from (and, when
+    training, written to). timestamp: the batch's timestamp tensor, which
+    training lookups then stamp rows with (see graphmod.features).
+    """
+    # Imported here: the rules import graphmod.rewrite modules themselves.
+    from graphmod.rewrite_rules import RULES
+
+    if mode not in MODES:
+        raise ValueError(f"graphmod: mode must be one of {MODES}, got {mode!r}")
+    start = time.time()
+    # A "training" graph that updates no variable at all only reads (a
+    # MonitoredSession run for inference): its lookups must not insert.
+    training = mode == "train" and trains_anything(graph)
+    replay = plan_file.read(model_dir)
+    conversions, skipped = plan(graph, settings, training, replay)
+    dense = _dense_in_checkpoint(model_dir)
+    context = Context(graph, training, settings.collision_free, settings.exact,
+                      replaying=replay is not None)
+    ready = []
+    for c in conversions:
+        name = c.variable.op.name
+        if name in dense:
+            # Restoring would fail; taking a dense checkpoint into a table is
+            # warm start's job.
+            if replay is not None and name in replay:
+                raise PlanMismatch(f"graphmod: the plan converts '{name}' to a table, but the "
+                                   f"checkpoint in {model_dir} holds it as a dense variable")
+            skipped.append((name, "the checkpoint in model_dir holds it as a dense variable "
+                            "(trained without the hook, or refused then)"))
+            continue
+        try:
+            for rule in RULES:
+                rule.check(c, context)
+        except Refused as e:
+            if replay is not None and name in replay:
+                raise PlanMismatch(f"graphmod: '{name}' was converted to a table when training, "
+                                   f"but cannot be in this graph: {e}") from None
+            skipped.append((name, str(e)))
+            continue
+        ready.append(c)
+    planned = time.time()
+    rw = Rewriter(graph)
+    state = graph_state(graph)
+    clocks, old_timestamp = dict(state.clocks), state.timestamp
+    try:
+        if training and timestamp is not None:
+            features.set_timestamp(timestamp, timestamp_name, graph)
+        for c in ready:
+            features.set_policy(c.table_name, c.settings.policy, graph)
+        for rule in RULES:
+            rule.rewrite(rw, ready, context)
+        roots = [op for c in ready for t in c.outputs for op in t.consumers()]
+        roots += [op for c in ready if c.apply is not None
+                  for op in c.apply._control_outputs]  # pylint: disable=protected-access
+        rewritten = time.time()
+        validate.check(graph, [c.variable for c in ready], roots, training=training,
+                       full=full_check)
+    except Exception:
+        rw.undo()
+        # So that the rewrite can run again on this graph:
+        state.clocks, state.timestamp = clocks, old_timestamp
+        for c in ready:
+            state.policies.pop(c.table_name, None)
+            if c.table is not None:
+                state.tables.pop(c.table.name, None)
+        raise
+    report = RewriteReport(
+        graph=mode,
+        seconds=time.time() - start,
+        phase_seconds=dict(plan=planned - start, rewrite=rewritten - planned,
+                           validate=time.time() - rewritten),
+        tables=[dict(variable=c.variable.op.name, table=c.table.name, rows=c.rows, dim=c.dim,
+                     slots=c.table.num_slots, lookups=len(c.gathers),
+                     optimizer=c.translation.kind if c.translation else None,
+                     initializer=dataclasses.asdict(c.table.initializer),
+                     unsqueezed=c.unsqueezed, dense_reads=len(c.dense_reads))
+                for c in ready],
+        skipped=[dict(variable=v, reason=r) for v, r in skipped],
+        approximations=[dict(variable=c.variable.op.name, what=a)
+                        for c in ready for a in c.approximations],
+        rules=rw.summary(), dense_bytes_freed=context.dense_bytes_freed,
+        unsqueezed_keys=context.unsqueezed,
+        squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
+        replayed_plan=replay is not None)
+    if training and model_dir:
+        _save_plan(model_dir, replay, ready)
+    return report
+
+
+def _save_plan(model_dir: str, replay, ready: List) -> None:
+    """The training graph's decisions, added to those of earlier runs."""
+    planned = dict(replay or {})
+    for c in ready:
+        planned[c.variable.op.name] = plan_file.Planned(
+            c.variable.op.name, c.table_name, c.rows, c.dim, c.settings, c.initializer,
+            c.seed, list(c.unsqueezed or []))
+    plan_file.write(model_dir, planned)

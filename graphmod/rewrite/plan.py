@@ -1,0 +1,526 @@
+"""Which embedding variables of a graph become tables, and how they are used.
+
+The planner only reads the graph (through GraphView). For every rank-2
+float32 variable it classifies each use: a row read (gather or fused
+sparse-segment read, which the rules replace), an optimizer update (whose
+consumed gradient the table's apply will take), a read of its static shape,
+graph plumbing (initializer, is-initialized checks, dead snapshot reads), or
+a dense read of the whole value. It then decides, with the reason whenever a
+variable stays dense:
+
+- size: at least `min_rows` rows, or its ids squeezed by a hash bucket or a
+  modulo (collisions the table removes), or a `tables` pattern;
+- faithfulness: the variable's initializer has a table equivalent (same
+  distribution, seed from the graph and op seeds), the update's gradient (the
+  IndexedSlices the optimizer consumes, after whatever the model did to it)
+  can be found, the variable is trained by at most one update, and it is not
+  frozen or warm-started (a table would start from random rows instead);
+- dense reads: summaries only are dropped; a graph that does not train the
+  variable may read it whole when a training plan converted it (the table's
+  rows for ids 0..rows-1 then stand in, see rewrite_rules.dense_reads).
+
+A replayed plan (graphmod.rewrite.plan_file, written by training) fixes which
+variables convert and their table settings in every later graph; a planned
+variable that cannot convert there is an error, not a silent dense fallback.
+"""
+import bisect
+import dataclasses
+import fnmatch
+import re
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+
+from graphmod.features import TablePolicy, check_policy
+from graphmod.initializers import (TableInitializer, Unreadable, from_variable,
+                                   to_table_initializer)
+from graphmod.rewrite.view import GraphView
+
+tf1 = tf.compat.v1
+
+_SPARSE_APPLY = re.compile(r"^(Resource)?SparseApply\w+$")
+_APPLY = re.compile(r"^(Resource)?(Sparse)?Apply\w+$")
+_UPDATE_SCOPE = re.compile(r"(^|/)update_")  # an optimizer's update_<variable> scope
+# Fused reads: embedding_lookup_sparse on one variable (TF's fast path, taken
+# for reference variables) sums/averages rows straight from the variable.
+SEGMENT_READS = {"SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                 "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+                 "SparseSegmentSqrtNWithNumSegments"}
+_WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub",
+           "AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub",
+           "AssignAdd", "Assign", "ResourceScatterUpdate", "ScatterUpdate"}
+_SHAPE_READS = {"Shape", "VariableShape", "Size", "Rank"}
+
+
+class PlanMismatch(ValueError):
+    """A graph that cannot follow the model's conversion plan."""
+
+
+@dataclasses.dataclass
+class TableSettings:
+    """Per-table settings of the hook; None inherits from the variable / defaults.
+
+    Training decides them; evaluation and prediction graphs of a model read
+    its tables as training built them, except for default_value (what they
+    read for ids the table has never seen), which they may set.
+
+    initializer, default_value, max_rows, when_full, num_shards and
+    admission_sketch_width are those of graphmod.create_table; access_threshold, eviction_threshold and
+    eviction_unit those of graphmod.FeatureSpec; convert=False keeps the
+    variable dense.
+    """
+    initializer: Any = None
+    default_value: Optional[float] = None
+    max_rows: Optional[int] = None
+    when_full: str = "lru"
+    num_shards: int = 16
+    access_threshold: int = -1
+    eviction_threshold: int = -1
+    eviction_unit: str = "seconds"
+    admission_sketch_width: Optional[int] = None
+    convert: bool = True
+
+    def __post_init__(self):
+        check_policy("TableSettings", self.access_threshold, self.eviction_threshold,
+                     self.eviction_unit)
+        if self.when_full not in ("lru", "lfu", "refuse"):
+            raise ValueError(f"TableSettings: when_full must be 'lru', 'lfu' or 'refuse', "
+                             f"got {self.when_full!r}")
+        if self.max_rows is not None and (isinstance(self.max_rows, bool) or
+                                          not isinstance(self.max_rows, int) or
+                                          self.max_rows <= 0):
+            raise ValueError(f"TableSettings: max_rows must be a positive integer or None, "
+                             f"got {self.max_rows!r}")
+
+    @property
+    def policy(self) -> TablePolicy:
+        return TablePolicy(self.access_threshold, self.eviction_threshold, self.eviction_unit)
+
+
+@dataclasses.dataclass
+class RewriteSettings:
+    """What the rewrite converts; the GraphModifierHook's arguments of the same names."""
+    min_rows: int = 10_000
+    tables: Dict[str, TableSettings] = dataclasses.field(default_factory=dict)
+    collision_free: bool = True
+    exact: bool = False
+
+    def table_settings(self, name: str) -> Optional[TableSettings]:
+        return next((s for p, s in self.tables.items() if fnmatch.fnmatchcase(name, p)), None)
+
+
+@dataclasses.dataclass
+class Gather:
+    """A read of rows by id: a gather, or a fused sparse-segment read
+    (op.type in SEGMENT_READS: rows of ids combined by segment)."""
+    op: tf.Operation
+    ids: tf.Tensor
+
+
+@dataclasses.dataclass
+class Update:
+    """The optimizer's update of one variable and the gradient it consumes."""
+    scope: str                 # e.g. "Adagrad/update_emb"
+    update_op: tf.Operation    # what the optimizer's finishing ops wait for
+    ops: List[tf.Operation]    # every op in the scope
+    writes: List[tf.Operation]  # ops writing the variable or its slots
+    slots: List[tf.Variable]
+    values: Optional[tf.Tensor] = None   # the IndexedSlices the update consumes:
+    indices: Optional[tf.Tensor] = None  # gradient rows and the variable rows they update
+
+
+@dataclasses.dataclass
+class Conversion:
+    variable: tf.Variable
+    table_name: str
+    settings: TableSettings
+    gathers: List[Gather]
+    update: Optional[Update]
+    initializer: TableInitializer
+    seed: Optional[int]          # None: the table's own (derived from its name)
+    training: bool = False       # the graph trains this variable (lookups insert new ids)
+    summaries: List[tf.Operation] = dataclasses.field(default_factory=list)
+    # summaries that read the variable densely (they leave the graph's collections)
+    dense_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    # whole-value reads in a graph that does not train the variable
+    shape_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    unsqueezed: Optional[List[str]] = None  # replayed: squeezing ops the plan unsqueezes
+    approximations: List[str] = dataclasses.field(default_factory=list)
+    translation: Any = None      # the optimizer rule's match (training graphs)
+    table: Any = None            # set by the gather rule
+    outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # lookup rows
+    apply: Optional[tf.Operation] = None  # set by the optimizer rule
+
+    @property
+    def rows(self) -> int:
+        return int(self.variable.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.variable.shape[1])
+
+
+def trains_anything(graph: tf.Graph) -> bool:
+    """Whether any optimizer step in graph updates a variable."""
+    return any(_APPLY.match(op.type) or (op.type in _WRITES and _UPDATE_SCOPE.search(op.name))
+               for op in graph.get_operations())
+
+
+def table_name_for(variable: tf.Variable) -> str:
+    return variable.op.name
+
+
+def _variable_tensor(v: tf.Variable) -> tf.Tensor:
+    return v.op.outputs[0]
+
+
+def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
+    """gathers / updates / shapes / plumbing / other (ops) and values (the
+    tensors holding the whole value that `other` ops read) of v."""
+    out = {"gathers": [], "updates": [], "shapes": [], "plumbing": [], "other": [],
+           "values": []}
+    handle = _variable_tensor(v)
+    init = v.initializer
+
+    def is_write(op):
+        return (_SPARSE_APPLY.match(op.type) or op.type in _WRITES) and op.inputs[0] is handle
+
+    def dead(op):
+        return not any(view.consumers(t) for t in op.outputs)
+
+    def reads_rows(op, value):  # a gather or fused segment read of value's rows
+        return op.inputs[0] is value and (op.type == "GatherV2" or op.type in SEGMENT_READS)
+
+    for op in view.consumers(handle):
+        if op is init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
+            out["plumbing"].append(op)
+        elif op.type == "ResourceGather" and op.inputs[0] is handle:
+            out["gathers"].append(op)
+        elif is_write(op):
+            out["updates"].append(op)
+        elif op.type in _SHAPE_READS:
+            out["shapes"].append(op.outputs[0])
+        elif op.type == "ReadVariableOp" and dead(op):
+            out["plumbing"].append(op)  # snapshot reads nothing consumes
+        elif op.type == "ReadVariableOp" or (  # a resource or a reference variable's value
+                op.type == "Identity" and op.name == v.op.name + "/read"):
+            value = op.outputs[0]
+            for c in view.consumers(value):
+                if reads_rows(c, value):
+                    out["gathers"].append(c)
+                elif c.type in _SHAPE_READS:
+                    out["shapes"].append(c.outputs[0])
+                else:
+                    out["other"].append(c)
+                    if not any(x is value for x in out["values"]):
+                        out["values"].append(value)
+        else:
+            out["other"].append(op)
+    return out
+
+
+class _Scopes:
+    """Ops under a name scope, by binary search over the sorted op names."""
+
+    def __init__(self, graph: tf.Graph):
+        self.ops = sorted(graph.get_operations(), key=lambda op: op.name)
+        self.names = [op.name for op in self.ops]
+
+    def under(self, scope: str) -> List[tf.Operation]:
+        # "/" sorts just before "0", so "scope/" ... "scope0" spans the scope.
+        lo = bisect.bisect_left(self.names, scope + "/")
+        hi = bisect.bisect_left(self.names, scope + "0")
+        return self.ops[lo:hi]
+
+
+def _reads_variable(t: tf.Tensor) -> bool:
+    return t.op.type == "ReadVariableOp" or (
+        t.op.type == "Identity" and t.op.inputs[0].dtype._is_ref_dtype)  # pylint: disable=protected-access
+
+
+def _consumed_gradient(ops: List[tf.Operation], dim: int
+                       ) -> Tuple[Optional[tf.Tensor], Optional[tf.Tensor], str]:
+    """(values, indices, why not) of the IndexedSlices an update scope consumes:
+    the tensors from outside the scope that its ops read, apart from variables
+    and scalars (hyper-parameters). Everything the model did to the gradient
+    (clipping, scaling, multipliers, tower averaging) is upstream of these."""
+    inside = set(ops)
+    values, indices = [], []
+    for op in ops:
+        for t in op.inputs:
+            if t.op in inside or t.dtype == tf.resource or t.dtype._is_ref_dtype:  # pylint: disable=protected-access
+                continue
+            if t.shape.rank == 0 or _reads_variable(t):
+                continue  # a hyper-parameter, or a slot's value
+            if t.dtype == tf.float32 and not any(x is t for x in values):
+                values.append(t)
+            elif t.dtype in (tf.int32, tf.int64) and not any(x is t for x in indices):
+                indices.append(t)
+    if len(values) == 1 and len(indices) == 1:
+        if values[0].shape.rank not in (None, 2) or (
+                values[0].shape.rank == 2 and values[0].shape[1] not in (None, dim)):
+            return None, None, f"its gradient {values[0].name} is not [n, {dim}] rows"
+        return values[0], indices[0], ""
+    if len(values) == 1 and not indices:
+        return None, None, f"its update consumes a dense gradient ({values[0].name})"
+    names = ", ".join(t.name for t in values + indices)[:300]
+    return None, None, f"cannot tell the gradient its update consumes among {names or 'nothing'}"
+
+
+def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf.Operation],
+               variables_by_op: Dict[tf.Operation, tf.Variable]) -> Tuple[Optional[Update], str]:
+    """The update of v and its consumed gradient, or (None, why not)."""
+    scope_names = sorted({op.name.rsplit("/", 1)[0] for op in writes})
+    if len(scope_names) > 1:
+        return None, ("updated by several optimizer steps (" + ", ".join(scope_names)
+                      + "): their order is undefined, a table applies one update a step")
+    scope = scope_names[0]
+    ops = scopes.under(scope)
+    update_op = None
+    for op in ops:
+        if any(not c.name.startswith(scope + "/") for c in view.control_consumers(op)):
+            update_op = op
+    if update_op is None:
+        return None, f"its update in '{scope}' is not a step of an optimizer"
+    in_scope_writes = [op for op in ops if _SPARSE_APPLY.match(op.type) or op.type in _WRITES]
+    slots = []
+    for op in in_scope_writes:
+        for t in op.inputs:
+            s = variables_by_op.get(t.op)
+            if s is not None and s is not v and s not in slots:
+                slots.append(s)
+    values, indices, why = _consumed_gradient(ops, int(v.shape[1]))
+    if values is None:
+        return None, why
+    return Update(scope, update_op, ops, in_scope_writes, slots, values, indices), ""
+
+
+def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
+    """The summary ops every forward path from ops ends in (canned linear
+    models summarise the fraction of zero weights, reading them densely), or
+    None when some path ends elsewhere."""
+    seen, stack, sinks = set(), list(ops), []
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        consumers = [c for t in op.outputs for c in view.consumers(t)]
+        if not consumers:
+            if not op.type.endswith("Summary"):
+                return None
+            sinks.append(op)
+        stack.extend(consumers)
+    return sinks
+
+
+def _seed_of(v: tf.Variable) -> Optional[int]:
+    """A table seed from the seeds of the variable's random initializer op, so
+    that the graph seed (RunConfig(tf_random_seed=...)) changes the initial
+    rows as it changes the variable's; None when the op is unseeded."""
+    stack, seen = [v.initial_value.op], set()
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if "seed2" in op.node_def.attr:
+            seeds = (op.get_attr("seed"), op.get_attr("seed2"))
+            return zlib.crc32(f"{seeds[0]}/{seeds[1]}".encode()) if any(seeds) else None
+        if op.type.startswith("Stateless"):
+            from graphmod import folding
+            value = folding.fold(op.inputs[1])
+            return None if value is None else zlib.crc32(
+                "/".join(str(int(x)) for x in value.reshape(-1)).encode())
+        stack.extend(t.op for t in op.inputs)
+    return None
+
+
+def _starting_point(v: tf.Variable) -> str:
+    """Why the variable's starting rows cannot come from a table initializer, or ""."""
+    t = v.initial_value
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    if t.op.type in ("RestoreV2", "Restore", "RestoreSlice"):
+        return ("it is warm-started from a checkpoint (init_from_checkpoint or "
+                "WarmStartSettings); a table would start from random rows")
+    return ""
+
+
+def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
+         replay: Optional[Dict[str, Any]] = None
+         ) -> Tuple[List[Conversion], List[Tuple[str, str]]]:
+    """Returns the conversions to make and the (variable, reason) pairs skipped.
+
+    training says whether the graph is run to train (an Estimator's TRAIN
+    mode); only then do lookups insert ids and optimizer updates translate.
+    replay ({variable: graphmod.rewrite.plan_file.Planned}) is the model's
+    saved plan: its variables must convert, with its settings; without
+    training, no other variable converts. Raises PlanMismatch naming the
+    variable when one of them cannot.
+    """
+    view = GraphView(graph)
+    scopes = _Scopes(graph)
+    variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+    by_op = {v.op: v for v in variables}
+    conversions, skipped = [], []
+    squeezed = _squeezed_ids(graph) if settings.collision_free else set()
+    for v in variables:
+        if v.shape.ndims != 2 or not v.dtype.base_dtype == tf.float32:
+            continue
+        name = v.op.name
+        planned = replay.get(name) if replay is not None else None
+        if replay is not None and planned is None and not training:
+            continue  # the plan decides what converts outside training
+        # Training may change a planned table's settings (admission, eviction...);
+        # other graphs read the tables as training last built them.
+        own = settings.table_settings(name)
+        table_settings = own if training or planned is None else None
+        if table_settings is None and planned is not None:
+            table_settings = planned.settings
+            if own is not None:  # what unseen ids read is the serving graph's choice
+                table_settings = dataclasses.replace(table_settings,
+                                                     default_value=own.default_value)
+
+        def refuse(reason, name=name, planned=planned):
+            if planned is not None:
+                raise PlanMismatch(f"graphmod: '{name}' was converted to table "
+                                   f"'{planned.table}' when training, but cannot be in this "
+                                   f"graph: {reason}")
+            skipped.append((name, reason))
+
+        uses = _uses(view, v)
+        if not uses["gathers"]:
+            if planned is not None and not uses["other"] and not uses["updates"]:
+                continue  # not used in this graph at all
+            if planned is not None and not training and not uses["updates"]:
+                pass  # read whole in a graph that does not train it: table rows stand in
+            elif table_settings is not None and table_settings.convert:
+                refuse("matches a table pattern but is never read by a gather")
+                continue
+            else:
+                if table_settings is None and int(v.shape[0] or 0) >= settings.min_rows:
+                    # As big as an embedding: say why it is not one. Optimizer
+                    # slots stay silent: only optimizer updates (ops in an
+                    # optimizer's update_<variable> scope) use them.
+                    kinds = sorted({op.type for op in uses["other"]
+                                    if not _APPLY.match(op.type) and op.type not in _WRITES
+                                    and not _UPDATE_SCOPE.search(op.name)})
+                    if kinds:
+                        skipped.append((name, "never read by a gather, only by "
+                                        + ", ".join(kinds)))
+                continue
+        if v.shape[0] is None:
+            refuse("has no static [rows, dim] shape")
+            continue
+        hashed = any(g.inputs[1].ref() in squeezed for g in uses["gathers"])
+        if table_settings is None:
+            if int(v.shape[0]) < settings.min_rows and not hashed:
+                continue  # small identity-indexed variables stay dense, silently (as configured)
+            table_settings = TableSettings()
+        if not table_settings.convert:
+            skipped.append((name, "excluded by its table pattern (convert=False)"))
+            continue
+        trains = training and bool(uses["updates"])
+        summaries, dense_reads = [], []
+        if uses["other"]:
+            summaries = _summary_sinks(view, uses["other"])
+            if summaries is None:
+                summaries = []
+                if planned is not None and not trains and not uses["updates"]:
+                    dense_reads = uses["values"]
+                    if planned.unsqueezed:
+                        refuse("it is read whole here, but its table is keyed by the "
+                               "unsqueezed ids of " + ", ".join(planned.unsqueezed))
+                        continue
+                else:
+                    kinds = sorted({op.type for op in uses["other"]})
+                    refuse("read other than by gathers (" + ", ".join(kinds)
+                           + f", e.g. {uses['other'][0].name})")
+                    continue
+        why = _starting_point(v)
+        if why:
+            refuse(why)
+            continue
+        if training and not uses["updates"]:
+            if planned is None:
+                skipped.append((name, "it is not trained (frozen, e.g. trainable=False): a "
+                                "table would replace its values with random rows"))
+                continue
+        if planned is not None:
+            initializer, seed = planned.initializer, planned.seed
+            if [planned.rows, planned.dim] != [int(v.shape[0]), int(v.shape[1])]:
+                refuse(f"its shape is {v.shape.as_list()} here, "
+                       f"[{planned.rows}, {planned.dim}] in the plan")
+                continue
+        else:
+            try:
+                initializer = (from_variable(v) if table_settings.initializer is None else
+                               to_table_initializer(table_settings.initializer, name,
+                                                    int(v.shape[1]), v.shape.as_list()))
+            except Unreadable as e:
+                refuse(str(e))
+                continue
+            seed = _seed_of(v)
+        update = None
+        if uses["updates"]:
+            update, why = _update_of(view, scopes, v, uses["updates"], by_op)
+            if update is None and training:
+                refuse(why)
+                continue
+        conversions.append(Conversion(
+            v, planned.table if planned is not None else table_name_for(v), table_settings,
+            [Gather(op, op.inputs[1]) for op in uses["gathers"]], update, initializer, seed,
+            training=trains, summaries=summaries, dense_reads=dense_reads,
+            shape_reads=uses["shapes"],
+            unsqueezed=planned.unsqueezed if planned is not None else None))
+    return conversions, skipped
+
+
+# Ops that squeeze ids into a variable's rows (hash buckets, `ids % N`); the
+# collisionless_keys rule feeds tables the unsqueezed key instead.
+SQUEEZERS = ("StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket",
+             "FloorMod")
+# Ops whose outputs carry an integer input's values (casts only when they keep
+# 64 bits: see collisionless_keys.carries).
+CARRIERS = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Unique", "UniqueV2",
+            "SparseFillEmptyRows", "SparseReshape", "StridedSlice", "Slice", "ConcatV2",
+            "Pack", "SparseSlice", "Select", "SelectV2", "IdentityN", "GatherV2", "Gather",
+            "ResourceGather", "DynamicPartition", "Where"}
+
+
+def carries(op: tf.Operation) -> bool:
+    """op passes its integer inputs' values on unchanged (a Cast only when it
+    widens to or keeps int64: a cast to int32 would truncate 63-bit keys)."""
+    if op.type == "Cast":
+        return op.outputs[0].dtype == tf.int64
+    return op.type in CARRIERS
+
+
+def is_squeezer(op: tf.Operation) -> bool:
+    return op.type in SQUEEZERS and (
+        op.type != "FloorMod" or tensor_util.constant_value(op.inputs[1]) is not None)
+
+
+def is_gather(op: tf.Operation) -> bool:
+    return op.type in ("ResourceGather", "GatherV2", "Gather")
+
+
+def _squeezed_ids(graph: tf.Graph) -> set:
+    """Refs of the integer tensors that carry the output of a squeezing op."""
+    out, stack = set(), []
+    for op in graph.get_operations():
+        if is_squeezer(op):
+            stack.extend(op.outputs)
+    while stack:
+        t = stack.pop()
+        if t.ref() in out:
+            continue
+        out.add(t.ref())
+        for c in t.consumers():
+            # a gather carries its params' values, not its indices'
+            if carries(c) and not (is_gather(c) and c.inputs[0] is not t):
+                stack.extend(o for o in c.outputs if o.dtype.is_integer)
+    return out

@@ -1,0 +1,77 @@
+"""The model's conversion plan, saved in model_dir and replayed in every mode.
+
+Training decides which variables become tables, with which settings,
+initializer, seed and keys (unsqueezed or not); evaluation, prediction,
+export and every resume must read the same tables the same way, so the
+decisions are written to <model_dir>/graphmod/plan.json (versioned) after a
+training rewrite and read back by every later rewrite of that model.
+
+>>> planned = read("/tmp/model")   # {variable name: Planned} or None
+"""
+import dataclasses
+import json
+import os
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from graphmod.initializers import TableInitializer
+from graphmod.rewrite.plan import TableSettings
+
+FORMAT = 1
+FILE = os.path.join("graphmod", "plan.json")
+
+
+@dataclasses.dataclass
+class Planned:
+    """One converted variable as training converted it."""
+    variable: str
+    table: str
+    rows: int
+    dim: int
+    settings: TableSettings      # initializer resolved into `initializer`
+    initializer: TableInitializer
+    seed: Optional[int]
+    unsqueezed: List[str]        # squeezing ops whose full keys feed the table
+
+
+def path(model_dir: str) -> str:
+    return os.path.join(model_dir, FILE)
+
+
+def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
+    """The plan saved in model_dir, or None when there is none."""
+    if not model_dir or not tf.io.gfile.exists(path(model_dir)):
+        return None
+    try:
+        with tf.io.gfile.GFile(path(model_dir)) as f:
+            data = json.load(f)
+        version = data["format"]
+        if version > FORMAT:
+            raise ValueError(f"it has format {version}, this graphmod reads up to {FORMAT}: "
+                             "upgrade graphmod")
+        out = {}
+        for v in data["variables"]:
+            settings = TableSettings(**v["settings"])
+            out[v["variable"]] = Planned(
+                v["variable"], v["table"], v["rows"], v["dim"], settings,
+                TableInitializer(**v["initializer"]), v["seed"], list(v["unsqueezed"]))
+        return out
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        raise ValueError(f"graphmod: cannot read the conversion plan {path(model_dir)}: {e}"
+                         ) from None
+
+
+def write(model_dir: str, planned: Dict[str, Planned]) -> None:
+    """Writes the plan aside and renames it, so a failed write keeps the old one."""
+    variables = []
+    for p in planned.values():
+        settings = dataclasses.asdict(p.settings)
+        settings["initializer"] = None  # resolved: `initializer` holds it
+        variables.append(dict(variable=p.variable, table=p.table, rows=p.rows, dim=p.dim,
+                              settings=settings, initializer=dataclasses.asdict(p.initializer),
+                              seed=p.seed, unsqueezed=p.unsqueezed))
+    tf.io.gfile.makedirs(os.path.dirname(path(model_dir)))
+    with tf.io.gfile.GFile(path(model_dir) + ".tmp", "w") as f:
+        json.dump(dict(format=FORMAT, variables=variables), f, indent=1)
+    tf.io.gfile.rename(path(model_dir) + ".tmp", path(model_dir), overwrite=True)

@@ -1,0 +1,53 @@
+"""RewriteReport: what a rewrite converted, left dense (and why), approximated and changed."""
+import dataclasses
+import json
+import os
+from typing import Dict, List
+
+import tensorflow as tf
+from absl import logging
+
+
+@dataclasses.dataclass
+class RewriteReport:
+    graph: str                      # "train", "eval" or "predict"
+    seconds: float
+    phase_seconds: Dict[str, float]  # plan, rewrite, validate
+    tables: List[dict]
+    skipped: List[dict]             # variables left dense, with the reason
+    approximations: List[dict]      # converted variables that do not train exactly as dense
+    rules: Dict[str, Dict[str, int]]
+    dense_bytes_freed: int
+    unsqueezed_keys: List[str]      # hash-bucket / modulo ops whose full keys now feed tables
+    squeezed_keys_kept: List[dict]  # those left alone, with the reason
+    replayed_plan: bool             # the model's saved plan decided the conversions
+
+    def log(self) -> None:
+        logging.info("graphmod: %d embedding variable(s) -> tables in %.2fs (%s graph%s), "
+                     "%.1f MB of dense variables and slots no longer allocated",
+                     len(self.tables), self.seconds, self.graph,
+                     ", as the model's plan says" if self.replayed_plan else "",
+                     self.dense_bytes_freed / 1e6)
+        for t in self.tables:
+            logging.info("graphmod:   %s [%d x %d] -> table '%s' (%d lookup(s), optimizer %s)",
+                         t["variable"], t["rows"], t["dim"], t["table"], t["lookups"],
+                         t["optimizer"])
+        for s in self.skipped:
+            logging.warning("graphmod: '%s' stays a dense variable: %s", s["variable"],
+                            s["reason"])
+        for a in self.approximations:
+            logging.warning("graphmod: '%s' is converted with an approximation: %s",
+                            a["variable"], a["what"])
+        if self.unsqueezed_keys:
+            logging.info("graphmod: collision-free keys from %s", ", ".join(self.unsqueezed_keys))
+        for k in self.squeezed_keys_kept:
+            logging.warning("graphmod: ids of '%s' keep sharing rows: %s", k["op"], k["reason"])
+
+    def write(self, directory: str) -> None:
+        """As rewrite_report_<graph>.json, written aside and renamed, so a
+        failed write never leaves half a report."""
+        tf.io.gfile.makedirs(directory)
+        path = os.path.join(directory, f"rewrite_report_{self.graph}.json")
+        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+            json.dump(dataclasses.asdict(self), f, indent=1)
+        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

@@ -1,0 +1,34 @@
+"""The interface every rewrite rule implements (one module per rule in
+graphmod.rewrite_rules, listed in graphmod.rewrite_rules.RULES).
+
+A rule module defines
+  NAME: str, the name the Rewriter records its changes under;
+  check(conversion, context) -> None: raises Refused(reason) when the rule
+    cannot rewrite this variable faithfully (the variable then stays dense and
+    the report says why); it may note what it matched on the conversion;
+  rewrite(rw, conversions, context) -> None: makes its changes for all the
+    conversions that every rule accepted, only through rw (a Rewriter).
+The pipeline (graphmod.rewrite.pipeline) runs every check, then every rewrite
+in RULES order.
+"""
+import dataclasses
+from typing import List, Tuple
+
+import tensorflow as tf
+
+
+class Refused(Exception):
+    """A rule cannot convert a variable faithfully; the message says why."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What rules share during one rewrite, and what they report back."""
+    graph: tf.Graph
+    training: bool
+    collision_free: bool
+    exact: bool
+    replaying: bool = False
+    unsqueezed: List[str] = dataclasses.field(default_factory=list)
+    squeezed_kept: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    dense_bytes_freed: int = 0
