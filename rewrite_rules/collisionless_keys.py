@@ -25,8 +25,8 @@ from typing import Dict, List, Optional, Set
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from graphmod.rewrite.plan import (SEGMENT_READS, Conversion, PlanMismatch, carries, is_gather,
-                                   is_squeezer)
+from graphmod.rewrite.plan import (CARRIERS, SEGMENT_READS, Conversion, PlanMismatch, carries,
+                                   is_gather, is_squeezer)
 from graphmod.rewrite.rule import Context
 
 NAME = "collisionless_keys"
@@ -71,7 +71,7 @@ def sources(gather_ids: List[tf.Tensor]) -> List[tf.Operation]:
         if is_squeezer(op):
             found.append(op)
             continue
-        if carries(op):
+        if op.type in CARRIERS:  # any cast: refusal() then says why a narrowing one stops it
             # a gather of the ids themselves carries input 0; others, every input
             inputs = op.inputs[:1] if is_gather(op) else op.inputs
             stack.extend(t.op for t in inputs if t.dtype.is_integer)

@@ -520,7 +520,8 @@ def _squeezed_ids(graph: tf.Graph) -> set:
             continue
         out.add(t.ref())
         for c in t.consumers():
-            # a gather carries its params' values, not its indices'
-            if carries(c) and not (is_gather(c) and c.inputs[0] is not t):
+            # a gather carries its params' values, not its indices'; any
+            # cast counts here (narrowed ids are still hashed ids)
+            if (c.type in CARRIERS) and not (is_gather(c) and c.inputs[0] is not t):
                 stack.extend(o for o in c.outputs if o.dtype.is_integer)
     return out

@@ -1,0 +1,373 @@
+"""The first rule: a converted variable trains exactly as the unmodified model's
+would, or stays dense and says why.
+
+Each case trains one small model twice on the same batches, as written and
+with GraphModifierHook, and compares the losses and every looked-up row after
+three steps (relative 1e-5). The cases are what models do between
+tf.gradients and the update (clipping, extra gradient calls, loss scaling,
+multipliers, tower averaging), what they start from (Keras and stateless
+initializers, frozen or warm-started embeddings, seeds), and which keys they
+use (int32 casts of hashed ids, value reads of ids).
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphmod
+
+tf1 = tf.compat.v1
+VOCAB, DIM, BATCH, STEPS = 50, 4, 16, 3
+
+
+class ExportTables(tf1.train.SessionRunHook):
+    def begin(self):
+        self.exports = {t.name: t.export() for t in graphmod.tables()}
+
+
+def batches(seed=0, vocab=VOCAB):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(STEPS):
+        ids = rng.integers(0, vocab, size=(BATCH, 2)).astype(np.int64)
+        ids[1] = ids[0]  # duplicates within the batch
+        out.append((ids, rng.integers(0, 2, size=BATCH).astype(np.float32)))
+    return out
+
+
+def head(e):
+    with tf1.variable_scope("head", reuse=tf1.AUTO_REUSE):
+        w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.7, 2 * DIM, dtype=np.float32)
+                             .reshape(2 * DIM, 1))
+    return tf.squeeze(tf.matmul(tf.reshape(e, [-1, 2 * DIM]), w), 1)
+
+
+def xent(labels, logits):
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def train(build, hook=None, data=None, seed=None):
+    """Losses and {variable or table name: rows by key} after training."""
+    data = data if data is not None else batches()
+    with tf.Graph().as_default():
+        if seed is not None:
+            tf1.set_random_seed(seed)
+        m = build()
+        export = ExportTables()
+        losses = []
+        with tf1.train.MonitoredSession(hooks=([hook] if hook else []) + [export]) as sess:
+            for ids, labels in data:
+                _, loss = sess.run([m["train_op"], m["loss"]], {m["ids"]: ids, m["labels"]: labels})
+                losses.append(loss)
+            tables = sess.run(export.exports)
+            dense = {v.op.name: sess.run(v) for v in tf1.global_variables()
+                     if v.shape.ndims == 2 and v.op.name == "emb"}
+    rows = {name: dict(zip(t["keys"].tolist(), t["values"])) for name, t in tables.items()}
+    return np.array(losses), rows, dense
+
+
+def assert_faithful(build, data=None, hook=None, table="emb"):
+    hook = hook or graphmod.GraphModifierHook(min_rows=10)
+    p_losses, _, p_dense = train(build, None, data)
+    c_losses, c_rows, c_dense = train(build, hook, data)
+    assert table in c_rows and not c_dense, (hook.report.skipped, c_rows.keys())
+    np.testing.assert_allclose(c_losses, p_losses, rtol=1e-5, atol=1e-7)
+    assert abs(p_losses[-1] - p_losses[0]) > 1e-5  # something trained
+    for key, row in c_rows[table].items():
+        np.testing.assert_allclose(row, p_dense["emb"][key], rtol=1e-5, atol=1e-7,
+                                   err_msg=f"row {key}")
+    return hook.report
+
+
+def model(transform=None, optimizer=lambda: tf1.train.GradientDescentOptimizer(0.1),
+          scale=1.0, towers=1, init=tf1.constant_initializer(0.1)):
+    """An embedding model whose gradients pass through transform(grads_and_vars)
+    before the update (the loss scaled by `scale` and divided back)."""
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=init)
+        opt = optimizer()
+        grads_and_vars, losses = [], []
+        for t, (i, l) in enumerate(zip(tf.split(ids, towers), tf.split(labels, towers))):
+            with tf1.name_scope(f"tower{t}"):
+                loss = xent(l, head(tf.nn.embedding_lookup(emb, i)))
+                grads_and_vars.append(opt.compute_gradients(loss * scale))
+                losses.append(loss)
+        if towers == 1:
+            gv = grads_and_vars[0]
+        else:  # average the towers' gradients: IndexedSlices concatenated
+            gv = []
+            for pairs in zip(*grads_and_vars):
+                g = [p[0] for p in pairs]
+                if isinstance(g[0], tf.IndexedSlices):
+                    g = tf.IndexedSlices(tf.concat([x.values for x in g], 0) / towers,
+                                         tf.concat([x.indices for x in g], 0), g[0].dense_shape)
+                else:
+                    g = tf.add_n(g) / towers
+                gv.append((g, pairs[0][1]))
+        if scale != 1.0:
+            gv = [(tf.IndexedSlices(g.values / scale, g.indices, g.dense_shape)
+                   if isinstance(g, tf.IndexedSlices) else g / scale, v) for g, v in gv]
+        if transform is not None:
+            gv = transform(gv)
+        step = tf1.train.get_or_create_global_step()
+        return dict(ids=ids, labels=labels, loss=tf.add_n(losses) / towers,
+                    train_op=opt.apply_gradients(gv, global_step=step))
+    return build
+
+
+# --------------------------------------------------------------------------
+# What models do between tf.gradients and the update.
+
+def test_clipping_by_global_norm_is_applied():
+    def clip(gv):
+        grads, _ = tf.clip_by_global_norm([g for g, _ in gv], 1e-3)
+        return list(zip(grads, [v for _, v in gv]))
+    assert_faithful(model(clip))
+
+
+def test_an_extra_gradient_call_does_not_apply_twice():
+    def with_norm_summary(gv):
+        graph = tf1.get_default_graph()
+        emb = [v for _, v in gv if v.op.name == "emb"][0]
+        # a second tf.gradients over the same lookup, for a summary only
+        lookup = [op for op in graph.get_operations() if op.type == "ResourceGather"][0]
+        extra = tf.gradients(tf.reduce_sum(lookup.outputs[0] ** 2), [emb])[0]
+        tf1.summary.scalar("emb_grad_norm", tf.norm(extra.values))
+        return gv
+    assert_faithful(model(with_norm_summary))
+
+
+def test_loss_scaling_is_divided_back():
+    assert_faithful(model(scale=1024.0))
+
+
+def test_gradient_multipliers():
+    def halve_embedding(gv):
+        return [(tf.IndexedSlices(g.values * 0.5, g.indices, g.dense_shape)
+                 if v.op.name == "emb" else g, v) for g, v in gv]
+    assert_faithful(model(halve_embedding))
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: tf1.train.AdagradOptimizer(0.3),
+    lambda: tf1.train.MomentumOptimizer(0.2, 0.9),
+    lambda: tf1.train.FtrlOptimizer(0.3, l1_regularization_strength=0.01)])
+def test_tower_averaging(optimizer):
+    assert_faithful(model(optimizer=optimizer, towers=2))
+
+
+# --------------------------------------------------------------------------
+# Values the tables start from.
+
+def keras_model(initializer):
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        layer = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=initializer,
+                                          name="kemb")
+        loss = xent(labels, head(layer(ids)))
+        opt = tf1.train.MomentumOptimizer(0.1, 0.9)
+        return dict(ids=ids, labels=labels, loss=loss,
+                    train_op=opt.minimize(loss, tf1.train.get_or_create_global_step()))
+    return build
+
+
+@pytest.mark.parametrize("initializer, kind, a, b", [
+    ("uniform", "uniform", -0.05, 0.05),
+    (tf.keras.initializers.RandomNormal(0.0, 0.3), "normal", 0.0, 0.3),
+    (tf.keras.initializers.TruncatedNormal(0.1, 0.2), "truncated_normal", 0.1, 0.2),
+    (tf.keras.initializers.GlorotUniform(), "uniform", -(6 / (VOCAB + DIM)) ** 0.5,
+     (6 / (VOCAB + DIM)) ** 0.5),
+])
+def test_keras_initializers_give_the_same_distribution(initializer, kind, a, b):
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    train(keras_model(initializer), hook)
+    (t,) = hook.report.tables
+    assert t["initializer"]["kind"] == kind
+    np.testing.assert_allclose([t["initializer"]["a"], t["initializer"]["b"]], [a, b], rtol=1e-5)
+
+
+def test_an_initializer_without_table_equivalent_keeps_the_variable_dense():
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    _, rows, dense = train(keras_model(tf.keras.initializers.Orthogonal()), hook)
+    assert not rows and not hook.report.tables
+    (s,) = hook.report.skipped
+    assert s["variable"].endswith("embeddings") and "no table equivalent" in s["reason"]
+
+
+def test_the_graph_seed_changes_the_tables_initial_rows():
+    build = model(init=tf1.random_uniform_initializer(-0.1, 0.1))
+    firsts = []
+    for seed in (1, 1, 2):
+        _, rows, _ = train(build, graphmod.GraphModifierHook(min_rows=10),
+                           data=[(np.zeros((BATCH, 2), np.int64), np.zeros(BATCH, np.float32))]
+                           * 1, seed=seed)
+        firsts.append(rows["emb"][0])
+    np.testing.assert_array_equal(firsts[0], firsts[1])  # same seed, same rows
+    assert np.abs(firsts[0] - firsts[2]).max() > 1e-3     # another seed, other rows
+
+
+def test_frozen_pretrained_embedding_stays_dense():
+    pretrained = np.random.default_rng(0).normal(size=(VOCAB, DIM)).astype(np.float32)
+
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        emb = tf1.get_variable("emb", initializer=pretrained, trainable=False)
+        loss = xent(labels, head(tf.nn.embedding_lookup(emb, ids)))
+        train_op = tf1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, tf1.train.get_or_create_global_step())
+        return dict(ids=ids, labels=labels, loss=loss, train_op=train_op)
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    p_losses, _, p_dense = train(build)
+    c_losses, rows, c_dense = train(build, hook)
+    assert not rows and [s["variable"] for s in hook.report.skipped] == ["emb"]
+    assert "not trained" in hook.report.skipped[0]["reason"]
+    np.testing.assert_array_equal(c_dense["emb"], pretrained)
+    np.testing.assert_allclose(c_losses, p_losses, rtol=1e-6)
+
+
+def test_trainable_pretrained_matrix_stays_dense():
+    pretrained = np.random.default_rng(0).normal(size=(VOCAB, DIM)).astype(np.float32)
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    _, rows, dense = train(model(init=tf1.constant_initializer(pretrained)), hook)
+    assert not rows and "pretrained" in hook.report.skipped[0]["reason"]
+
+
+def test_warm_started_embedding_stays_dense(tmp_path):
+    source = np.random.default_rng(1).normal(size=(VOCAB, DIM)).astype(np.float32)
+    with tf.Graph().as_default():
+        v = tf1.get_variable("emb", initializer=source)
+        with tf1.Session() as sess:
+            sess.run(v.initializer)
+            ckpt = tf1.train.Saver([v]).save(sess, str(tmp_path / "src"))
+    base = model(init=tf1.constant_initializer(0.1))
+
+    def build():
+        m = base()
+        tf1.train.init_from_checkpoint(ckpt, {"emb": "emb"})
+        return m
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    p_losses, _, _ = train(build)
+    c_losses, rows, _ = train(build, hook)
+    assert not rows and "warm-started" in hook.report.skipped[0]["reason"]
+    np.testing.assert_allclose(c_losses, p_losses, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# Keys.
+
+def hashed_model(cast_to_int32=False, reads_values=False):
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        bucket = tf.strings.to_hash_bucket_fast(tf.strings.as_string(ids * 7919), VOCAB)
+        if cast_to_int32:
+            bucket = tf.cast(bucket, tf.int32)
+        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=tf1.constant_initializer(0.1))
+        loss = xent(labels, head(tf.nn.embedding_lookup(emb, bucket)))
+        if reads_values:  # a value read of the ids: an auxiliary loss on the largest bucket
+            loss = loss + 1e-3 * tf.cast(tf.reduce_max(bucket), tf.float32)
+        train_op = tf1.train.AdagradOptimizer(0.2).minimize(
+            loss, tf1.train.get_or_create_global_step())
+        return dict(ids=ids, labels=labels, loss=loss, train_op=train_op)
+    return build
+
+
+@pytest.mark.parametrize("cast_to_int32, reads_values", [(True, False), (False, True)])
+def test_ids_read_as_values_keep_their_squeezed_keys(cast_to_int32, reads_values):
+    hook = graphmod.GraphModifierHook(min_rows=10_000)  # hashed ids convert at any size
+    report = assert_faithful(hashed_model(cast_to_int32, reads_values), hook=hook,
+                             data=batches(vocab=10**6))
+    (kept,) = report.squeezed_keys_kept
+    assert ("int32" if cast_to_int32 else "Max") in kept["reason"]
+    assert not report.unsqueezed_keys
+
+
+def test_hashed_ids_get_collision_free_keys_at_any_size():
+    hook = graphmod.GraphModifierHook()
+    _, rows, dense = train(hashed_model(), hook, data=batches(vocab=10**6))
+    assert not dense and hook.report.unsqueezed_keys
+    assert max(rows["emb"]) >= VOCAB  # full fingerprints, not bucket numbers
+
+
+# --------------------------------------------------------------------------
+# Adam: lazy on a table, said so; exact=True keeps it dense.
+
+def test_adam_is_reported_lazy_and_exact_keeps_it_dense():
+    build = model(optimizer=lambda: tf1.train.AdamOptimizer(0.05))
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    _, rows, _ = train(build, hook)
+    assert rows["emb"] and "lazy" in hook.report.approximations[0]["what"]
+    exact = graphmod.GraphModifierHook(min_rows=10, exact=True)
+    p_losses, _, _ = train(build)
+    c_losses, rows, _ = train(build, exact)
+    assert not rows and "exact=True" in exact.report.skipped[0]["reason"]
+    np.testing.assert_allclose(c_losses, p_losses, rtol=1e-6)
+
+
+def test_adam_rows_in_every_batch_match_dense_adam():
+    """Rows the batches touch every step get exactly TF's Adam update; lazy
+    Adam differs only for rows a step does not touch. (A fixed head and
+    examples that pair "always" ids together keep the two sets independent.)"""
+    rng = np.random.default_rng(3)
+    data = []
+    for _ in range(STEPS):
+        always = rng.permutation(np.repeat(np.arange(8), 2)).reshape(8, 2)
+        sometimes = rng.integers(8, VOCAB, size=(BATCH - 8, 2))
+        data.append((np.concatenate([always, sometimes]).astype(np.int64),
+                     rng.integers(0, 2, size=BATCH).astype(np.float32)))
+
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=tf1.constant_initializer(0.1))
+        w = tf.constant(np.linspace(-0.5, 0.7, 2 * DIM, dtype=np.float32).reshape(2 * DIM, 1))
+        e = tf.reshape(tf.nn.embedding_lookup(emb, ids), [-1, 2 * DIM])
+        logits = tf.squeeze(tf.matmul(e, w), 1)
+        loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                     logits=logits))
+        train_op = tf1.train.AdamOptimizer(0.05).minimize(
+            loss, tf1.train.get_or_create_global_step())
+        return dict(ids=ids, labels=labels, loss=loss, train_op=train_op)
+
+    _, _, p_dense = train(build, None, data)
+    _, rows, _ = train(build, graphmod.GraphModifierHook(min_rows=10), data)
+    for key in range(8):
+        np.testing.assert_allclose(rows["emb"][key], p_dense["emb"][key], rtol=1e-5)
+    occasional = [k for k in rows["emb"] if k >= 8]
+    assert any(np.abs(rows["emb"][k] - p_dense["emb"][k]).max() > 1e-6 for k in occasional)
+
+
+# --------------------------------------------------------------------------
+# Control flow: reads the rewrite does not see through stay dense, said so.
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_lookup_inside_cond_stays_dense_or_matches(v2, monkeypatch):
+    from tensorflow.python.ops import control_flow_util
+    monkeypatch.setattr(control_flow_util, "ENABLE_CONTROL_FLOW_V2", v2)
+
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=tf1.constant_initializer(0.1))
+        flag = tf.reduce_sum(labels) >= 0
+        e = tf.cond(flag, lambda: tf.nn.embedding_lookup(emb, ids),
+                    lambda: tf.zeros([tf.shape(ids)[0], 2, DIM]))
+        loss = xent(labels, head(e))
+        train_op = tf1.train.AdagradOptimizer(0.2).minimize(
+            loss, tf1.train.get_or_create_global_step())
+        return dict(ids=ids, labels=labels, loss=loss, train_op=train_op)
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    p_losses, _, p_dense = train(build)
+    c_losses, rows, c_dense = train(build, hook)
+    np.testing.assert_allclose(c_losses, p_losses, rtol=1e-5)
+    if rows:
+        for key, row in rows["emb"].items():
+            np.testing.assert_allclose(row, p_dense["emb"][key], rtol=1e-5)
+    else:
+        assert [s["variable"] for s in hook.report.skipped] == ["emb"]
