@@ -1,0 +1,144 @@
+"""One plan per model: what training converted, evaluate, predict, export and
+resumes read the same way (graphmod/rewrite/plan_file.py).
+
+Each Estimator here is trained and evaluated twice, unmodified and with the
+hook, and the numbers compared; the plan's own checks fail begin() with the
+variable's name when a later graph cannot follow it.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphmod
+from graphmod.rewrite import plan_file
+
+tf1 = tf.compat.v1
+pytestmark = pytest.mark.slow
+ITEMS, DIM = 300, 8
+
+
+def softmax_model_fn(features, labels, mode):
+    """Trained with sampled softmax (a gather of the output embedding), evaluated
+    with the full softmax (a dense read of it)."""
+    emb = tf1.get_variable("item_emb", [ITEMS, DIM], initializer=tf1.constant_initializer(0.05))
+    out_w = tf1.get_variable("softmax_w", [ITEMS, DIM],
+                             initializer=tf1.constant_initializer(0.01))
+    out_b = tf1.get_variable("softmax_b", [ITEMS], initializer=tf1.zeros_initializer())
+    x = tf.reduce_mean(tf.nn.embedding_lookup(emb, features["hist"]), 1)
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+            out_w, out_b, labels[:, None], x, num_sampled=16, num_classes=ITEMS))
+        train = tf1.train.AdagradOptimizer(1.0).minimize(loss, tf1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+    logits = tf.matmul(x, out_w, transpose_b=True) + out_b
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                         logits=logits))
+    return tf.estimator.EstimatorSpec(mode, loss=loss)
+
+
+def softmax_data(n=512):
+    rng = np.random.default_rng(0)
+    hist = rng.integers(0, ITEMS, size=(n, 3))
+    labels = (hist[:, 0] * 7 + 3) % ITEMS
+    return hist, labels
+
+
+def softmax_input(hist, labels, repeat=True):
+    def fn():
+        ds = tf.data.Dataset.from_tensor_slices(({"hist": hist}, labels))
+        return (ds.repeat() if repeat else ds).batch(64)
+    return fn
+
+
+def test_sampled_softmax_in_training_full_softmax_in_eval(tmp_path):
+    hist, labels = softmax_data()
+    config = tf.estimator.RunConfig(tf_random_seed=7)
+    results = []
+    # Without min_rows, the 300-row variables convert by pattern.
+    for hooks in ([], [graphmod.GraphModifierHook(tables={"item_emb": {}, "softmax_w": {}})]):
+        est = tf.estimator.Estimator(softmax_model_fn, str(tmp_path / f"m{len(hooks)}"),
+                                     config=config)
+        est.train(softmax_input(hist, labels), steps=60, hooks=hooks)
+        eval_hooks = [graphmod.GraphModifierHook()] if hooks else []
+        results.append(est.evaluate(softmax_input(hist, labels, repeat=False),
+                                    hooks=eval_hooks))
+        if hooks:
+            assert sorted(t["variable"] for t in hooks[0].report.tables) == \
+                ["item_emb", "softmax_w"]
+            report = eval_hooks[0].report
+            assert report.replayed_plan
+            (w,) = [t for t in report.tables if t["variable"] == "softmax_w"]
+            assert w["dense_reads"] == 1 and w["lookups"] == 0
+    plain, hooked = results
+    np.testing.assert_allclose(hooked["loss"], plain["loss"], rtol=1e-5)
+    assert plain["loss"] < np.log(ITEMS) - 0.1, plain  # training moved the full-softmax loss
+
+
+def hashed_model_fn(features, labels, mode):
+    bucket = tf.strings.to_hash_bucket_fast(features["word"], 50)
+    emb = tf1.get_variable("word_emb", [50, 4], initializer=tf1.constant_initializer(0.1))
+    logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, bucket), 1)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    if mode == tf.estimator.ModeKeys.EVAL:
+        # eval also reads the bucket numbers' values: the table's keys cannot follow
+        metric = tf1.metrics.mean(tf.cast(tf.reduce_max(bucket), tf.float32))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={"m": metric})
+    train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+def test_a_graph_that_cannot_follow_the_plan_fails_naming_the_table(tmp_path):
+    words = np.array([f"w{i}".encode() for i in range(200)])
+    labels = (np.arange(200) % 2).astype(np.float32)
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices(({"word": words}, labels)).batch(50)
+
+    est = tf.estimator.Estimator(hashed_model_fn, str(tmp_path))
+    est.train(input_fn, steps=4, hooks=[graphmod.GraphModifierHook()])
+    with open(os.path.join(str(tmp_path), "graphmod", "plan.json")) as f:
+        saved = json.load(f)
+    assert saved["format"] == plan_file.FORMAT
+    (entry,) = saved["variables"]
+    assert entry["variable"] == "word_emb" and entry["unsqueezed"]
+    with pytest.raises(RuntimeError, match="'word_emb'.*unsqueezed ids.*Max"):
+        est.evaluate(input_fn, hooks=[graphmod.GraphModifierHook()])
+
+
+def test_export_and_eval_use_the_training_settings(tmp_path):
+    """Table settings given to training (here the initializer and shard count)
+    hold in every later graph, whatever hook (or none) those graphs get."""
+    rng = np.random.default_rng(1)
+    hist = rng.integers(0, 100, size=(256, 3))
+    labels = (hist[:, 0] * 7 + 3) % ITEMS
+    est = tf.estimator.Estimator(softmax_model_fn, str(tmp_path / "m"))
+    train_hook = graphmod.GraphModifierHook(tables={
+        "item_emb": dict(initializer=0.25, num_shards=4), "softmax_w": {}})
+    est.train(softmax_input(hist, labels), steps=5, hooks=[train_hook])
+    planned = plan_file.read(str(tmp_path / "m"))
+    assert planned["item_emb"].initializer.kind == "constant"
+    assert planned["item_emb"].settings.num_shards == 4
+    # An unseen item reads the training initializer's row in prediction (0.25 everywhere).
+    unseen = np.full((1, 3), 299, np.int64)
+    (pred,) = est.predict(lambda: tf.data.Dataset.from_tensor_slices(
+        {"hist": unseen}).batch(1), hooks=[graphmod.GraphModifierHook(min_rows=10**9)])
+    def receiver():
+        ph = tf1.placeholder(tf.int64, [None, 3], name="hist")
+        return tf.estimator.export.ServingInputReceiver({"hist": ph}, {"hist": ph})
+
+    path = graphmod.export_saved_model(est, receiver, str(tmp_path / "export")).decode()
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        meta = tf1.saved_model.load(sess, ["serve"], path)
+        sig = meta.signature_def["serving_default"]
+        served = sess.run(sig.outputs["logits"].name, {sig.inputs["hist"].name: unseen})
+        (table_op,) = [op for op in sess.graph.get_operations()
+                       if op.type == "GraphmodTable" and op.get_attr("table_name") == b"item_emb"]
+        assert table_op.get_attr("num_shards") == 4 and table_op.get_attr("init_a") == 0.25
+    np.testing.assert_allclose(served[0], pred["logits"], rtol=1e-6)
