@@ -12,7 +12,7 @@ NATIVE := $(wildcard native/*.cc native/*.h)
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup build bazel native-test test test-python test-bazel-ops demo bench clean
+.PHONY: setup build bazel native-test native-sanitize test test-python test-bazel-ops demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,19 @@ bazel: $(VENV)/.installed
 native-test: bazel
 	PYTHON_BIN_PATH=$(PY) bazel test //native:table_test
 
+# The table's tests under AddressSanitizer + UBSan, and its concurrency
+# stress under ThreadSanitizer (plain g++, no TensorFlow needed).
+SAN_DIR := build/sanitize
+SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -pthread -I.
+native-sanitize: native/table.cc native/table.h native/table_test.cc
+	mkdir -p $(SAN_DIR)
+	$(CXX) $(SAN_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+		native/table.cc native/table_test.cc -o $(SAN_DIR)/table_test_asan
+	$(SAN_DIR)/table_test_asan
+	$(CXX) $(SAN_FLAGS) -fsanitize=thread native/table.cc native/table_test.cc \
+		-o $(SAN_DIR)/table_test_tsan
+	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/table_test_tsan --concurrency
+
 test-python: build
 	$(PY) -m pytest -q tests
 
@@ -48,7 +61,7 @@ test-python: build
 test-bazel-ops: build bazel
 	GRAPHMOD_OPS_LIBRARY=$(abspath $(BAZEL_LIB)) $(PY) -m pytest -q tests/test_ops.py
 
-test: native-test test-python test-bazel-ops
+test: native-test native-sanitize test-python test-bazel-ops
 
 demo: build
 	$(PY) examples/hook_demo.py

@@ -99,9 +99,23 @@ class SparseOptimizer:
                 raise ValueError(f"{type(self).__name__}.apply_gradients: {target!r} is not the "
                                  "row handles of a graphmod training lookup in this graph")
             pairs.append((grad, lookup))
+        # One apply per table: lookups of one table (features sharing it) are
+        # one update with their duplicates summed, as TF updates a variable
+        # gathered twice; two applies would be unordered stateful updates.
+        by_table = {}
+        for g, l in pairs:
+            by_table.setdefault(l.table.name, []).append((g, l))
         with tf1.name_scope(name, f"graphmod_{self.name}"):
             self._before_step()
-            applied = [self._apply_op(l.table, l.handles, g, by_address=True) for g, l in pairs]
+            applied = []
+            for group in by_table.values():
+                table = group[0][1].table
+                handles = [tf.reshape(l.handles, [-1]) for _, l in group]
+                grads = [tf.reshape(tf.convert_to_tensor(g, tf.float32), [-1, table.dim])
+                         for g, _ in group]
+                applied.append(self._apply_op(
+                    table, handles[0] if len(group) == 1 else tf.concat(handles, 0),
+                    grads[0] if len(group) == 1 else tf.concat(grads, 0), by_address=True))
             return tf.group(*applied, *self._after_step(applied))
 
     def minimize(self, loss: tf.Tensor, name: str = None) -> tf.Operation:

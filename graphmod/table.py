@@ -97,7 +97,9 @@ class Table:
         """Scalars: size (rows held), memory_bytes, version (optimizer steps
         applied), and since the table was created: admitted (rows lookups
         created), rejected (lookups given no row), evicted, pending (ids counted
-        towards admission), latest (the newest clock value a lookup passed)."""
+        towards admission), latest (the newest clock value a lookup passed),
+        stale (by-address gradients dropped because their row had been
+        removed, evicted or reused since the lookup)."""
         return ops.graphmod_table_info(self.handle)._asdict()
 
     def size(self) -> tf.Tensor:

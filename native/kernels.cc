@@ -320,9 +320,10 @@ class InfoOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const TableCounters c = t->counters();
-    const int64_t values[8] = {c.rows,     t->memory_bytes(), t->version(), c.admitted,
-                               c.rejected, c.evicted,         c.pending,    c.latest};
-    for (int i = 0; i < 8; ++i) {
+    const int64_t values[9] = {c.rows,     t->memory_bytes(), t->version(), c.admitted,
+                               c.rejected, c.evicted,         c.pending,    c.latest,
+                               c.stale};
+    for (int i = 0; i < 9; ++i) {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
       out->scalar<int64_t>()() = values[i];

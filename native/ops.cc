@@ -132,9 +132,10 @@ REGISTER_OP("GraphmodTableInfo")
     .Output("evicted: int64")
     .Output("pending: int64")
     .Output("latest: int64")
+    .Output("stale: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 8; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 9; ++i) c->set_output(i, c->Scalar());
       return ::tensorflow::OkStatus();
     })
     .Doc("Rows, bytes held, Apply calls so far, and the admission/eviction counters.");

@@ -309,6 +309,9 @@ struct EmbeddingTable::Shard {
   uint64_t rows = 0;
   uint64_t arena_rows = 0;  // rows the allocated blocks can hold
   std::vector<uint32_t> free_rows;
+  // Per row, advanced when the row is freed (and for every row when the shard
+  // is reset): a handle carries its row's generation (see kHandleRowBits).
+  std::vector<uint8_t> generation;
   size_t stride = 0;
   // Bounded tables (max_rows >= 0) keep an exact table-wide row count, which
   // every insert reserves from; unbounded ones skip that shared counter.
@@ -493,6 +496,7 @@ struct EmbeddingTable::Shard {
       blocks.push_back(NewBlock(n * stride));
       arena_rows += n;
     }
+    if (generation.size() <= rows) generation.resize(arena_rows, 0);
     return static_cast<uint32_t>(rows++);
   }
 
@@ -577,6 +581,7 @@ struct EmbeddingTable::Shard {
 
   void Erase(size_t slot) {
     free_rows.push_back(Row(slot));
+    ++generation[Row(slot)];
     Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
     if (max_rows >= 0) table_rows->fetch_sub(1);
     --used;
@@ -595,6 +600,7 @@ struct EmbeddingTable::Shard {
     rows = arena_rows = 0;
     free_rows.clear();
     free_rows.shrink_to_fit();
+    for (uint8_t& g : generation) ++g;  // handles of the old rows are stale from now
     pending = {};
     std::fill(sketch.begin(), sketch.end(), 0u);
   }
@@ -605,6 +611,7 @@ struct EmbeddingTable::Shard {
     constexpr size_t kPendingBytes = 40 + sizeof(void*);
     return static_cast<int64_t>(groups * sizeof(Group) + arena_bytes +
                                 free_rows.capacity() * sizeof(uint32_t) +
+                                generation.capacity() +
                                 pending.size() * kPendingBytes +
                                 sketch.size() * sizeof(uint32_t));
   }
@@ -723,7 +730,7 @@ EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
   const int64_t per_chunk = (n + chunks - 1) / chunks;
   std::vector<int64_t> counts(chunks * buckets, 0);
   auto bucket_of = [&](int64_t i) -> int64_t {
-    if (ids_are_handles) return ids[i] < 0 ? shards : ids[i] >> kHandleRowBits;
+    if (ids_are_handles) return ids[i] < 0 ? shards : ids[i] >> kHandleShardShift;
     return shard_bits_ == 0 ? 0 : batch.hash[i] >> (64 - shard_bits_);
   };
   run(chunks, per_chunk * 20, [&](int64_t c0, int64_t c1) {
@@ -792,6 +799,7 @@ TableCounters EmbeddingTable::counters() const {
   c.rejected = rejected_.load();
   c.evicted = evicted_.load();
   c.latest = latest_.load();
+  c.stale = stale_.load();
   for (const auto& s : shards_) {
     std::lock_guard<std::mutex> lock(s->mu);
     c.pending += static_cast<int64_t>(s->pending.size());
@@ -859,7 +867,9 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
         h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
         h->version = static_cast<uint32_t>(version);
         std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
-        if (handles != nullptr) handles[i] = (s << kHandleRowBits) | row;
+        if (handles != nullptr)
+          handles[i] = (s << kHandleShardShift) |
+                       (static_cast<int64_t>(shard.generation[row]) << kHandleRowBits) | row;
       });
     }
     admitted_ += admitted;
@@ -1017,19 +1027,34 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
     return "the optimizer needs " + std::to_string(SlotsNeeded(opt.kind)) +
            " slot rows per key but the table was created with " +
            std::to_string(config_.num_slots);
+  // Every handle is checked before any row changes, so a bad one updates
+  // nothing. A row beyond those ever handed out can only come from elsewhere
+  // (a reset shard's old handles are stale instead: its generations advanced).
   if (ids_are_handles) {
     for (int64_t i = 0; i < n; ++i)
-      if (ids[i] >= 0 && (static_cast<uint64_t>(ids[i]) >> kHandleRowBits) >=
+      if (ids[i] >= 0 && (static_cast<uint64_t>(ids[i]) >> kHandleShardShift) >=
                              static_cast<uint64_t>(config_.num_shards))
         return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                " does not belong to this table";
   }
+  const Batch batch = Partition(ids, n, ids_are_handles, run);
+  if (ids_are_handles) {
+    for (int s = 0; s < config_.num_shards; ++s) {
+      const Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+        const int64_t i = batch.order[p];
+        if ((ids[i] & ((1LL << kHandleRowBits) - 1)) >=
+            static_cast<int64_t>(shard.generation.size()))
+          return "row handle " + std::to_string(ids[i]) + " at position " +
+                 std::to_string(i) + " does not belong to this table";
+      }
+    }
+  }
   const uint32_t version = static_cast<uint32_t>(++version_);
   if (n == 0) return "";
-  const Batch batch = Partition(ids, n, ids_are_handles, run);
   const int d = config_.dim;
-  std::mutex error_mu;
-  std::string error;
+  std::atomic<int64_t> stale{0};
   const int64_t per_shard = n / config_.num_shards + 1;
   run(config_.num_shards, per_shard * (200 + 10 * d), [&](int64_t s0, int64_t s1) {
     RowGroups groups;
@@ -1037,15 +1062,17 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       groups.Reset(batch.begin[s + 1] - batch.begin[s], d);
+      int64_t dropped = 0;
       for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
         const int64_t i = batch.order[p];
         if (ids_are_handles) {
           const uint64_t row = ids[i] & ((1ULL << kHandleRowBits) - 1);
-          if (row >= shard.rows) {
-            std::lock_guard<std::mutex> elock(error_mu);
-            error = "row handle " + std::to_string(ids[i]) + " at position " +
-                    std::to_string(i) + " does not belong to this table";
-            return;
+          const uint8_t gen = static_cast<uint8_t>(ids[i] >> kHandleRowBits);
+          // Freed since the lookup (removed, evicted, cleared): another key
+          // may hold the row now.
+          if (row >= shard.rows || shard.generation[row] != gen) {
+            ++dropped;
+            continue;
           }
           groups.Add(static_cast<uint32_t>(row), grads + i * d);
         } else {
@@ -1054,6 +1081,7 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
           if (found) groups.Add(shard.Row(slot), grads + i * d);
         }
       }
+      stale += dropped;
       // Each row is updated once, with the sum of its gradients (what TF's
       // sparse apply does); records are prefetched a few rows ahead.
       constexpr size_t kAhead = 4;
@@ -1068,7 +1096,8 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
       }
     }
   });
-  return error;
+  stale_ += stale.load();
+  return "";
 }
 
 int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {

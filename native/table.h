@@ -109,8 +109,13 @@ struct Optimizer {
   float rho = 0.9f;          // rmsprop decay
 };
 
-// Row handle: shard number in the high bits, row number in the low 40 bits.
+// Row handle: shard number in bits 48..62, the row's generation in bits 40..47
+// and its row number in the low 40 bits. A row's generation advances each time
+// the row is freed, so a handle kept past its row's removal (and the row's
+// reuse by another key) is recognised as stale instead of updating that key.
 constexpr int kHandleRowBits = 40;
+constexpr int kHandleGenerationBits = 8;
+constexpr int kHandleShardShift = kHandleRowBits + kHandleGenerationBits;
 
 // Table-wide counts since the table was created.
 struct TableCounters {
@@ -120,6 +125,7 @@ struct TableCounters {
   int64_t evicted = 0;   // rows removed by Evict or to make room in a full table
   int64_t pending = 0;   // keys counted towards admission that have no row yet
   int64_t latest = 0;    // the largest `now` a training lookup has passed
+  int64_t stale = 0;     // by-address gradients dropped: their row was removed (or reused)
 };
 
 // Pending keys as Export/ImportPending see them; sketch holds the count-min
@@ -172,7 +178,10 @@ class EmbeddingTable {
   void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
   // Sparse update. ids are keys, or handles from FindOrInsert when
   // ids_are_handles. Gradients of duplicate ids are summed first; gradients
-  // of keys without a row (and of handle -1) are dropped. Returns "" or the error.
+  // of keys without a row (and of handle -1) are dropped, as are those of
+  // stale handles (counted in counters().stale). Every id is checked before
+  // any row changes: a handle of another table (or never handed out) is an
+  // error and the call then updates nothing. Returns "" or the error.
   std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                     const float* grads, int64_t n, const Runner& run);
   // Removes the keys' rows (absent keys are ignored); returns rows removed.
@@ -228,7 +237,7 @@ class EmbeddingTable {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<int64_t> version_{0};
   std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
-  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
+  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0};
   std::atomic<int64_t> latest_{0};
 };
 

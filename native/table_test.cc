@@ -1,12 +1,14 @@
 // Unit tests of graphmod::EmbeddingTable alone (no TensorFlow).
 // Built by `bazel test //native:table_test` and by `make native-test`.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,7 +23,7 @@ using graphmod::TableConfig;
 
 namespace {
 
-int failures = 0;
+std::atomic<int> failures{0};  // CHECKs may fail on several threads at once
 
 #define CHECK(cond)                                                   \
   do {                                                                \
@@ -173,7 +175,7 @@ void TestApplySumsDuplicates() {
   CHECK(t.Apply(adagrad, by_key.data(), false, g2.data(), 2, graphmod::SerialRunner).empty());
   CHECK(t.size() == 2);
   // Handles from nowhere and optimizers needing missing slots are refused.
-  int64_t bad = (int64_t{99} << graphmod::kHandleRowBits) | 1;
+  int64_t bad = (int64_t{99} << graphmod::kHandleShardShift) | 1;
   CHECK(!t.Apply(adagrad, &bad, true, g2.data(), 1, graphmod::SerialRunner).empty());
   bad = 1000;
   CHECK(!t.Apply(adagrad, &bad, true, g2.data(), 1, graphmod::SerialRunner).empty());
@@ -227,6 +229,52 @@ void TestVersions() {
   // Only key 2 changed after the first apply.
   Exported e = ExportAll(t, after_first + 1);
   CHECK(e.keys.size() == 1 && e.keys[0] == 2);
+}
+
+// A handle outlives its row: the row is removed and reused by another key
+// before the apply. The stale gradient is dropped and counted, never given to
+// the new key; and an apply with a handle of another table changes no row.
+void TestStaleHandlesAndAllOrNothing() {
+  EmbeddingTable t(Config(2, 0));
+  Optimizer sgd;
+  sgd.lr = 1.f;
+  std::vector<float> values(4), grad = {1.f, 1.f};
+  int64_t k1 = 1, h1, k2 = 2, h2;
+  t.FindOrInsert(&k1, 1, 0, -1, values.data(), &h1, graphmod::SerialRunner);
+  CHECK(t.Remove(&k1, 1) == 1);
+  // Force key 2 into key 1's shard and freed row: retry keys until one lands there.
+  for (k2 = 2; k2 < 100000; ++k2) {
+    t.FindOrInsert(&k2, 1, 0, -1, values.data(), &h2, graphmod::SerialRunner);
+    if ((h2 & ((int64_t{1} << graphmod::kHandleRowBits) - 1)) ==
+            (h1 & ((int64_t{1} << graphmod::kHandleRowBits) - 1)) &&
+        (h2 >> graphmod::kHandleShardShift) == (h1 >> graphmod::kHandleShardShift))
+      break;
+    t.Remove(&k2, 1);
+  }
+  CHECK(h2 != h1);  // same row, another generation
+  std::vector<float> before(2), after(2);
+  Exported e = ExportAll(t);
+  CHECK(e.keys.size() == 1 && e.keys[0] == k2);
+  before.assign(e.values.begin(), e.values.end());
+  CHECK(t.Apply(sgd, &h1, true, grad.data(), 1, graphmod::SerialRunner).empty());
+  e = ExportAll(t);
+  CHECK(e.values == before);  // key 2 did not get key 1's gradient
+  CHECK(t.counters().stale == 1);
+  // All or nothing: a valid handle and one from nowhere -> error, no row moved.
+  const int64_t mixed[2] = {h2, (int64_t{3} << graphmod::kHandleShardShift) | 99999};
+  const std::vector<float> g2 = {1.f, 1.f, 1.f, 1.f};
+  CHECK(!t.Apply(sgd, mixed, true, g2.data(), 2, graphmod::SerialRunner).empty());
+  e = ExportAll(t);
+  CHECK(e.values == before);
+  CHECK(t.Apply(sgd, &h2, true, grad.data(), 1, graphmod::SerialRunner).empty());
+  e = ExportAll(t);
+  CHECK(std::fabs(e.values[0] - (before[0] - 1.f)) < 1e-6f);
+  // Clear makes every handle stale.
+  t.Clear();
+  t.FindOrInsert(&k2, 1, 0, -1, values.data(), &h1, graphmod::SerialRunner);
+  e = ExportAll(t);
+  CHECK(t.Apply(sgd, &h2, true, grad.data(), 1, graphmod::SerialRunner).empty() == (h1 != h2));
+  if (h1 != h2) CHECK(ExportAll(t).values == e.values);
 }
 
 void TestConcurrentUse() {
@@ -343,7 +391,7 @@ void TestSketchAdmission() {
   c.sketch_width = 1 << 14;
   EmbeddingTable t(c);
   CHECK(t.sketch_size() == 4 * (1 << 14));
-  std::vector<float> values(2);
+  std::vector<float> values(2 * 2);  // up to two keys of dim 2
   int64_t handle;
   for (int64_t k = 0; k < 50; ++k)
     for (int call = 1; call <= 3; ++call) {
@@ -478,10 +526,17 @@ void TestValidation() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --concurrency: only the multi-threaded tests (the ThreadSanitizer build).
+  if (argc > 1 && std::string(argv[1]) == "--concurrency") {
+    for (int round = 0; round < 3; ++round) TestConcurrentUse();
+    std::printf("table_test --concurrency: %s\n", failures ? "FAILED" : "all checks passed");
+    return failures != 0;
+  }
   TestGrowthKeepsRowsAndHandles();
   TestDeterministicInit();
   TestApplySumsDuplicates();
+  TestStaleHandlesAndAllOrNothing();
   TestRemoveExportImport();
   TestVersions();
   TestConcurrentUse();
@@ -493,7 +548,7 @@ int main() {
   TestCapacityWithCoarseClock();
   TestValidation();
   if (failures != 0) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
+    std::fprintf(stderr, "%d check(s) failed\n", failures.load());
     return 1;
   }
   std::printf("table_test: all checks passed\n");

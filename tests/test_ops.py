@@ -289,18 +289,31 @@ def test_bad_input_gives_clear_errors_naming_the_table():
             graphmod.sparse_lookup(table, tf.constant([1]), is_training=tf.constant(True))
         bad_grads = table.optimizer.apply(table, tf.constant([1, 2, 3], tf.int64), tf.ones([2, 4]))
         bad_import = table.import_rows(tf.constant([1, 2], tf.int64), tf.ones([2, 5]))
-        wrong_handle = table.optimizer.apply(table, tf.constant([12345678], tf.int64),
-                                             tf.ones([1, 4]), by_address=True)
+        # Rows in many shards, then one apply of their valid handles and one
+        # handle from nowhere: the apply must fail before it moves any row.
+        keys = tf.constant(np.arange(100, 164), tf.int64)
+        graphmod.sparse_lookup(table, keys)
+        lookup = graphmod.training_lookups()[-1]
+        from_nowhere = tf.constant([(3 << 48) | 12345678], tf.int64)
+        wrong_handle = table.optimizer.apply(
+            table, tf.concat([lookup.handles, from_nowhere], 0), tf.ones([65, 4]),
+            by_address=True)
+        export = table.export()
         with tf1.Session() as sess:
+            sess.run(lookup.rows)
+            before = sess.run(export)
+            assert len(before["keys"]) == 64
             with pytest.raises(tf.errors.InvalidArgumentError,
                                match="'clicks'.*gradients of shape \\[2,4\\]"):
                 sess.run(bad_grads)
             with pytest.raises(tf.errors.InvalidArgumentError,
                                match="'clicks'.*import values have shape \\[2,5\\]"):
                 sess.run(bad_import)
+            # (the handles are fed from the lookup's run: a new lookup gives the same rows)
             with pytest.raises(tf.errors.InvalidArgumentError, match="'clicks'.*row handle"):
                 sess.run(wrong_handle)
-            assert sess.run(table.size()) == 0  # nothing was half-applied
+            after = sess.run(export)
+            np.testing.assert_array_equal(after["values"], before["values"])  # nothing half-applied
 
 
 def test_empty_batches_and_extreme_keys():
@@ -376,3 +389,27 @@ def test_tables_survive_export_and_import_of_the_meta_graph(caplog):
             after = sess.run(imported.export())
     assert "Cannot identify data type" not in caplog.text
     np.testing.assert_array_equal(np.sort(before["keys"]), np.sort(after["keys"]))
+
+
+def test_a_stale_handle_never_updates_another_key():
+    """Look up key 1, remove it, look up other keys (one reuses key 1's row),
+    apply key 1's handle: the gradient is dropped and counted, no row moves."""
+    with tf.Graph().as_default():
+        opt = graphmod.optimizers.SGD(1.0)
+        table = graphmod.create_table("stale", 2, optimizer=opt, num_shards=1)
+        one = graphmod.sparse_lookup(table, tf.constant([1], tf.int64))
+        handles_of_one = graphmod.training_lookups()[-1].handles
+        others = graphmod.sparse_lookup(table, tf.constant([2, 3], tf.int64))
+        handle = tf1.placeholder(tf.int64, [1])
+        apply = opt.apply(table, handle, tf.ones([1, 2]), by_address=True)
+        remove = table.remove(tf.constant([1], tf.int64))
+        export, info = table.export(), table.info()
+        with tf1.Session() as sess:
+            _, old = sess.run([one, handles_of_one])
+            sess.run(remove)
+            sess.run(others)  # key 2 takes the freed row
+            before = sess.run(export)
+            sess.run(apply, {handle: old})
+            after = sess.run(export)
+            np.testing.assert_array_equal(after["values"], before["values"])
+            assert sess.run(info["stale"]) == 1

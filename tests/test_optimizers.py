@@ -365,3 +365,28 @@ def test_minimize_refuses_a_graph_whose_tables_belong_to_other_optimizers():
         rows = graphmod.sparse_lookup(table, tf.constant([1, 2], tf.int64))
         with pytest.raises(ValueError, match="'owned' \\(Adagrad\\)"):
             gmo.Adam(0.1).minimize(tf.reduce_sum(rows))
+
+
+def test_lookups_sharing_a_table_are_one_update():
+    """Two features sharing one table (FeatureSpec(table=...)): a key in both
+    gets one Adagrad update with its gradients summed, as TF updates a
+    variable gathered twice: accumulator 0.1 + (3 + 0.5)^2, not 0.1 + 3^2 + 0.5^2,
+    and the same in every run."""
+    results = []
+    for _ in range(2):
+        with tf.Graph().as_default():
+            opt = gmo.Adagrad(1.0, initial_accumulator_value=0.1)
+            table = graphmod.create_table("shared", 1, initializer=0.0, optimizer=opt)
+            a = graphmod.sparse_lookup(table, tf.constant([5], tf.int64))
+            b = graphmod.sparse_lookup(table, tf.constant([5], tf.int64))
+            loss = 3.0 * tf.reduce_sum(a) + 0.5 * tf.reduce_sum(b)
+            train = opt.minimize(loss)
+            assert len([op for op in tf1.get_default_graph().get_operations()
+                        if op.type == "GraphmodTableApply"]) == 1
+            export = table.export()
+            with tf1.Session() as sess:
+                sess.run(train)
+                results.append(sess.run(export))
+    for out in results:
+        np.testing.assert_allclose(out["slots"][0, 0, 0], 0.1 + 3.5 ** 2, rtol=1e-6)
+        np.testing.assert_allclose(out["values"][0, 0], -3.5 / np.sqrt(0.1 + 3.5 ** 2), rtol=1e-6)
