@@ -64,6 +64,7 @@ def _rewrite_one(rw, conversion: Conversion) -> None:
                     rows, _ = find_or_insert(table, keys)
                 else:
                     rows = ops.graphmod_table_find(table.handle, keys, dim=table.dim)
+                conversion.lookups.append((keys, rows))
                 if g.op.type in SEGMENT_READS:
                     rows = _combine_by_segment(g, rows)
             rw.reroute(g.op.outputs[0], rows)

@@ -38,14 +38,20 @@ class Untranslatable(Refused):
 
 # op type -> (table optimizer kind, names of our hparams in the op's input args
 # (a float stands for a constant), names of the slot args in our slot order)
+# Keyed by the op type without "Resource" and "Sparse": a variable whose
+# dense gradient the planner split into rows (an L2 penalty made it dense)
+# has a dense Apply op with the same argument names.
 _FUSED = {
-    "SparseApplyAdagrad": ("adagrad", ["lr", 0.0], ["accum"]),
-    "SparseApplyAdagradV2": ("adagrad", ["lr", "epsilon"], ["accum"]),
-    "SparseApplyFtrl": ("ftrl", ["lr", "l1", "l2", 0.0, "lr_power"], ["accum", "linear"]),
-    "SparseApplyFtrlV2": ("ftrl", ["lr", "l1", "l2", "l2_shrinkage", "lr_power"],
-                          ["accum", "linear"]),
-    "SparseApplyMomentum": ("momentum", ["lr", "momentum"], ["accum"]),
-    "SparseApplyRMSProp": ("rmsprop", ["lr", "rho", "momentum", "epsilon"], ["ms", "mom"]),
+    "ApplyAdagrad": ("adagrad", ["lr", 0.0], ["accum"]),
+    "ApplyAdagradV2": ("adagrad", ["lr", "epsilon"], ["accum"]),
+    "ApplyFtrl": ("ftrl", ["lr", "l1", "l2", 0.0, "lr_power"], ["accum", "linear"]),
+    "ApplyFtrlV2": ("ftrl", ["lr", "l1", "l2", "l2_shrinkage", "lr_power"],
+                    ["accum", "linear"]),
+    "ApplyMomentum": ("momentum", ["lr", "momentum"], ["accum"]),
+    "ApplyRMSProp": ("rmsprop", ["lr", "rho", "momentum", "epsilon"], ["ms", "mom"]),
+    "ApplyGradientDescent": ("sgd", ["alpha"], []),
+    "ApplyAdam": ("adam", ["lr", "beta1", "beta2", "epsilon", "beta1_power", "beta2_power"],
+                  ["m", "v"]),
 }
 
 
@@ -85,9 +91,12 @@ def translate(update: Update) -> Translation:
     by_op = {s.op: s for s in update.slots}
     for op in update.writes:
         base = op.type[len("Resource"):] if op.type.startswith("Resource") else op.type
-        if base == "SparseApplyCenteredRMSProp":
+        base = base[len("Sparse"):] if base.startswith("Sparse") else base
+        if base == "ApplyCenteredRMSProp":
             raise Untranslatable("centered RMSProp has no table equivalent")
-        if base == "SparseApplyKerasMomentum":
+        if base == "ApplyAdaMax" or base == "ApplyAdadelta" or base == "ApplyProximalAdagrad":
+            raise Untranslatable(f"{base} has no table equivalent")
+        if base == "ApplyKerasMomentum":
             raise Untranslatable("Keras momentum has no table equivalent (use tf.compat.v1 "
                                  "MomentumOptimizer)")
         if base in _FUSED:
@@ -104,11 +113,12 @@ def translate(update: Update) -> Translation:
         return _adam(update, by_op)
     scatters = [op for op in update.writes if op.type in ("ResourceScatterAdd", "ScatterSub")]
     if len(update.writes) == 1 and scatters:
-        return Translation("sgd", [_sgd_lr(scatters[0], update.values)], [])
+        grads = [v for v, _ in update.gradients]
+        return Translation("sgd", [_sgd_lr(scatters[0], grads)], [])
     raise Untranslatable("unrecognised update ops (" + ", ".join(sorted(types))[:200] + ")")
 
 
-def _sgd_lr(scatter: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
+def _sgd_lr(scatter: tf.Operation, grads: List[tf.Tensor]) -> tf.Tensor:
     value = scatter.inputs[2]
     if value.op.type == "Neg":  # Keras: -(grad * lr)
         value = value.op.inputs[0]
@@ -116,7 +126,7 @@ def _sgd_lr(scatter: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
         raise Untranslatable(f"gradient-descent scatter {scatter.name} is not lr * grad")
 
     def is_grad(t):  # the consumed gradient, or its negation (TF1: -grad * lr)
-        return t is grad or (t.op.type == "Neg" and t.op.inputs[0] is grad)
+        return any(t is g or (t.op.type == "Neg" and t.op.inputs[0] is g) for g in grads)
     if not any(is_grad(t) for t in value.op.inputs):
         raise Untranslatable(f"gradient-descent scatter {scatter.name} does not scale the "
                              "gradient the update consumes")
@@ -169,6 +179,10 @@ def _adam(update: Update, by_op) -> Translation:
     return Translation("adam", [lr, beta1, beta2, epsilon, beta1_power, beta2_power], slots)
 
 
+def _concat(tensors: List[tf.Tensor]) -> tf.Tensor:
+    return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
+
+
 def check(conversion: Conversion, context: Context) -> None:
     """Translates the update of a variable the graph trains (noting the
     translation on the conversion); Adam is an approximation (lazy)."""
@@ -195,10 +209,9 @@ def _rewrite_one(rw, conversion: Conversion) -> None:
     """The table apply of the gradient the update consumes; swapped in for the update."""
     table, update, translation = conversion.table, conversion.update, conversion.translation
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
-        keys = update.indices
-        if keys.dtype != tf.int64:
-            keys = tf.cast(keys, tf.int64)
-        grads = tf.reshape(update.values, [-1, table.dim])
+        keys = _concat([tf.reshape(i if i.dtype == tf.int64 else tf.cast(i, tf.int64), [-1])
+                        for _, i in update.gradients])
+        grads = _concat([tf.reshape(v, [-1, table.dim]) for v, _ in update.gradients])
         hparams = tf.stack([h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
                             for h in translation.hparams])
         apply = ops.graphmod_table_apply(table.handle, keys, grads, hparams,

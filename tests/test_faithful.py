@@ -371,3 +371,59 @@ def test_lookup_inside_cond_stays_dense_or_matches(v2, monkeypatch):
             np.testing.assert_allclose(row, p_dense["emb"][key], rtol=1e-5)
     else:
         assert [s["variable"] for s in hook.report.skipped] == ["emb"]
+
+
+# --------------------------------------------------------------------------
+# L2 over a whole variable: the penalty of the rows each step reads, reported.
+
+def l2_model(whole: bool, optimizer=lambda: tf1.train.FtrlOptimizer(0.3)):
+    """whole: loss + 0.01 * l2_loss(emb) (a dense read, as DeepCTR's
+    l2_reg_linear); else the same penalty over the distinct rows the batch reads."""
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=tf1.constant_initializer(0.1))
+        loss = xent(labels, head(tf.nn.embedding_lookup(emb, ids)))
+        read = emb if whole else tf.gather(emb, tf.unique(tf.reshape(ids, [-1]))[0])
+        total = loss + 0.01 * tf.nn.l2_loss(read)
+        train_op = optimizer().minimize(total, tf1.train.get_or_create_global_step())
+        return dict(ids=ids, labels=labels, loss=total, train_op=train_op)
+    return build
+
+
+@pytest.mark.parametrize("optimizer", [lambda: tf1.train.FtrlOptimizer(0.3),
+                                       lambda: tf1.train.AdagradOptimizer(0.3),
+                                       lambda: tf1.train.GradientDescentOptimizer(0.3)])
+def test_l2_over_the_whole_variable_becomes_the_penalty_of_the_rows_read(optimizer):
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    c_losses, rows, c_dense = train(l2_model(True, optimizer), hook)
+    assert rows["emb"] and not c_dense
+    assert "L2 penalty" in hook.report.approximations[0]["what"]
+    # Exactly the model whose penalty covers the rows each batch reads.
+    p_losses, _, p_dense = train(l2_model(False, optimizer))
+    np.testing.assert_allclose(c_losses, p_losses, rtol=1e-5)
+    for key, row in rows["emb"].items():
+        np.testing.assert_allclose(row, p_dense["emb"][key], rtol=1e-5, atol=1e-7)
+    # exact=True keeps it dense, training exactly as written.
+    exact = graphmod.GraphModifierHook(min_rows=10, exact=True)
+    e_losses, rows, _ = train(l2_model(True, optimizer), exact)
+    assert not rows and "exact=True" in exact.report.skipped[0]["reason"]
+    np.testing.assert_allclose(e_losses, train(l2_model(True, optimizer))[0], rtol=1e-6)
+
+
+def test_a_dense_read_in_training_keeps_the_variable_dense():
+    """Anything but gathers and L2 penalties reading the whole variable (here a
+    mean of all rows in the loss) keeps it dense, with the op named."""
+    def build():
+        ids = tf1.placeholder(tf.int64, [None, 2])
+        labels = tf1.placeholder(tf.float32, [None])
+        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=tf1.constant_initializer(0.1))
+        loss = xent(labels, head(tf.nn.embedding_lookup(emb, ids))) + tf.reduce_mean(emb)
+        train_op = tf1.train.AdagradOptimizer(0.3).minimize(
+            loss, tf1.train.get_or_create_global_step())
+        return dict(ids=ids, labels=labels, loss=loss, train_op=train_op)
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    c_losses, rows, _ = train(build, hook)
+    assert not rows and "read other than by gathers (Mean" in hook.report.skipped[0]["reason"]
+    np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)

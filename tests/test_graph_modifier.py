@@ -266,12 +266,13 @@ def assert_stays_dense(tmp_path, hook, variable="emb", reason=None, **model_kwar
     return skipped
 
 
-def test_variable_also_read_densely_stays_dense(tmp_path):
+def test_l2_penalised_variable_stays_dense_when_exact(tmp_path):
+    # (without exact=True the penalty covers the rows read: tests/test_faithful.py)
     reason = assert_stays_dense(
-        tmp_path, graphmod.GraphModifierHook(min_rows=MIN_ROWS),
-        reason="read other than by gathers",
+        tmp_path, graphmod.GraphModifierHook(min_rows=MIN_ROWS, exact=True),
+        reason="L2 penalty over the whole variable",
         make_optimizer=OPTIMIZERS["adagrad"], l2=1e-3)["emb"]
-    assert "L2Loss" in reason, reason
+    assert "exact=True" in reason, reason
 
 
 def test_variable_below_min_rows_stays_dense_silently(tmp_path):

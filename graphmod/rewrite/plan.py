@@ -52,6 +52,7 @@ _WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub
            "AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub",
            "AssignAdd", "Assign", "ResourceScatterUpdate", "ScatterUpdate"}
 _SHAPE_READS = {"Shape", "VariableShape", "Size", "Rank"}
+_DENSE = "its update consumes a dense gradient"
 
 
 class PlanMismatch(ValueError):
@@ -127,8 +128,12 @@ class Update:
     ops: List[tf.Operation]    # every op in the scope
     writes: List[tf.Operation]  # ops writing the variable or its slots
     slots: List[tf.Variable]
-    values: Optional[tf.Tensor] = None   # the IndexedSlices the update consumes:
-    indices: Optional[tf.Tensor] = None  # gradient rows and the variable rows they update
+    # The gradient the update consumes, as (values, indices) IndexedSlices
+    # parts: gradient rows and the variable rows they update.
+    gradients: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
+    # Scalars g of the L2 penalties' gradient terms (x * g over the whole
+    # variable) in a dense gradient; the rule adds rows * g for the rows read.
+    penalty_grads: List[tf.Tensor] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -146,6 +151,10 @@ class Conversion:
     dense_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
     # whole-value reads in a graph that does not train the variable
     shape_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    penalties: List[tf.Operation] = dataclasses.field(default_factory=list)
+    # L2Loss ops over the whole variable (become the penalty of the rows read)
+    lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
+    # (int64 keys, rows read) of each lookup, set by the gather rule
     unsqueezed: Optional[List[str]] = None  # replayed: squeezing ops the plan unsqueezes
     approximations: List[str] = dataclasses.field(default_factory=list)
     translation: Any = None      # the optimizer rule's match (training graphs)
@@ -180,12 +189,12 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     """gathers / updates / shapes / plumbing / other (ops) and values (the
     tensors holding the whole value that `other` ops read) of v."""
     out = {"gathers": [], "updates": [], "shapes": [], "plumbing": [], "other": [],
-           "values": []}
+           "values": [], "penalties": []}
     handle = _variable_tensor(v)
     init = v.initializer
 
     def is_write(op):
-        return (_SPARSE_APPLY.match(op.type) or op.type in _WRITES) and op.inputs[0] is handle
+        return (_APPLY.match(op.type) or op.type in _WRITES) and op.inputs[0] is handle
 
     def dead(op):
         return not any(view.consumers(t) for t in op.outputs)
@@ -212,12 +221,19 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
                     out["gathers"].append(c)
                 elif c.type in _SHAPE_READS:
                     out["shapes"].append(c.outputs[0])
+                elif c.type == "L2Loss":
+                    out["penalties"].append(c)
                 else:
                     out["other"].append(c)
                     if not any(x is value for x in out["values"]):
                         out["values"].append(value)
         else:
             out["other"].append(op)
+    # The penalties' own gradients (x * g, built by tf.gradients) read the value too.
+    grads_of = [re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(p.name) + r"_grad/")
+                for p in out["penalties"]]
+    out["other"] = [op for op in out["other"]
+                    if not (op.type == "Mul" and any(g.search(op.name) for g in grads_of))]
     return out
 
 
@@ -264,7 +280,7 @@ def _consumed_gradient(ops: List[tf.Operation], dim: int
             return None, None, f"its gradient {values[0].name} is not [n, {dim}] rows"
         return values[0], indices[0], ""
     if len(values) == 1 and not indices:
-        return None, None, f"its update consumes a dense gradient ({values[0].name})"
+        return None, None, f"{_DENSE} ({values[0].name})"
     names = ", ".join(t.name for t in values + indices)[:300]
     return None, None, f"cannot tell the gradient its update consumes among {names or 'nothing'}"
 
@@ -284,7 +300,7 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
             update_op = op
     if update_op is None:
         return None, f"its update in '{scope}' is not a step of an optimizer"
-    in_scope_writes = [op for op in ops if _SPARSE_APPLY.match(op.type) or op.type in _WRITES]
+    in_scope_writes = [op for op in ops if _APPLY.match(op.type) or op.type in _WRITES]
     slots = []
     for op in in_scope_writes:
         for t in op.inputs:
@@ -292,9 +308,46 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
             if s is not None and s is not v and s not in slots:
                 slots.append(s)
     values, indices, why = _consumed_gradient(ops, int(v.shape[1]))
-    if values is None:
+    gradients, penalty_grads = [(values, indices)], []
+    if values is None and why.startswith(_DENSE):
+        gradients, penalty_grads, why = _split_dense_gradient(values_of_dense(ops), v)
+    if why:
         return None, why
-    return Update(scope, update_op, ops, in_scope_writes, slots, values, indices), ""
+    return Update(scope, update_op, ops, in_scope_writes, slots, gradients, penalty_grads), ""
+
+
+def values_of_dense(ops: List[tf.Operation]) -> tf.Tensor:
+    inside = set(ops)
+    return next(t for op in ops for t in op.inputs if t.op not in inside
+                and t.dtype == tf.float32 and t.shape.rank != 0 and not _reads_variable(t))
+
+
+def _split_dense_gradient(grad: tf.Tensor, v: tf.Variable):
+    """(IndexedSlices parts, penalty scalars, why not) of a dense gradient that sums
+    IndexedSlices made dense (UnsortedSegmentSum, as tf.gradients adds them to
+    dense terms) and L2 penalty terms over the whole variable (x * g)."""
+    parts, penalties, stack = [], [], [grad]
+    while stack:
+        t = stack.pop()
+        op = t.op
+        if op.type in ("AddN", "Add", "AddV2"):
+            stack.extend(op.inputs)
+        elif op.type == "Identity":
+            stack.append(op.inputs[0])
+        elif op.type == "UnsortedSegmentSum" and op.inputs[1].shape.rank in (None, 1):
+            parts.append((op.inputs[0], op.inputs[1]))
+        elif op.type == "Mul" and any(_reads_variable(x) and x.op.inputs[0].op is v.op
+                                      for x in op.inputs):
+            other = op.inputs[1] if _reads_variable(op.inputs[0]) else op.inputs[0]
+            if other.shape.rank != 0:
+                return [], [], f"its dense gradient scales the variable by {other.name}"
+            penalties.append(other)
+        else:
+            return [], [], (f"{_DENSE} ({grad.name}) with a term graphmod cannot map to rows "
+                            f"({op.type} {op.name})")
+    if not parts:
+        return [], [], f"{_DENSE} ({grad.name}) of no rows"
+    return parts, penalties, ""
 
 
 def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
@@ -405,7 +458,7 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                     # As big as an embedding: say why it is not one. Optimizer
                     # slots stay silent: only optimizer updates (ops in an
                     # optimizer's update_<variable> scope) use them.
-                    kinds = sorted({op.type for op in uses["other"]
+                    kinds = sorted({op.type for op in uses["other"] + uses["penalties"]
                                     if not _APPLY.match(op.type) and op.type not in _WRITES
                                     and not _UPDATE_SCOPE.search(op.name)})
                     if kinds:
@@ -474,7 +527,7 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
             v, planned.table if planned is not None else table_name_for(v), table_settings,
             [Gather(op, op.inputs[1]) for op in uses["gathers"]], update, initializer, seed,
             training=trains, summaries=summaries, dense_reads=dense_reads,
-            shape_reads=uses["shapes"],
+            shape_reads=uses["shapes"], penalties=uses["penalties"],
             unsqueezed=planned.unsqueezed if planned is not None else None))
     return conversions, skipped
 

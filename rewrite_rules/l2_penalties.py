@@ -1,0 +1,53 @@
+"""Rule: an L2 penalty over a whole converted variable becomes the same
+penalty over the distinct rows the step reads (what sparse systems do).
+
+Matches tf.nn.l2_loss(variable) (DeepCTR's l2_reg_linear, hand-written
+regularizers): the L2Loss of the variable's whole value and, in a training
+graph, its gradient term x * g inside the variable's dense gradient, which
+the planner split off. The forward penalty becomes l2_loss of the distinct
+rows this step's lookups read, and their gradient rows * g joins the
+gradient the table's apply takes. Rows no lookup reads get no penalty
+gradient (TF's dense update shrinks every row each step): an approximation,
+stated in the report; GraphModifierHook(exact=True) keeps such variables
+dense instead.
+"""
+import tensorflow as tf
+
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context, Refused
+
+NAME = "l2_penalties"
+APPROXIMATION = ("its L2 penalty covers the distinct rows each step reads, not the whole "
+                 "variable (rows outside the batch are not shrunk)")
+
+
+def check(conversion: Conversion, context: Context) -> None:
+    if not conversion.penalties:
+        return
+    if context.exact:
+        raise Refused("an L2 penalty over the whole variable (tf.nn.l2_loss) would cover only "
+                      "the rows each step reads (exact=True keeps it dense)")
+    conversion.approximations.append(APPROXIMATION)
+
+
+def distinct_rows(conversion: Conversion):
+    """(distinct keys, their rows) over every lookup of the variable this step."""
+    keys = tf.concat([tf.reshape(k, [-1]) for k, _ in conversion.lookups], 0)
+    rows = tf.concat([tf.reshape(r, [-1, conversion.dim]) for _, r in conversion.lookups], 0)
+    unique, index = tf.unique(keys)
+    first = tf.math.unsorted_segment_min(tf.range(tf.size(keys)), index, tf.size(unique))
+    return unique, tf.gather(rows, first)
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    del context
+    for c in conversions:
+        if not c.penalties or not c.lookups:
+            continue
+        with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{c.table.name}/l2_penalty"):
+            keys, rows = distinct_rows(c)
+            for penalty in c.penalties:
+                rw.reroute(penalty.outputs[0], tf.nn.l2_loss(rows))
+            if c.training and c.update is not None:
+                for g in c.update.penalty_grads:
+                    c.update.gradients.append((rows * g, keys))
