@@ -45,30 +45,43 @@ def check_estimator(make, tmp_path, tables_expected, auc_key="auc"):
 
 
 def deepctr_columns():
+    """Identity columns for the two large features; the small one hashed, as
+    DeepCTR users write it (hashed ids convert at any size)."""
     fc = tf1.feature_column
-    sparse = [fc.categorical_column_with_identity(c, n)
-              for c, n in zip(CFG.categorical_names, CFG.vocab)]
+    names = CFG.categorical_names
+    sparse = [fc.categorical_column_with_identity(c, n) for c, n in zip(names[:2], CFG.vocab)]
+    sparse.append(fc.categorical_column_with_hash_bucket(names[2], 1000, dtype=tf.int64))
     dense = [fc.numeric_column(c) for c in CFG.dense_names]
     linear = sparse + dense
     dnn = [fc.embedding_column(c, 8) for c in sparse] + dense
     return linear, dnn
 
 
-@pytest.mark.parametrize("name", ["WDLEstimator", "DeepFMEstimator"])
-def test_deepctr_estimator(tmp_path, name):
+DEEPCTR_MODELS = ["WDLEstimator", "DeepFMEstimator", "DCNEstimator", "xDeepFMEstimator",
+                  "NFMEstimator", "FiBiNETEstimator", "AutoIntEstimator"]
+
+
+@pytest.mark.parametrize("name", DEEPCTR_MODELS)
+def test_deepctr_estimator_with_default_regularization(tmp_path, name):
+    """Every feature's embedding and linear weight becomes a table, the linear
+    weights' default L2 (l2_reg_linear) taken over the rows each step reads."""
     deepctr_estimator = pytest.importorskip("deepctr.estimator")
     linear, dnn = deepctr_columns()
+    expected = [f"linear/linear_model/{c}/weights" for c in CFG.categorical_names]
     report, metrics = check_estimator(
         # A graph seed makes the unmodified model deterministic (DeepCTR's
         # seed covers only its own layers), so the margin compares like with like.
         lambda model_dir: getattr(deepctr_estimator, name)(
-            linear, dnn, dnn_hidden_units=(32,), model_dir=model_dir, l2_reg_linear=0.0, seed=1,
+            linear, dnn, dnn_hidden_units=(32,), model_dir=model_dir, seed=1,
             dnn_optimizer=tf1.train.AdagradOptimizer(0.1),
             config=tf.estimator.RunConfig(tf_random_seed=1)),
-        tmp_path, [], auc_key="AUC")
+        tmp_path, expected, auc_key="AUC")
     converted = {t["variable"] for t in report.tables}
-    # The two big embedding columns become tables (the 50-id one is under min_rows).
-    assert sum("C1" in v for v in converted) >= 1 and sum("C2" in v for v in converted) >= 1
+    for c in CFG.categorical_names:
+        assert f"linear/linear_model/{c}/weights" in converted, converted
+        assert any(v.endswith(f"{c}_embedding/embedding_weights") for v in converted), converted
+    assert not report.skipped, report.skipped
+    assert {a["variable"] for a in report.approximations} == set(expected)
     assert metrics["AUC"] > 0.55  # the task's best possible AUC is 0.60
 
 
