@@ -1,8 +1,8 @@
 """Real client models, unchanged, trained with GraphModifierHook: DeepCTR 0.9.4's
 Estimators, DNNLinearCombinedClassifier and a tf-slim model_fn. Each trains,
 evaluates, predicts and resumes; its checkpoint holds tables instead of the
-converted variables, and its eval AUC is within 0.01 of the unmodified model
-trained on the same data."""
+converted variables, and its eval AUC is not worse by more than 0.01 than the
+unmodified model trained on the same data."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -40,7 +40,11 @@ def check_estimator(make, tmp_path, tables_expected, auc_key="auc"):
     est.train(TRAIN, steps=20, hooks=[graphmod.GraphModifierHook()])  # resumes
     print(f"{tmp_path.name}: eval AUC unmodified {plain_auc:.4f}, "
           f"with the hook {metrics[auc_key]:.4f}")
-    assert abs(metrics[auc_key] - plain_auc) < 0.01
+    # Not worse by more than 0.01. (Better is possible: the tables start from
+    # other draws of the same distributions and hashed features lose their
+    # collisions. That the rows move exactly as the variables' would is
+    # proven number for number in tests/test_faithful.py, not by AUC.)
+    assert metrics[auc_key] > plain_auc - 0.01
     return hook.report, metrics
 
 
@@ -118,7 +122,7 @@ def test_dnn_linear_combined_classifier(tmp_path):
             model_dir=model_dir, linear_feature_columns=linear, dnn_feature_columns=dnn,
             dnn_hidden_units=[32], dnn_optimizer=lambda: tf.keras.optimizers.legacy.Adagrad(0.2),
             config=tf.estimator.RunConfig(tf_random_seed=1)),
-        tmp_path, [])
+        tmp_path, [f"linear/linear_model/{c}/weights" for c in CFG.categorical_names])
     optimizers = {t["variable"]: t["optimizer"] for t in report.tables}
     assert any("linear" in v and o == "ftrl" for v, o in optimizers.items()), optimizers
     assert any("dnn" in v and o == "adagrad" for v, o in optimizers.items()), optimizers
