@@ -91,7 +91,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
       dump_graph: also write the GraphDefs before and after the rewrite.
       full_check: also prove the rewritten GraphDef imports (about a second
         per 10,000 ops; see graphmod.rewrite.validate).
-      model_dir: where the plan, report (and graphs) go; default: the Estimator's.
+      model_dir: where the report (and graphs) go, default the Estimator's; without
+        an Estimator, also where the plan is kept (beside the checkpoints).
       timestamp_feature: name of the batch's timestamp feature (int seconds),
         or the tensor itself; lookups then stamp rows with the batch's newest
         timestamp instead of the wall clock.
@@ -144,7 +145,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
         estimator_dir, method = _estimator_call()
-        model_dir = self.model_dir or estimator_dir
+        # The plan lives beside the checkpoints it describes (the Estimator's
+        # model_dir); model_dir= only redirects the reports and graph dumps.
+        model_dir = estimator_dir or self.model_dir
+        out_dir = self.model_dir or estimator_dir
         mode = _graph_mode(graph, method)
         before = graph.as_graph_def() if self.dump_graph else None
         timestamp, ts_name = None, ""
@@ -158,8 +162,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
-        if model_dir:
-            out = os.path.join(model_dir, "graphmod")
+        if out_dir:
+            out = os.path.join(out_dir, "graphmod")
             self.report.write(out)
             if before is not None:
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")

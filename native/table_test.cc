@@ -251,7 +251,8 @@ void TestStaleHandlesAndAllOrNothing() {
       break;
     t.Remove(&k2, 1);
   }
-  CHECK(h2 != h1);  // same row, another generation
+  CHECK(k2 < 100000);  // some key took key 1's freed row
+  CHECK(h2 != h1);     // same row, another generation
   std::vector<float> before(2), after(2);
   Exported e = ExportAll(t);
   CHECK(e.keys.size() == 1 && e.keys[0] == k2);

@@ -25,27 +25,54 @@ from typing import Dict, List, Optional, Set
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from graphmod.rewrite.plan import (CARRIERS, SEGMENT_READS, Conversion, PlanMismatch, carries,
-                                   is_gather, is_squeezer)
+from graphmod.rewrite.plan import (SEGMENT_READS, Conversion, PlanMismatch, carried,
+                                   carrying_inputs, is_gather, is_squeezer)
 from graphmod.rewrite.rule import Context
 
 NAME = "collisionless_keys"
 
-# Consumers that only look at where ids are or how many there are.
-_POSITIONAL = {"Shape", "Size", "Rank", "UnsortedSegmentSum",
-               "SparseSegmentSumGrad", "SparseSegmentMeanGrad", "SparseSegmentSqrtNGrad",
-               "SparseSegmentSumGradV2", "SparseSegmentMeanGradV2", "SparseSegmentSqrtNGradV2"}
-# Comparisons: harmless against a constant <= 0 (a sign or validity check),
-# since squeezed and unsqueezed ids are both non-negative.
-_COMPARISONS = {"GreaterEqual", "Greater", "Less", "LessEqual", "NotEqual", "Equal"}
+# Consumers that only look at how many ids there are.
+_POSITIONAL = {"Shape", "Size", "Rank"}
+# Comparisons `ids OP c` whose answer is the same for every non-negative id
+# (squeezed and unsqueezed ids both are) when c lies below the bound:
+# OP -> (c must be <= bound, or < bound); operands swapped mirror the OP.
+_CONSTANT_FOR_NON_NEGATIVE = {"GreaterEqual": 0, "Less": 0}
+_CONSTANT_FOR_NEGATIVE_C = {"Greater", "LessEqual", "Equal", "NotEqual"}
+_MIRROR = {"Less": "Greater", "Greater": "Less", "LessEqual": "GreaterEqual",
+           "GreaterEqual": "LessEqual", "Equal": "Equal", "NotEqual": "NotEqual"}
 
 
 def _sign_check(op: tf.Operation, t: tf.Tensor) -> bool:
-    if op.type not in _COMPARISONS:
+    """A comparison of the ids with a constant that answers alike for all
+    non-negative ids (e.g. feature columns' `ids >= 0` pruning)."""
+    if op.type not in _MIRROR or len(op.inputs) != 2:
         return False
-    other = op.inputs[1] if op.inputs[0] is t else op.inputs[0]
+    kind, other = (op.type, op.inputs[1]) if op.inputs[0] is t else (_MIRROR[op.type],
+                                                                     op.inputs[0])
     value = tensor_util.constant_value(other)
-    return value is not None and value.size == 1 and float(value.reshape(-1)[0]) <= 0
+    if value is None or value.size != 1:
+        return False
+    c = float(value.reshape(-1)[0])
+    if kind in _CONSTANT_FOR_NON_NEGATIVE:
+        return c <= 0
+    return kind in _CONSTANT_FOR_NEGATIVE_C and c < 0
+
+
+def _feeds_only(op: tf.Operation, replaced_ops: Set[str]) -> bool:
+    """Every path from op ends in ops the rewrite replaces (the old updates):
+    e.g. the dense form of a gradient an L2 penalty made dense, which only the
+    old update read."""
+    seen, stack = set(), [op]
+    while stack:
+        o = stack.pop()
+        if o.name in replaced_ops or o.name in seen:
+            continue
+        seen.add(o.name)
+        consumers = [c for t in o.outputs for c in t.consumers()]
+        if not consumers or len(seen) > 64:
+            return False
+        stack.extend(consumers)
+    return True
 
 
 def _reads_rows(op: tf.Operation) -> bool:
@@ -71,10 +98,8 @@ def sources(gather_ids: List[tf.Tensor]) -> List[tf.Operation]:
         if is_squeezer(op):
             found.append(op)
             continue
-        if op.type in CARRIERS:  # any cast: refusal() then says why a narrowing one stops it
-            # a gather of the ids themselves carries input 0; others, every input
-            inputs = op.inputs[:1] if is_gather(op) else op.inputs
-            stack.extend(t.op for t in inputs if t.dtype.is_integer)
+        # any cast: refusal() then says why a narrowing one stops it
+        stack.extend(t.op for t in carrying_inputs(op))
     return found
 
 
@@ -98,8 +123,11 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
                 continue  # positions in the batch, segment ids or counts
             if op.type in _POSITIONAL or op.name in replaced_ops or _sign_check(op, t):
                 continue
-            if carries(op):
-                stack.extend(o for o in op.outputs if o.dtype.is_integer)
+            outs = [carried(op, i) for i in index]
+            if all(o is not None for o in outs):
+                stack.extend(x for o in outs for x in o)
+                continue
+            if _feeds_only(op, replaced_ops):
                 continue
             what = (f"a cast to {op.outputs[0].dtype.name}" if op.type == "Cast"
                     else op.type)
@@ -130,7 +158,7 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
     """Unsqueezes every source upstream of the converted gathers that can be
     (or, replaying a plan, exactly the plan's); notes each conversion's."""
     if not context.collision_free and not any(c.unsqueezed for c in conversions):
-        return
+        return  # (exact=True implies collision_free=False: see the pipeline)
     converted = {g.op.name for c in conversions for g in c.gathers}
     replaced_ops = {op.name for c in conversions if c.update is not None for op in c.update.ops}
     decided: Dict[str, Optional[str]] = {}  # source -> refusal reason (None: unsqueezed)
@@ -138,15 +166,10 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
         found = sources([g.op.inputs[1] for g in c.gathers])
         planned = c.unsqueezed
         if planned is not None:
-            missing = sorted(set(planned) - {s.name for s in found})
-            if missing:
-                raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
-                                   f"unsqueezed ids of {', '.join(missing)}, which do not reach "
-                                   f"'{c.variable.op.name}' in this graph")
-            found = [s for s in found if s.name in planned]
+            found = _as_planned(c, found, planned)
         elif not context.collision_free:
             found = []
-        c.unsqueezed = []
+        c.unsqueezed, c.unsqueezed_types = [], []
         for source in found:
             if source.name not in decided:
                 reason = refusal(source, converted, replaced_ops)
@@ -161,3 +184,23 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
                     context.squeezed_kept.append((source.name, reason))
             if decided[source.name] is None:
                 c.unsqueezed.append(source.name)
+                c.unsqueezed_types.append(source.type)
+        if c.unsqueezed:
+            c.approximations.append(
+                "keyed by the full ids of " + ", ".join(c.unsqueezed) + ": ids that shared a "
+                "row (hash-bucket or modulo collisions) have rows of their own")
+
+
+def _as_planned(c: Conversion, found: List[tf.Operation], planned: List[str]
+                ) -> List[tf.Operation]:
+    """The squeezing ops of this graph that the plan unsqueezed: by name, or,
+    when names differ between modes (a name scope per mode), by the same
+    number of ops of the same types reaching the variable."""
+    by_name = [s for s in found if s.name in planned]
+    if len(by_name) == len(planned):
+        return by_name
+    if sorted(s.type for s in found) == sorted(c.unsqueezed_types or []):
+        return found
+    raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the unsqueezed ids of "
+                       f"{', '.join(planned)}, which do not reach '{c.variable.op.name}' in this "
+                       f"graph (found: {', '.join(s.name for s in found) or 'none'})")

@@ -18,7 +18,8 @@ from graphmod.rewrite.rule import Context, Refused
 
 NAME = "l2_penalties"
 APPROXIMATION = ("its L2 penalty covers the distinct rows each step reads, not the whole "
-                 "variable (rows outside the batch are not shrunk)")
+                 "variable: rows outside the batch get no update (a dense update would "
+                 "shrink them and, with momentum or Adam, keep moving them)")
 
 
 def check(conversion: Conversion, context: Context) -> None:
@@ -42,9 +43,13 @@ def distinct_rows(conversion: Conversion):
 def rewrite(rw, conversions, context: Context) -> None:
     del context
     for c in conversions:
-        if not c.penalties or not c.lookups:
+        if not c.penalties:
             continue
         with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{c.table.name}/l2_penalty"):
+            if not c.lookups:  # a graph that reads no rows of it: no penalty
+                for penalty in c.penalties:
+                    rw.reroute(penalty.outputs[0], tf.zeros([], penalty.outputs[0].dtype))
+                continue
             keys, rows = distinct_rows(c)
             for penalty in c.penalties:
                 rw.reroute(penalty.outputs[0], tf.nn.l2_loss(rows))

@@ -43,15 +43,33 @@ def test_hash_bucket_ids_become_full_fingerprints():
 
 
 def test_modulo_ids_become_raw_ids():
-    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)  # ~500 ids, colliding mod 100
+    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64)  # ~500 ids, colliding mod 1000
 
     def build():
         ph = tf1.placeholder(tf.int64, [None])
-        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1))
-        return ph, tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 100))
+        emb = tf1.get_variable("emb", [1000, 4], initializer=tf1.constant_initializer(0.1))
+        return ph, tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 1000))
 
-    exported = train_once(build, ids, graphmod.GraphModifierHook(tables={"emb": {}}))
+    hook = graphmod.GraphModifierHook()  # hashed ids: converted at any size
+    exported = train_once(build, ids, hook)
     assert sorted(exported["keys"].tolist()) == ids.tolist()
+    assert "full ids" in hook.report.approximations[0]["what"]
+
+
+def test_a_small_modulo_is_meaning_not_hashing():
+    """`ts % 7` (day of week) or `ids % num_partitions` keep their rows: a
+    modulo below MIN_MODULO_BUCKETS is not unsqueezed."""
+    ids = np.arange(0, 5_000, 37, dtype=np.int64)
+
+    def build():
+        ph = tf1.placeholder(tf.int64, [None])
+        emb = tf1.get_variable("emb", [7, 4], initializer=tf1.constant_initializer(0.1))
+        return ph, tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 7))
+
+    hook = graphmod.GraphModifierHook(tables={"emb": {}})
+    exported = train_once(build, ids, hook)
+    assert sorted(exported["keys"].tolist()) == sorted(set((ids % 7).tolist()))
+    assert not hook.report.unsqueezed_keys and not hook.report.approximations
 
 
 def _lookup(variable, ids, fused):
@@ -71,17 +89,17 @@ def test_ids_that_also_index_a_dense_variable_stay_squeezed(fused):
 
     def build():
         ph = tf1.placeholder(tf.int64, [None])
-        bucket = ph % 100
-        emb = tf1.get_variable("emb", [100, 4], initializer=tf1.constant_initializer(0.1),
+        bucket = ph % 1000
+        emb = tf1.get_variable("emb", [1000, 4], initializer=tf1.constant_initializer(0.1),
                                use_resource=not fused)
         # kept dense by its pattern (hashed ids would convert it at any size)
-        bias = tf1.get_variable("bias", [100, 1], use_resource=not fused)
+        bias = tf1.get_variable("bias", [1000, 1], use_resource=not fused)
         loss = tf.reduce_sum(_lookup(emb, bucket, fused))
         return ph, loss + tf.reduce_sum(_lookup(bias, bucket, fused))
 
     hook = graphmod.GraphModifierHook(tables={"emb": {}, "bias": {"convert": False}})
     exported = train_once(build, ids, hook)
-    assert set(exported["keys"].tolist()) == set((ids % 100).tolist())
+    assert set(exported["keys"].tolist()) == set((ids % 1000).tolist())
     (kept,) = hook.report.squeezed_keys_kept
     assert "bias" in kept["reason"]
 
@@ -107,8 +125,8 @@ def test_eval_graph_with_an_optimizer_unsqueezes_like_training():
         with tf.Graph().as_default():
             step = tf1.train.get_or_create_global_step()
             ph = tf1.placeholder(tf.int64, [None])
-            emb = tf1.get_variable("emb", [100, 4])
-            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 100))
+            emb = tf1.get_variable("emb", [1000, 4])
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ph % 1000))
             tf1.train.AdagradOptimizer(0.1).minimize(loss, step)
             if mode == "eval":
                 tf1.add_to_collection(tf1.GraphKeys.EVAL_STEP, tf1.Variable(0, name="eval_step"))

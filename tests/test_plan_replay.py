@@ -125,7 +125,9 @@ def test_export_and_eval_use_the_training_settings(tmp_path):
     planned = plan_file.read(str(tmp_path / "m"))
     assert planned["item_emb"].initializer.kind == "constant"
     assert planned["item_emb"].settings.num_shards == 4
-    # An unseen item reads the training initializer's row in prediction (0.25 everywhere).
+    # Prediction (a hook with other settings) and the export read the same
+    # tables: the served logits equal predict's, and the served table has
+    # training's initializer and shard count.
     unseen = np.full((1, 3), 299, np.int64)
     (pred,) = est.predict(lambda: tf.data.Dataset.from_tensor_slices(
         {"hist": unseen}).batch(1), hooks=[graphmod.GraphModifierHook(min_rows=10**9)])
@@ -142,3 +144,56 @@ def test_export_and_eval_use_the_training_settings(tmp_path):
                        if op.type == "GraphmodTable" and op.get_attr("table_name") == b"item_emb"]
         assert table_op.get_attr("num_shards") == 4 and table_op.get_attr("init_a") == 0.25
     np.testing.assert_allclose(served[0], pred["logits"], rtol=1e-6)
+
+
+def optimizer_everywhere_model_fn(features, labels, mode):
+    """Builds its optimizer in every mode (some model_fns do), creates a side
+    embedding that prediction never reads, and reads the output embedding
+    whole outside training."""
+    emb = tf1.get_variable("item_emb", [ITEMS, DIM], initializer=tf1.constant_initializer(0.05))
+    side = tf1.get_variable("side_emb", [ITEMS, DIM], initializer=tf1.constant_initializer(0.02))
+    out_w = tf1.get_variable("softmax_w", [ITEMS, DIM], initializer=tf1.constant_initializer(0.01))
+    x = tf.reduce_mean(tf.nn.embedding_lookup(emb, features["hist"]), 1)
+    if mode != tf.estimator.ModeKeys.PREDICT:
+        x = x + tf.reduce_mean(tf.nn.embedding_lookup(side, features["hist"]), 1)
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+            out_w, tf.zeros([ITEMS]), labels[:, None], x, num_sampled=16, num_classes=ITEMS))
+    else:
+        logits = tf.matmul(x, out_w, transpose_b=True)
+        if mode == tf.estimator.ModeKeys.PREDICT:
+            return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                             logits=logits))
+    train = tf1.train.AdagradOptimizer(1.0).minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+def test_eval_with_an_optimizer_and_predict_without_a_planned_read(tmp_path):
+    hist, labels = softmax_data()
+    config = tf.estimator.RunConfig(tf_random_seed=7)
+    results = []
+    for hooked in (False, True):
+        hooks = [graphmod.GraphModifierHook(tables={"*_emb": {}, "softmax_w": {}})] \
+            if hooked else []
+        est = tf.estimator.Estimator(optimizer_everywhere_model_fn,
+                                     str(tmp_path / f"m{hooked}"), config=config)
+        est.train(softmax_input(hist, labels), steps=30, hooks=hooks)
+        again = [graphmod.GraphModifierHook()] if hooked else []
+        metrics = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=again)
+        (pred,) = est.predict(lambda: tf.data.Dataset.from_tensor_slices(
+            {"hist": hist[:1]}).batch(1), hooks=list(again))
+        results.append((metrics["loss"], pred["logits"]))
+    (p_loss, p_logits), (c_loss, c_logits) = results
+    np.testing.assert_allclose(c_loss, p_loss, rtol=1e-5)
+    np.testing.assert_allclose(c_logits, p_logits, rtol=1e-5, atol=1e-7)
+
+
+def test_resume_cannot_turn_a_planned_table_dense(tmp_path):
+    hist, labels = softmax_data()
+    est = tf.estimator.Estimator(softmax_model_fn, str(tmp_path))
+    est.train(softmax_input(hist, labels), steps=2,
+              hooks=[graphmod.GraphModifierHook(tables={"item_emb": {}})])
+    with pytest.raises(RuntimeError, match="'item_emb'.*convert=False"):
+        est.train(softmax_input(hist, labels), steps=2,
+                  hooks=[graphmod.GraphModifierHook(tables={"item_emb": {"convert": False}})])

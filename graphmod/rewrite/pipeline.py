@@ -28,6 +28,13 @@ tf1 = tf.compat.v1
 MODES = ("train", "eval", "predict")
 
 
+def _checkpoint_name(v: tf.Variable) -> str:
+    """A variable's name in checkpoints (a partitioned variable's parts are
+    saved as slices of the whole)."""
+    info = getattr(v, "_save_slice_info", None)
+    return info.full_name if info is not None else v.op.name
+
+
 def _dense_in_checkpoint(model_dir: Optional[str]) -> set:
     """Variables the latest checkpoint in model_dir holds densely (not as tables)."""
     ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
@@ -59,12 +66,13 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     replay = plan_file.read(model_dir)
     conversions, skipped = plan(graph, settings, training, replay)
     dense = _dense_in_checkpoint(model_dir)
-    context = Context(graph, training, settings.collision_free, settings.exact,
-                      replaying=replay is not None)
+    # exact=True: keys stay as the model squeezed them (collisions included).
+    context = Context(graph, training, settings.collision_free and not settings.exact,
+                      settings.exact, replaying=replay is not None)
     ready = []
     for c in conversions:
         name = c.variable.op.name
-        if name in dense:
+        if _checkpoint_name(c.variable) in dense:
             # Restoring would fail; taking a dense checkpoint into a table is
             # warm start's job.
             if replay is not None and name in replay:
@@ -100,6 +108,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         rewritten = time.time()
         validate.check(graph, [c.variable for c in ready], roots, training=training,
                        full=full_check)
+        if training and model_dir:
+            _save_plan(model_dir, replay, ready)
     except Exception:
         rw.undo()
         # So that the rewrite can run again on this graph:
@@ -127,8 +137,6 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
         replayed_plan=replay is not None)
-    if training and model_dir:
-        _save_plan(model_dir, replay, ready)
     return report
 
 
@@ -138,5 +146,5 @@ def _save_plan(model_dir: str, replay, ready: List) -> None:
     for c in ready:
         planned[c.variable.op.name] = plan_file.Planned(
             c.variable.op.name, c.table_name, c.rows, c.dim, c.settings, c.initializer,
-            c.seed, list(c.unsqueezed or []))
+            c.seed, list(c.unsqueezed or []), list(c.unsqueezed_types or []))
     plan_file.write(model_dir, planned)

@@ -156,6 +156,7 @@ class Conversion:
     lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
     # (int64 keys, rows read) of each lookup, set by the gather rule
     unsqueezed: Optional[List[str]] = None  # replayed: squeezing ops the plan unsqueezes
+    unsqueezed_types: Optional[List[str]] = None  # and their op types
     approximations: List[str] = dataclasses.field(default_factory=list)
     translation: Any = None      # the optimizer rule's match (training graphs)
     table: Any = None            # set by the gather rule
@@ -287,7 +288,8 @@ def _consumed_gradient(ops: List[tf.Operation], dim: int
 
 def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf.Operation],
                variables_by_op: Dict[tf.Operation, tf.Variable]) -> Tuple[Optional[Update], str]:
-    """The update of v and its consumed gradient, or (None, why not)."""
+    """The update of v and its consumed gradient, and why that gradient cannot
+    be taken ("" when it can); (None, why) when the update is no optimizer step."""
     scope_names = sorted({op.name.rsplit("/", 1)[0] for op in writes})
     if len(scope_names) > 1:
         return None, ("updated by several optimizer steps (" + ", ".join(scope_names)
@@ -308,18 +310,50 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
             if s is not None and s is not v and s not in slots:
                 slots.append(s)
     values, indices, why = _consumed_gradient(ops, int(v.shape[1]))
-    gradients, penalty_grads = [(values, indices)], []
+    gradients, penalty_grads = ([(values, indices)] if values is not None else []), []
     if values is None and why.startswith(_DENSE):
         gradients, penalty_grads, why = _split_dense_gradient(values_of_dense(ops), v)
-    if why:
-        return None, why
-    return Update(scope, update_op, ops, in_scope_writes, slots, gradients, penalty_grads), ""
+    return Update(scope, update_op, ops, in_scope_writes, slots, gradients, penalty_grads), why
 
 
 def values_of_dense(ops: List[tf.Operation]) -> tf.Tensor:
     inside = set(ops)
     return next(t for op in ops for t in op.inputs if t.op not in inside
                 and t.dtype == tf.float32 and t.shape.rank != 0 and not _reads_variable(t))
+
+
+# Ops that pass ids on by position, as gradients carry them from a gather's
+# ids to the indices an update consumes: op type -> the inputs that carry.
+_INDEX_CARRIERS = {"Identity": (0,), "Reshape": (0,), "Cast": (0,), "ExpandDims": (0,),
+                   "Squeeze": (0,), "Unique": (0,), "UniqueV2": (0,), "StridedSlice": (0,),
+                   "Slice": (0,), "GatherV2": (0,), "Gather": (0,), "DynamicPartition": (0,),
+                   "SparseSegmentSumGradV2": (1,), "SparseSegmentMeanGradV2": (1,),
+                   "SparseSegmentSqrtNGradV2": (1,)}
+
+
+def _gradient_from_lookups(update: Update, gathers: List[tf.Operation]) -> str:
+    """Why the update's gradient rows cannot be matched to the lookups' keys,
+    or "": every index must be one of the variable's gather ids, passed on by
+    position (reshapes, concatenation, deduplication...). Indices from
+    anywhere else (another worker's, a placeholder's) name rows no lookup of
+    this step read, so no table row would take their gradient."""
+    ids = {g.inputs[1].ref() for g in gathers}
+    for _, indices in update.gradients:
+        stack, seen = [indices], set()
+        while stack:
+            t = stack.pop()
+            if t.ref() in ids or t.ref() in seen:
+                continue
+            seen.add(t.ref())
+            op = t.op
+            if op.type in ("ConcatV2", "Concat", "Pack"):
+                stack.extend(x for x in op.inputs if x.shape.rank != 0 or op.type == "Pack")
+            elif op.type in _INDEX_CARRIERS:
+                stack.extend(op.inputs[i] for i in _INDEX_CARRIERS[op.type])
+            else:
+                return (f"its gradient's indices do not all come from its lookups' ids "
+                        f"({op.type} {op.name}): rows no lookup read would get no gradient")
+    return ""
 
 
 def _split_dense_gradient(grad: tf.Tensor, v: tf.Variable):
@@ -445,11 +479,12 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
             skipped.append((name, reason))
 
         uses = _uses(view, v)
+        # Only a training graph runs an update: elsewhere (a model_fn may build
+        # its optimizer in every mode) updates do not count as uses.
+        trains = training and bool(uses["updates"])
         if not uses["gathers"]:
-            if planned is not None and not uses["other"] and not uses["updates"]:
-                continue  # not used in this graph at all
-            if planned is not None and not training and not uses["updates"]:
-                pass  # read whole in a graph that does not train it: table rows stand in
+            if planned is not None and not trains:
+                pass  # unused or read whole where it does not train: the table stands in
             elif table_settings is not None and table_settings.convert:
                 refuse("matches a table pattern but is never read by a gather")
                 continue
@@ -474,15 +509,17 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                 continue  # small identity-indexed variables stay dense, silently (as configured)
             table_settings = TableSettings()
         if not table_settings.convert:
+            if planned is not None:
+                refuse("its table pattern now says convert=False, but the checkpoint "
+                       "holds it as a table")
             skipped.append((name, "excluded by its table pattern (convert=False)"))
             continue
-        trains = training and bool(uses["updates"])
         summaries, dense_reads = [], []
         if uses["other"]:
             summaries = _summary_sinks(view, uses["other"])
             if summaries is None:
                 summaries = []
-                if planned is not None and not trains and not uses["updates"]:
+                if planned is not None and not trains:
                     dense_reads = uses["values"]
                     if planned.unsqueezed:
                         refuse("it is read whole here, but its table is keyed by the "
@@ -518,9 +555,11 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                 continue
             seed = _seed_of(v)
         update = None
-        if uses["updates"]:
+        if uses["updates"]:  # also outside training: its slots leave the Saver
             update, why = _update_of(view, scopes, v, uses["updates"], by_op)
-            if update is None and training:
+            if trains and not why:
+                why = _gradient_from_lookups(update, uses["gathers"])
+            if trains and why:
                 refuse(why)
                 continue
         conversions.append(Conversion(
@@ -528,33 +567,65 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
             [Gather(op, op.inputs[1]) for op in uses["gathers"]], update, initializer, seed,
             training=trains, summaries=summaries, dense_reads=dense_reads,
             shape_reads=uses["shapes"], penalties=uses["penalties"],
-            unsqueezed=planned.unsqueezed if planned is not None else None))
+            unsqueezed=planned.unsqueezed if planned is not None else None,
+            unsqueezed_types=planned.unsqueezed_types if planned is not None else None))
     return conversions, skipped
 
 
 # Ops that squeeze ids into a variable's rows (hash buckets, `ids % N`); the
-# collisionless_keys rule feeds tables the unsqueezed key instead.
+# collisionless_keys rule feeds tables the unsqueezed key instead. A modulo by
+# less than MIN_MODULO_BUCKETS is taken as meaning, not hashing (hour of day,
+# day of week, the partition of a partitioned variable) and left alone.
 SQUEEZERS = ("StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket",
              "FloorMod")
-# Ops whose outputs carry an integer input's values (casts only when they keep
-# 64 bits: see collisionless_keys.carries).
-CARRIERS = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "Unique", "UniqueV2",
-            "SparseFillEmptyRows", "SparseReshape", "StridedSlice", "Slice", "ConcatV2",
-            "Pack", "SparseSlice", "Select", "SelectV2", "IdentityN", "GatherV2", "Gather",
-            "ResourceGather", "DynamicPartition", "Where"}
+MIN_MODULO_BUCKETS = 1000
+
+# Ops whose outputs carry ids from their inputs unchanged (by position):
+# op type -> (the inputs that carry, the outputs that receive; None = all).
+# Outputs that hold positions (Unique's idx, a SparseTensor's indices) do not.
+_CARRY = {
+    "Identity": ((0,), None), "IdentityN": (None, None), "Cast": ((0,), None),
+    "Reshape": ((0,), None), "ExpandDims": ((0,), None), "Squeeze": ((0,), None),
+    "Unique": ((0,), (0,)), "UniqueV2": ((0,), (0,)), "StridedSlice": ((0,), None),
+    "Slice": ((0,), None), "ConcatV2": (None, None), "Pack": (None, None),
+    "Select": ((1, 2), None), "SelectV2": ((1, 2), None), "GatherV2": ((0,), None),
+    "Gather": ((0,), None), "ResourceGather": ((0,), None), "DynamicPartition": ((0,), None),
+    "SparseFillEmptyRows": ((1,), (1,)), "SparseSlice": ((1,), (1,)),
+}
 
 
-def carries(op: tf.Operation) -> bool:
-    """op passes its integer inputs' values on unchanged (a Cast only when it
-    widens to or keeps int64: a cast to int32 would truncate 63-bit keys)."""
-    if op.type == "Cast":
-        return op.outputs[0].dtype == tf.int64
-    return op.type in CARRIERS
+def carried(op: tf.Operation, index: int, keep_64_bits: bool = True) -> Optional[List[tf.Tensor]]:
+    """The outputs of op that carry the ids op reads at input `index`, or None
+    when op does not pass them on (it reads their values, or only positions).
+    keep_64_bits: a Cast carries only when it keeps int64 (a cast to int32
+    would truncate 63-bit keys)."""
+    spec = _CARRY.get(op.type)
+    if spec is None or (spec[0] is not None and index not in spec[0]):
+        return None
+    if op.type == "Cast" and keep_64_bits and op.outputs[0].dtype != tf.int64:
+        return None
+    if op.type == "IdentityN":
+        return [op.outputs[index]]
+    outs = op.outputs if spec[1] is None else [op.outputs[i] for i in spec[1]]
+    return [o for o in outs if o.dtype.is_integer]
+
+
+def carrying_inputs(op: tf.Operation) -> List[tf.Tensor]:
+    """The inputs whose ids op passes on (any cast counts)."""
+    spec = _CARRY.get(op.type)
+    if spec is None:
+        return []
+    inputs = op.inputs if spec[0] is None else [op.inputs[i] for i in spec[0]]
+    return [t for t in inputs if t.dtype.is_integer]
 
 
 def is_squeezer(op: tf.Operation) -> bool:
-    return op.type in SQUEEZERS and (
-        op.type != "FloorMod" or tensor_util.constant_value(op.inputs[1]) is not None)
+    if op.type not in SQUEEZERS:
+        return False
+    if op.type != "FloorMod":
+        return True
+    n = tensor_util.constant_value(op.inputs[1])
+    return n is not None and n.size == 1 and int(n.reshape(-1)[0]) >= MIN_MODULO_BUCKETS
 
 
 def is_gather(op: tf.Operation) -> bool:
@@ -562,7 +633,8 @@ def is_gather(op: tf.Operation) -> bool:
 
 
 def _squeezed_ids(graph: tf.Graph) -> set:
-    """Refs of the integer tensors that carry the output of a squeezing op."""
+    """Refs of the integer tensors that carry the output of a squeezing op
+    (through any cast: narrowed hashed ids are still hashed ids)."""
     out, stack = set(), []
     for op in graph.get_operations():
         if is_squeezer(op):
@@ -573,8 +645,7 @@ def _squeezed_ids(graph: tf.Graph) -> set:
             continue
         out.add(t.ref())
         for c in t.consumers():
-            # a gather carries its params' values, not its indices'; any
-            # cast counts here (narrowed ids are still hashed ids)
-            if (c.type in CARRIERS) and not (is_gather(c) and c.inputs[0] is not t):
-                stack.extend(o for o in c.outputs if o.dtype.is_integer)
+            for i, x in enumerate(c.inputs):
+                if x is t:
+                    stack.extend(carried(c, i, keep_64_bits=False) or [])
     return out

@@ -11,6 +11,7 @@ training rewrite and read back by every later rewrite of that model.
 import dataclasses
 import json
 import os
+import uuid
 from typing import Dict, List, Optional
 
 import tensorflow as tf
@@ -33,6 +34,7 @@ class Planned:
     initializer: TableInitializer
     seed: Optional[int]
     unsqueezed: List[str]        # squeezing ops whose full keys feed the table
+    unsqueezed_types: List[str]  # their op types (matched when names differ by mode)
 
 
 def path(model_dir: str) -> str:
@@ -55,7 +57,8 @@ def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
             settings = TableSettings(**v["settings"])
             out[v["variable"]] = Planned(
                 v["variable"], v["table"], v["rows"], v["dim"], settings,
-                TableInitializer(**v["initializer"]), v["seed"], list(v["unsqueezed"]))
+                TableInitializer(**v["initializer"]), v["seed"], list(v["unsqueezed"]),
+                list(v["unsqueezed_types"]))
         return out
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise ValueError(f"graphmod: cannot read the conversion plan {path(model_dir)}: {e}"
@@ -70,8 +73,11 @@ def write(model_dir: str, planned: Dict[str, Planned]) -> None:
         settings["initializer"] = None  # resolved: `initializer` holds it
         variables.append(dict(variable=p.variable, table=p.table, rows=p.rows, dim=p.dim,
                               settings=settings, initializer=dataclasses.asdict(p.initializer),
-                              seed=p.seed, unsqueezed=p.unsqueezed))
+                              seed=p.seed, unsqueezed=p.unsqueezed,
+                              unsqueezed_types=p.unsqueezed_types))
     tf.io.gfile.makedirs(os.path.dirname(path(model_dir)))
-    with tf.io.gfile.GFile(path(model_dir) + ".tmp", "w") as f:
+    # A name of its own: workers of one model may write at the same time.
+    tmp = f"{path(model_dir)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
         json.dump(dict(format=FORMAT, variables=variables), f, indent=1)
-    tf.io.gfile.rename(path(model_dir) + ".tmp", path(model_dir), overwrite=True)
+    tf.io.gfile.rename(tmp, path(model_dir), overwrite=True)
