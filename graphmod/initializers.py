@@ -115,7 +115,6 @@ def from_variable(variable) -> TableInitializer:
     anything else (a matrix of different values, e.g. pretrained rows): a
     table must never start from another distribution than the variable.
     """
-    name = variable.op.name
     t = variable.initial_value
     while t.op.type == "Identity":
         t = t.op.inputs[0]
@@ -123,8 +122,8 @@ def from_variable(variable) -> TableInitializer:
     if v is not None:
         return TableInitializer("zeros") if v == 0 else TableInitializer("constant", v)
     if folding.fold(t) is not None:
-        raise Unreadable(f"its initial value is a matrix of different values (e.g. pretrained "
-                         f"rows), which a table cannot start from")
+        raise Unreadable("its initial value is a matrix of different values (e.g. pretrained "
+                         "rows), which a table cannot start from")
     shift, scale = 0.0, 1.0
     if t.op.type in ("Add", "AddV2"):
         shift, t = _constant_and_other(t.op)

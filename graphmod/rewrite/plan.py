@@ -40,7 +40,6 @@ from graphmod.rewrite.view import GraphView
 
 tf1 = tf.compat.v1
 
-_SPARSE_APPLY = re.compile(r"^(Resource)?SparseApply\w+$")
 _APPLY = re.compile(r"^(Resource)?(Sparse)?Apply\w+$")
 _UPDATE_SCOPE = re.compile(r"(^|/)update_")  # an optimizer's update_<variable> scope
 # Fused reads: embedding_lookup_sparse on one variable (TF's fast path, taken
@@ -312,11 +311,12 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
     values, indices, why = _consumed_gradient(ops, int(v.shape[1]))
     gradients, penalty_grads = ([(values, indices)] if values is not None else []), []
     if values is None and why.startswith(_DENSE):
-        gradients, penalty_grads, why = _split_dense_gradient(values_of_dense(ops), v)
+        gradients, penalty_grads, why = _split_dense_gradient(_dense_gradient(ops), v)
     return Update(scope, update_op, ops, in_scope_writes, slots, gradients, penalty_grads), why
 
 
-def values_of_dense(ops: List[tf.Operation]) -> tf.Tensor:
+def _dense_gradient(ops: List[tf.Operation]) -> tf.Tensor:
+    """The dense gradient an update scope consumes (see _consumed_gradient)."""
     inside = set(ops)
     return next(t for op in ops for t in op.inputs if t.op not in inside
                 and t.dtype == tf.float32 and t.shape.rank != 0 and not _reads_variable(t))
