@@ -168,12 +168,11 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             if before is not None:
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
                 tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
-        if mode == "train" and self.report.tables:
-            converted = [t for t in graphmod_tables(graph)
-                         if t.name in {r["table"] for r in self.report.tables}]
-            self._counters = features.add_summaries(converted)
-            self.evict_hook.table_names = [t.name for t in converted
-                                           if features.policy_of(t).evicts]
+        if self.report.counters:  # a training graph with tables
+            self._counters = self.report.counters
+            self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
+                                           if t.name in self._counters
+                                           and features.policy_of(t).evicts]
             self.evict_hook.begin()
 
     # The EvictHook runs inside this hook, in training graphs with tables to evict.

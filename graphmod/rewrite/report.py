@@ -21,6 +21,10 @@ class RewriteReport:
     unsqueezed_keys: List[str]      # hash-bucket / modulo ops whose full keys now feed tables
     squeezed_keys_kept: List[dict]  # those left alone, with the reason
     replayed_plan: bool             # the model's saved plan decided the conversions
+    # {table: {counter: scalar tensor}} of a training graph's tables, for
+    # logging; not part of the JSON report.
+    counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(
+        default_factory=dict, metadata={"json": False})
 
     def log(self) -> None:
         logging.info("graphmod: %d embedding variable(s) -> tables in %.2fs (%s graph%s), "
@@ -48,6 +52,8 @@ class RewriteReport:
         failed write never leaves half a report."""
         tf.io.gfile.makedirs(directory)
         path = os.path.join(directory, f"rewrite_report_{self.graph}.json")
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata.get("json", True)}
         with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-            json.dump(dataclasses.asdict(self), f, indent=1)
+            json.dump(data, f, indent=1)
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

@@ -12,7 +12,7 @@ The pipeline (graphmod.rewrite.pipeline) runs every check, then every rewrite
 in RULES order.
 """
 import dataclasses
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -32,3 +32,4 @@ class Context:
     unsqueezed: List[str] = dataclasses.field(default_factory=list)
     squeezed_kept: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     dense_bytes_freed: int = 0
+    counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)

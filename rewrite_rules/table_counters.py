@@ -1,0 +1,29 @@
+"""Rule: a training graph reports its tables' counters to TensorBoard.
+
+Matches every table a training graph converted; builds one summary op of
+their counters (graphmod/<table>/rows, admitted, rejected, evicted, pending;
+see graphmod.features.add_summaries) and adds it to the SUMMARIES
+collection, which Estimators merge after the hooks' begin(). Refuses nothing.
+The counters are also handed to the hook, which logs them at the end.
+"""
+import tensorflow as tf
+
+from graphmod import features
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context
+
+NAME = "table_counters"
+
+
+def check(conversion: Conversion, context: Context) -> None:
+    del conversion, context
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    tables = [c.table for c in conversions if c.training]
+    if not tables:
+        return
+    with rw.rule(NAME):
+        context.counters = features.add_summaries(tables)
+        summaries = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+        rw.track_added(tf.compat.v1.GraphKeys.SUMMARIES, summaries[-1], label="table counters")
