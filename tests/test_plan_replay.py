@@ -197,3 +197,28 @@ def test_resume_cannot_turn_a_planned_table_dense(tmp_path):
     with pytest.raises(RuntimeError, match="'item_emb'.*convert=False"):
         est.train(softmax_input(hist, labels), steps=2,
                   hooks=[graphmod.GraphModifierHook(tables={"item_emb": {"convert": False}})])
+
+
+def partitioned_model_fn(features, labels, mode):
+    emb = tf1.get_variable("emb", [2 * ITEMS, DIM], initializer=tf1.constant_initializer(0.05),
+                           partitioner=tf1.fixed_size_partitioner(2))
+    logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, features["hist"]), [1, 2])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.cast(labels % 2, tf.float32), logits=logits))
+    train = tf1.train.AdagradOptimizer(0.1).minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+def test_a_partitioned_variable_in_a_dense_checkpoint_stays_dense(tmp_path):
+    """Its parts are saved as slices of one name: the hook must see that the
+    checkpoint holds it densely (and not convert the parts, which restore
+    would then look for in vain)."""
+    hist, labels = softmax_data()
+    est = tf.estimator.Estimator(partitioned_model_fn, str(tmp_path))
+    est.train(softmax_input(hist, labels), steps=2)
+    hook = graphmod.GraphModifierHook(tables={"emb*": {}})
+    est.train(softmax_input(hist, labels), steps=2, hooks=[hook])
+    assert not hook.report.tables
+    assert sorted(s["variable"] for s in hook.report.skipped) == ["emb/part_0", "emb/part_1"]
+    assert all("dense variable" in s["reason"] for s in hook.report.skipped)
+    assert est.get_variable_value("global_step") == 4

@@ -237,6 +237,13 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     return out
 
 
+def _is_slot(uses: Dict[str, list]) -> bool:
+    """Only optimizer updates use it (ops in an update_<variable> scope)."""
+    ops = uses["other"] + uses["updates"]
+    return bool(ops) and all(_UPDATE_SCOPE.search(op.name) or _APPLY.match(op.type)
+                             for op in ops)
+
+
 class _Scopes:
     """Ops under a name scope, by binary search over the sorted op names."""
 
@@ -483,6 +490,8 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
         # its optimizer in every mode) updates do not count as uses.
         trains = training and bool(uses["updates"])
         if not uses["gathers"]:
+            if _is_slot(uses) and planned is None:
+                continue  # an optimizer's slot: it follows its variable
             if planned is not None and not trains:
                 pass  # unused or read whole where it does not train: the table stands in
             elif table_settings is not None and table_settings.convert:
@@ -490,9 +499,7 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                 continue
             else:
                 if table_settings is None and int(v.shape[0] or 0) >= settings.min_rows:
-                    # As big as an embedding: say why it is not one. Optimizer
-                    # slots stay silent: only optimizer updates (ops in an
-                    # optimizer's update_<variable> scope) use them.
+                    # As big as an embedding: say why it is not one.
                     kinds = sorted({op.type for op in uses["other"] + uses["penalties"]
                                     if not _APPLY.match(op.type) and op.type not in _WRITES
                                     and not _UPDATE_SCOPE.search(op.name)})
