@@ -222,3 +222,32 @@ def test_a_partitioned_variable_in_a_dense_checkpoint_stays_dense(tmp_path):
     assert sorted(s["variable"] for s in hook.report.skipped) == ["emb/part_0", "emb/part_1"]
     assert all("dense variable" in s["reason"] for s in hook.report.skipped)
     assert est.get_variable_value("global_step") == 4
+
+
+def test_estimator_warm_start_then_resume(tmp_path):
+    """WarmStartSettings: the table starts from the source checkpoint's rows on
+    the first run only; a resume continues from the model's own checkpoint
+    (the import does not run again). Equal to the unmodified model throughout."""
+    hist, labels = softmax_data()
+    source = np.random.default_rng(5).normal(size=(ITEMS, DIM)).astype(np.float32) * 0.1
+    with tf.Graph().as_default():
+        v = tf1.get_variable("item_emb", initializer=source)
+        with tf1.Session() as sess:
+            sess.run(v.initializer)
+            ckpt = tf1.train.Saver([v]).save(sess, str(tmp_path / "source" / "ckpt"))
+    warm = tf.estimator.WarmStartSettings(ckpt, vars_to_warm_start="item_emb")
+    results = []
+    for hooked in (False, True):
+        est = tf.estimator.Estimator(softmax_model_fn, str(tmp_path / f"m{hooked}"),
+                                     config=tf.estimator.RunConfig(tf_random_seed=7),
+                                     warm_start_from=warm)
+        hooks = (lambda: [graphmod.GraphModifierHook(tables={"item_emb": {}, "softmax_w": {}})]
+                 ) if hooked else list
+        est.train(softmax_input(hist, labels), steps=5, hooks=hooks())
+        first = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=hooks())
+        est.train(softmax_input(hist, labels), steps=5, hooks=hooks())  # resumes
+        second = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=hooks())
+        results.append((first["loss"], second["loss"]))
+    (p1, p2), (c1, c2) = results
+    np.testing.assert_allclose([c1, c2], [p1, p2], rtol=1e-5)
+    assert abs(p2 - p1) > 1e-4  # the resume trained on (and did not start over)

@@ -34,8 +34,8 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 from graphmod.features import TablePolicy, check_policy
-from graphmod.initializers import (TableInitializer, Unreadable, from_variable,
-                                   to_table_initializer)
+from graphmod.initializers import (TableInitializer, Unreadable, default_initializer,
+                                   from_variable, to_table_initializer)
 from graphmod.rewrite.view import GraphView
 
 tf1 = tf.compat.v1
@@ -150,6 +150,7 @@ class Conversion:
     dense_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
     # whole-value reads in a graph that does not train the variable
     shape_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    warm_start: Optional[tf.Tensor] = None  # checkpoint rows the variable starts from
     penalties: List[tf.Operation] = dataclasses.field(default_factory=list)
     # L2Loss ops over the whole variable (become the penalty of the rows read)
     lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
@@ -191,7 +192,8 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     out = {"gathers": [], "updates": [], "shapes": [], "plumbing": [], "other": [],
            "values": [], "penalties": []}
     handle = _variable_tensor(v)
-    init = v.initializer
+    # The initializer, or what it groups (init_from_checkpoint's restore assign).
+    init = {v.initializer, *v.initializer.control_inputs, *(t.op for t in v.initializer.inputs)}
 
     def is_write(op):
         return (_APPLY.match(op.type) or op.type in _WRITES) and op.inputs[0] is handle
@@ -203,10 +205,13 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
         return op.inputs[0] is value and (op.type == "GatherV2" or op.type in SEGMENT_READS)
 
     for op in view.consumers(handle):
-        if op is init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
+        if op in init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
             out["plumbing"].append(op)
         elif op.type == "ResourceGather" and op.inputs[0] is handle:
             out["gathers"].append(op)
+        elif is_write(op) and dead(op) and not view.control_consumers(op) and not \
+                _UPDATE_SCOPE.search(op.name):
+            out["plumbing"].append(op)  # an assign nothing runs (a replaced initializer)
         elif is_write(op):
             out["updates"].append(op)
         elif op.type in _SHAPE_READS:
@@ -432,15 +437,13 @@ def _seed_of(v: tf.Variable) -> Optional[int]:
     return None
 
 
-def _starting_point(v: tf.Variable) -> str:
-    """Why the variable's starting rows cannot come from a table initializer, or ""."""
+def _warm_start_rows(v: tf.Variable) -> Optional[tf.Tensor]:
+    """The checkpoint rows init_from_checkpoint (and so tf.estimator's
+    WarmStartSettings) made the variable's initial value, or None."""
     t = v.initial_value
     while t.op.type == "Identity":
         t = t.op.inputs[0]
-    if t.op.type in ("RestoreV2", "Restore", "RestoreSlice"):
-        return ("it is warm-started from a checkpoint (init_from_checkpoint or "
-                "WarmStartSettings); a table would start from random rows")
-    return ""
+    return t if t.op.type in ("RestoreV2", "Restore", "RestoreSlice") else None
 
 
 def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
@@ -537,9 +540,10 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                     refuse("read other than by gathers (" + ", ".join(kinds)
                            + f", e.g. {uses['other'][0].name})")
                     continue
-        why = _starting_point(v)
-        if why:
-            refuse(why)
+        warm_start = _warm_start_rows(v) if training else None
+        if warm_start is not None and hashed and settings.collision_free and not settings.exact:
+            refuse("it is warm-started from checkpoint rows indexed by bucket, which a "
+                   "collision-free table cannot hold (collision_free=False converts it)")
             continue
         if training and not uses["updates"]:
             if planned is None:
@@ -554,9 +558,13 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                 continue
         else:
             try:
-                initializer = (from_variable(v) if table_settings.initializer is None else
-                               to_table_initializer(table_settings.initializer, name,
-                                                    int(v.shape[1]), v.shape.as_list()))
+                if table_settings.initializer is not None:
+                    initializer = to_table_initializer(table_settings.initializer, name,
+                                                       int(v.shape[1]), v.shape.as_list())
+                elif warm_start is not None:  # every id has a row from the start
+                    initializer = default_initializer(int(v.shape[1]))
+                else:
+                    initializer = from_variable(v)
             except Unreadable as e:
                 refuse(str(e))
                 continue
@@ -573,7 +581,7 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
             v, planned.table if planned is not None else table_name_for(v), table_settings,
             [Gather(op, op.inputs[1]) for op in uses["gathers"]], update, initializer, seed,
             training=trains, summaries=summaries, dense_reads=dense_reads,
-            shape_reads=uses["shapes"], penalties=uses["penalties"],
+            shape_reads=uses["shapes"], penalties=uses["penalties"], warm_start=warm_start,
             unsqueezed=planned.unsqueezed if planned is not None else None,
             unsqueezed_types=planned.unsqueezed_types if planned is not None else None))
     return conversions, skipped

@@ -1,0 +1,40 @@
+"""Rule: a variable warm-started from a checkpoint starts its table from the
+checkpoint's rows.
+
+Matches a converted variable whose initial value init_from_checkpoint (and so
+tf.estimator.WarmStartSettings) replaced by a checkpoint read. Builds a
+boolean variable `<table>/graphmod_warm_started` whose initializer first
+imports the checkpoint's rows into the table (key i gets row i), so the
+import runs exactly when the variable would have been initialized: on a
+fresh start, and not when the Saver restores the model (the flag then comes
+back from the checkpoint, with the table). Every id starts from its own
+checkpoint row, not a shared one; optimizer slots start from their initial
+values, as TF's warm start leaves slots alone. Refuses nothing (the planner
+keeps warm-started variables with hashed, collision-free keys dense).
+"""
+import tensorflow as tf
+
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context
+
+NAME = "warm_start"
+tf1 = tf.compat.v1
+
+
+def check(conversion: Conversion, context: Context) -> None:
+    del conversion, context
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    del context
+    for c in conversions:
+        if c.warm_start is None:
+            continue
+        with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{c.table.name}"):
+            rows = tf.reshape(c.warm_start, [c.rows, c.dim])
+            imported = c.table.import_rows(tf.range(c.rows, dtype=tf.int64), rows)
+            with tf.control_dependencies([imported]):
+                done = tf.constant(True)
+            flag = tf1.Variable(done, trainable=False, name="graphmod_warm_started",
+                                use_resource=True)
+            rw.track_added(tf1.GraphKeys.GLOBAL_VARIABLES, flag, label=flag.op.name)
