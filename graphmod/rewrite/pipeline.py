@@ -68,13 +68,13 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     dense = _dense_in_checkpoint(model_dir)
     # exact=True: keys stay as the model squeezed them (collisions included).
     context = Context(graph, training, settings.collision_free and not settings.exact,
-                      settings.exact, replaying=replay is not None)
+                      settings.exact)
     ready = []
     for c in conversions:
         name = c.variable.op.name
         if _checkpoint_name(c.variable) in dense:
-            # Restoring would fail; taking a dense checkpoint into a table is
-            # warm start's job.
+            # Restoring would fail; adopting a dense checkpoint into tables
+            # is not built yet.
             if replay is not None and name in replay:
                 raise PlanMismatch(f"graphmod: the plan converts '{name}' to a table, but the "
                                    f"checkpoint in {model_dir} holds it as a dense variable")

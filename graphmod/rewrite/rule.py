@@ -28,7 +28,6 @@ class Context:
     training: bool
     collision_free: bool
     exact: bool
-    replaying: bool = False
     unsqueezed: List[str] = dataclasses.field(default_factory=list)
     squeezed_kept: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     dense_bytes_freed: int = 0
