@@ -86,8 +86,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         (convert=False excludes it), with those settings.
       collision_free: feed tables the full key where a hash-bucket column or
         `ids % N` squeezed it into the variable's rows (default True).
-      exact: convert only what trains exactly as the dense model: TF1 Adam
-        variables (lazy on a table) then stay dense.
+      exact: convert only what trains exactly as the dense model: variables
+        under a whole-variable L2 penalty and TF1 Adam variables (both
+        approximated on a table) stay dense, and hashed ids keep their buckets.
       dump_graph: also write the GraphDefs before and after the rewrite.
       full_check: also prove the rewritten GraphDef imports (about a second
         per 10,000 ops; see graphmod.rewrite.validate).

@@ -128,7 +128,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
                      slots=c.table.num_slots, lookups=len(c.gathers),
                      optimizer=c.translation.kind if c.translation else None,
                      initializer=dataclasses.asdict(c.table.initializer),
-                     unsqueezed=c.unsqueezed, dense_reads=len(c.dense_reads))
+                     unsqueezed=c.unsqueezed, dense_reads=len(c.dense_reads),
+                     warm_started=c.warm_start is not None)
                 for c in ready],
         skipped=[dict(variable=v, reason=r) for v, r in skipped],
         approximations=[dict(variable=c.variable.op.name, what=a)
