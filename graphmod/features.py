@@ -20,7 +20,7 @@ timestamp_feature), else the wall clock in seconds.
 >>> emb = graphmod.sparse_lookup(item_table, ids["item"], is_training=True)
 """
 import dataclasses
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -197,13 +197,12 @@ def counters(table: Table) -> Dict[str, tf.Tensor]:
     return {k: info[k] for k in ("size", "admitted", "rejected", "evicted", "pending")}
 
 
-def add_summaries(tables: List[Table]) -> Dict[str, Dict[str, tf.Tensor]]:
-    """TensorBoard scalars graphmod/<table>/<counter> for each table; returns
-    {table: counters}. One summary op writes them all (an op per scalar costs
-    a millisecond each to build: a second for 200 tables)."""
+def add_summaries(tables: List[Table]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:
+    """TensorBoard scalars graphmod/<table>/<counter> for each (of at least one)
+    table; returns ({table: counters}, the summary, added to SUMMARIES). One
+    summary op writes them all (an op per scalar costs a millisecond each to
+    build: a second for 200 tables)."""
     by_table = {t.name: counters(t) for t in tables}
-    if not by_table:
-        return by_table
     tags, values = [], []
     for name, c in by_table.items():
         for counter, value in c.items():
@@ -212,4 +211,4 @@ def add_summaries(tables: List[Table]) -> Dict[str, Dict[str, tf.Tensor]]:
     summary = tf.raw_ops.ScalarSummary(tags=tags, values=tf.cast(tf.stack(values), tf.float32),
                                        name="graphmod/counters")
     tf1.add_to_collection(tf1.GraphKeys.SUMMARIES, summary)
-    return by_table
+    return by_table, summary

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 from graphmod.rewrite.plan import (SEGMENT_READS, Conversion, PlanMismatch, carried,
-                                   carrying_inputs, is_gather, is_squeezer)
+                                   carrying_inputs, feeds_only, is_gather, is_squeezer)
 from graphmod.rewrite.rule import Context
 
 NAME = "collisionless_keys"
@@ -56,23 +56,6 @@ def _sign_check(op: tf.Operation, t: tf.Tensor) -> bool:
     if kind in _CONSTANT_FOR_NON_NEGATIVE:
         return c <= 0
     return kind in _CONSTANT_FOR_NEGATIVE_C and c < 0
-
-
-def _feeds_only(op: tf.Operation, replaced_ops: Set[str]) -> bool:
-    """Every path from op ends in ops the rewrite replaces (the old updates):
-    e.g. the dense form of a gradient an L2 penalty made dense, which only the
-    old update read."""
-    seen, stack = set(), [op]
-    while stack:
-        o = stack.pop()
-        if o.name in replaced_ops or o.name in seen:
-            continue
-        seen.add(o.name)
-        consumers = [c for t in o.outputs for c in t.consumers()]
-        if not consumers or len(seen) > 64:
-            return False
-        stack.extend(consumers)
-    return True
 
 
 def _reads_rows(op: tf.Operation) -> bool:
@@ -127,7 +110,7 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
             if all(o is not None for o in outs):
                 stack.extend(x for o in outs for x in o)
                 continue
-            if _feeds_only(op, replaced_ops):
+            if feeds_only(op, replaced_ops):
                 continue
             what = (f"a cast to {op.outputs[0].dtype.name}" if op.type == "Cast"
                     else op.type)
@@ -138,14 +121,15 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
 def _unsqueeze(rw, source: tf.Operation) -> tf.Tensor:
     """Makes the source's consumers read the unsqueezed keys."""
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/keys/{source.name}"):
+        dtype = source.outputs[0].dtype
         if source.type == "FloorMod":
-            raw = tf.cast(source.inputs[0], tf.int64)
+            raw = source.inputs[0]
         else:
             strings = source.inputs[0]
-            raw = tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])), tf.int64),
-                             tf.shape(strings))
-        keys = tf.bitwise.bitwise_and(raw, tf.constant(2**63 - 1, tf.int64))
-        keys = tf.cast(keys, source.outputs[0].dtype)
+            raw = tf.cast(tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])),
+                                                tf.int64), tf.shape(strings)), dtype)
+        # Non-negative in the ids' own width (a sign check must answer as before).
+        keys = tf.bitwise.bitwise_and(raw, tf.constant(dtype.max, dtype))
         rw.reroute(source.outputs[0], keys)
     return keys
 

@@ -25,7 +25,7 @@ APPROXIMATION = ("its L2 penalty covers the distinct rows each step reads, not t
 def check(conversion: Conversion, context: Context) -> None:
     if not conversion.penalties:
         return
-    if context.exact:
+    if context.exact and conversion.training:
         raise Refused("an L2 penalty over the whole variable (tf.nn.l2_loss) would cover only "
                       "the rows each step reads (exact=True keeps it dense)")
     conversion.approximations.append(APPROXIMATION)

@@ -18,7 +18,7 @@ Adam forms, TF1 Adam when exact=True (a table's Adam is lazy: rows outside
 the batch keep their moments, which the report states otherwise), and
 anything else it does not recognise.
 """
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -58,7 +58,8 @@ _FUSED = {
 class Translation:
     """What the table's apply needs: kind, hyper-parameter tensors, slot layout."""
 
-    def __init__(self, kind: str, hparams: List[tf.Tensor], slot_vars: List[tf.Variable],
+    def __init__(self, kind: str, hparams: List[Union[tf.Tensor, float]],
+                 slot_vars: List[tf.Variable],
                  nesterov: bool = False):
         self.kind = kind
         self.hparams = hparams
@@ -102,8 +103,7 @@ def translate(update: Update) -> Translation:
         if base in _FUSED:
             kind, names, slot_args = _FUSED[base]
             args = {a.name: op.inputs[i] for i, a in enumerate(op.op_def.input_arg)}
-            hparams = [tf.constant(n, tf.float32) if isinstance(n, float) else args[n]
-                       for n in names]
+            hparams = [n if isinstance(n, float) else args[n] for n in names]
             slots = [by_op[args[a].op] for a in slot_args]
             nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr \
                 else False
@@ -212,7 +212,8 @@ def _rewrite_one(rw, conversion: Conversion) -> None:
         keys = _concat([tf.reshape(i if i.dtype == tf.int64 else tf.cast(i, tf.int64), [-1])
                         for _, i in update.gradients])
         grads = _concat([tf.reshape(v, [-1, table.dim]) for v, _ in update.gradients])
-        hparams = tf.stack([h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
+        hparams = tf.stack([tf.constant(h, tf.float32) if isinstance(h, float) else
+                            h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
                             for h in translation.hparams])
         apply = ops.graphmod_table_apply(table.handle, keys, grads, hparams,
                                          optimizer=translation.kind, by_address=False,

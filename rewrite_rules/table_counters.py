@@ -24,6 +24,5 @@ def rewrite(rw, conversions, context: Context) -> None:
     if not tables:
         return
     with rw.rule(NAME):
-        context.counters = features.add_summaries(tables)
-        summaries = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
-        rw.track_added(tf.compat.v1.GraphKeys.SUMMARIES, summaries[-1], label="table counters")
+        context.counters, summary = features.add_summaries(tables)
+        rw.track_added(tf.compat.v1.GraphKeys.SUMMARIES, summary, label="table counters")

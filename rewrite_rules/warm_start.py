@@ -7,10 +7,13 @@ boolean variable `<table>/graphmod_warm_started` whose initializer first
 imports the checkpoint's rows into the table (key i gets row i), so the
 import runs exactly when the variable would have been initialized: on a
 fresh start, and not when the Saver restores the model (the flag then comes
-back from the checkpoint, with the table). Every id starts from its own
+back from the checkpoint, with the table; a checkpoint written without the
+flag restores the table and no flag is built). Every id starts from its own
 checkpoint row, not a shared one; optimizer slots start from their initial
-values, as TF's warm start leaves slots alone. Refuses nothing (the planner
-keeps warm-started variables with hashed, collision-free keys dense).
+values (a warm start of the slots too, e.g. vars_to_warm_start=[".*"], keeps
+the variable dense: its slots do not start from one value). Refuses nothing
+(the planner keeps warm-started variables with hashed, collision-free keys
+dense).
 """
 import tensorflow as tf
 
@@ -26,10 +29,12 @@ def check(conversion: Conversion, context: Context) -> None:
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    del context
     for c in conversions:
         if c.warm_start is None:
             continue
+        flag_name = f"graphmod/{c.table.name}/graphmod_warm_started"
+        if context.checkpoint_names and flag_name not in context.checkpoint_names:
+            continue  # the model's checkpoint (from before the warm start) restores the table
         with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{c.table.name}"):
             rows = tf.reshape(c.warm_start, [c.rows, c.dim])
             imported = c.table.import_rows(tf.range(c.rows, dtype=tf.int64), rows)

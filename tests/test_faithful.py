@@ -462,3 +462,73 @@ def test_a_dense_read_in_training_keeps_the_variable_dense():
     c_losses, rows, _ = train(build, hook)
     assert not rows and "read other than by gathers (Mean" in hook.report.skipped[0]["reason"]
     np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)
+
+
+def test_l2_gradient_read_elsewhere_keeps_the_variable_dense():
+    """A gradient-norm summary over the (dense) gradient reads the penalty's
+    x * g term, i.e. the whole variable: the variable stays dense instead of
+    the rewrite failing."""
+    base = l2_model(True)
+
+    def build():
+        m = base()
+        emb = [v for v in tf1.global_variables() if v.op.name == "emb"][0]
+        tf1.summary.scalar("emb_grad_norm", tf.norm(tf.gradients(m["loss"], [emb])[0]))
+        return m
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    c_losses, rows, _ = train(build, hook)
+    assert not rows and "L2 penalty" in hook.report.skipped[0]["reason"]
+    np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)
+
+
+def test_values_loaded_by_an_assign_keep_the_variable_dense():
+    """Pretrained rows loaded by an assign the user runs (Scaffold init_fn
+    style) would bypass a table: the variable stays dense."""
+    pretrained = np.random.default_rng(2).normal(size=(VOCAB, DIM)).astype(np.float32)
+    base = model()
+
+    def build():
+        m = base()
+        emb = [v for v in tf1.global_variables() if v.op.name == "emb"][0]
+        m["load"] = emb.assign(pretrained)
+        return m
+
+    def run(hook):
+        with tf.Graph().as_default():
+            m = build()
+            with tf1.train.MonitoredSession(hooks=[hook] if hook else []) as sess:
+                sess.run(m["load"])
+                return [sess.run([m["train_op"], m["loss"]], {m["ids"]: i, m["labels"]: l})[1]
+                        for i, l in batches()]
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    np.testing.assert_allclose(run(hook), run(None), rtol=1e-6)
+    assert not hook.report.tables and hook.report.skipped[0]["variable"] == "emb"
+
+
+def test_a_vocabulary_warm_start_keeps_the_variable_dense(tmp_path):
+    """WarmStartSettings with a VocabInfo remaps rows by vocabulary: graphmod
+    cannot tell which row each id starts from, so the variable stays dense."""
+    words = [f"w{i}" for i in range(VOCAB)]
+    (tmp_path / "old.txt").write_text("\n".join(words))
+    (tmp_path / "new.txt").write_text("\n".join(reversed(words)))
+    source = np.random.default_rng(3).normal(size=(VOCAB, DIM)).astype(np.float32)
+    with tf.Graph().as_default():
+        v = tf1.get_variable("emb", initializer=source)
+        with tf1.Session() as sess:
+            sess.run(v.initializer)
+            ckpt = tf1.train.Saver([v]).save(sess, str(tmp_path / "src"))
+    base = model()
+
+    def build():
+        m = base()
+        tf1.train.warm_start(ckpt, ["emb"], var_name_to_vocab_info={
+            "emb": tf.estimator.VocabInfo(str(tmp_path / "new.txt"), VOCAB, 0,
+                                          str(tmp_path / "old.txt"))})
+        return m
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    c_losses, rows, _ = train(build, hook)
+    assert not rows and "initializer was replaced" in hook.report.skipped[0]["reason"]
+    np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)

@@ -179,11 +179,21 @@ def test_eval_with_an_optimizer_and_predict_without_a_planned_read(tmp_path):
         est = tf.estimator.Estimator(optimizer_everywhere_model_fn,
                                      str(tmp_path / f"m{hooked}"), config=config)
         est.train(softmax_input(hist, labels), steps=30, hooks=hooks)
-        again = [graphmod.GraphModifierHook()] if hooked else []
-        metrics = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=again)
+        evaluating = [graphmod.GraphModifierHook()] if hooked else []
+        predicting = [graphmod.GraphModifierHook()] if hooked else []
+        metrics = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=evaluating)
         (pred,) = est.predict(lambda: tf.data.Dataset.from_tensor_slices(
-            {"hist": hist[:1]}).batch(1), hooks=list(again))
+            {"hist": hist[:1]}).batch(1), hooks=predicting)
         results.append((metrics["loss"], pred["logits"]))
+        if hooked:
+            assert sorted(t["variable"] for t in hooks[0].report.tables) == \
+                ["item_emb", "side_emb", "softmax_w"]
+            for hook in evaluating + predicting:  # every planned table, in both graphs
+                tables = {t["variable"]: t for t in hook.report.tables}
+                assert sorted(tables) == ["item_emb", "side_emb", "softmax_w"]
+                assert tables["softmax_w"]["dense_reads"] == 1
+            assert {t["variable"]: t["lookups"] for t in predicting[0].report.tables
+                    }["side_emb"] == 0  # built, never read: restored all the same
     (p_loss, p_logits), (c_loss, c_logits) = results
     np.testing.assert_allclose(c_loss, p_loss, rtol=1e-5)
     np.testing.assert_allclose(c_logits, p_logits, rtol=1e-5, atol=1e-7)
@@ -241,9 +251,17 @@ def test_estimator_warm_start_then_resume(tmp_path):
         est = tf.estimator.Estimator(softmax_model_fn, str(tmp_path / f"m{hooked}"),
                                      config=tf.estimator.RunConfig(tf_random_seed=7),
                                      warm_start_from=warm)
-        hooks = (lambda: [graphmod.GraphModifierHook(tables={"item_emb": {}, "softmax_w": {}})]
-                 ) if hooked else list
+        made = []
+
+        def hooks():
+            if not hooked:
+                return []
+            made.append(graphmod.GraphModifierHook(tables={"item_emb": {}, "softmax_w": {}}))
+            return made[-1:]
         est.train(softmax_input(hist, labels), steps=5, hooks=hooks())
+        if hooked:
+            (t,) = [t for t in made[0].report.tables if t["variable"] == "item_emb"]
+            assert t["warm_started"]
         first = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=hooks())
         est.train(softmax_input(hist, labels), steps=5, hooks=hooks())  # resumes
         second = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=hooks())
@@ -251,3 +269,28 @@ def test_estimator_warm_start_then_resume(tmp_path):
     (p1, p2), (c1, c2) = results
     np.testing.assert_allclose([c1, c2], [p1, p2], rtol=1e-5)
     assert abs(p2 - p1) > 1e-4  # the resume trained on (and did not start over)
+
+
+def test_warm_start_added_to_a_model_with_table_checkpoints(tmp_path):
+    """A model_dir whose checkpoint holds the table (trained without warm
+    start) resumes from it when WarmStartSettings are added later: no import,
+    no flag to restore."""
+    hist, labels = softmax_data()
+    source = np.zeros((ITEMS, DIM), np.float32)
+    with tf.Graph().as_default():
+        v = tf1.get_variable("item_emb", initializer=source)
+        with tf1.Session() as sess:
+            sess.run(v.initializer)
+            ckpt = tf1.train.Saver([v]).save(sess, str(tmp_path / "source" / "ckpt"))
+    hooks = lambda: [graphmod.GraphModifierHook(tables={"item_emb": {}, "softmax_w": {}})]
+    est = tf.estimator.Estimator(softmax_model_fn, str(tmp_path / "m"))
+    est.train(softmax_input(hist, labels), steps=3, hooks=hooks())
+    before = est.evaluate(softmax_input(hist, labels, repeat=False), hooks=hooks())["loss"]
+    warm = tf.estimator.Estimator(softmax_model_fn, str(tmp_path / "m"),
+                                  warm_start_from=tf.estimator.WarmStartSettings(
+                                      ckpt, vars_to_warm_start="item_emb"))
+    same = warm.evaluate(softmax_input(hist, labels, repeat=False), hooks=hooks())["loss"]
+    warm.train(softmax_input(hist, labels), steps=1, hooks=hooks())  # restores, no import
+    np.testing.assert_allclose(same, before, rtol=1e-6)
+    names = {n for n, _ in tf.train.list_variables(str(tmp_path / "m"))}
+    assert "item_emb-keys" in names and not any("warm_started" in n for n in names)

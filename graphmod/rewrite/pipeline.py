@@ -35,13 +35,10 @@ def _checkpoint_name(v: tf.Variable) -> str:
     return info.full_name if info is not None else v.op.name
 
 
-def _dense_in_checkpoint(model_dir: Optional[str]) -> set:
-    """Variables the latest checkpoint in model_dir holds densely (not as tables)."""
+def _checkpoint_names(model_dir: Optional[str]) -> frozenset:
+    """Names in the latest checkpoint in model_dir (empty when there is none)."""
     ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
-    if ckpt is None:
-        return set()
-    names = {name for name, _ in tf.train.list_variables(ckpt)}
-    return {n for n in names if f"{n}-keys" not in names}
+    return frozenset(n for n, _ in tf.train.list_variables(ckpt)) if ckpt else frozenset()
 
 
 def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
@@ -65,10 +62,11 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     training = mode == "train" and trains_anything(graph)
     replay = plan_file.read(model_dir)
     conversions, skipped = plan(graph, settings, training, replay)
-    dense = _dense_in_checkpoint(model_dir)
+    names = _checkpoint_names(model_dir)
+    dense = {n for n in names if f"{n}-keys" not in names}  # variables held densely
     # exact=True: keys stay as the model squeezed them (collisions included).
     context = Context(graph, training, settings.collision_free and not settings.exact,
-                      settings.exact)
+                      settings.exact, checkpoint_names=names)
     ready = []
     for c in conversions:
         name = c.variable.op.name

@@ -190,10 +190,12 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     """gathers / updates / shapes / plumbing / other (ops) and values (the
     tensors holding the whole value that `other` ops read) of v."""
     out = {"gathers": [], "updates": [], "shapes": [], "plumbing": [], "other": [],
-           "values": [], "penalties": []}
+           "values": [], "penalties": [], "penalty_grads": []}
     handle = _variable_tensor(v)
-    # The initializer, or what it groups (init_from_checkpoint's restore assign).
-    init = {v.initializer, *v.initializer.control_inputs, *(t.op for t in v.initializer.inputs)}
+    init = _initializer_op(v)
+    # The variable's original initializer, left behind when another replaced
+    # it (init_from_checkpoint): never run.
+    original = v.op.name + "/Assign"
 
     def is_write(op):
         return (_APPLY.match(op.type) or op.type in _WRITES) and op.inputs[0] is handle
@@ -205,13 +207,13 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
         return op.inputs[0] is value and (op.type == "GatherV2" or op.type in SEGMENT_READS)
 
     for op in view.consumers(handle):
-        if op in init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
+        if op is init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
             out["plumbing"].append(op)
         elif op.type == "ResourceGather" and op.inputs[0] is handle:
             out["gathers"].append(op)
-        elif is_write(op) and dead(op) and not view.control_consumers(op) and not \
-                _UPDATE_SCOPE.search(op.name):
-            out["plumbing"].append(op)  # an assign nothing runs (a replaced initializer)
+        elif op.name == original and op is not init and dead(op) and \
+                not view.control_consumers(op):
+            out["plumbing"].append(op)
         elif is_write(op):
             out["updates"].append(op)
         elif op.type in _SHAPE_READS:
@@ -237,9 +239,27 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     # The penalties' own gradients (x * g, built by tf.gradients) read the value too.
     grads_of = [re.compile(r"(^|/)gradients(_\d+)?/" + re.escape(p.name) + r"_grad/")
                 for p in out["penalties"]]
-    out["other"] = [op for op in out["other"]
-                    if not (op.type == "Mul" and any(g.search(op.name) for g in grads_of))]
+    for op in out["other"]:
+        if op.type == "Mul" and any(g.search(op.name) for g in grads_of):
+            out["penalty_grads"].append(op)
+    out["other"] = [op for op in out["other"] if op not in out["penalty_grads"]]
     return out
+
+
+def feeds_only(op: tf.Operation, ends: set) -> bool:
+    """Every path from op ends in ops named in `ends` (ops the rewrite
+    replaces, which will not run); bounded, so a wide fan-out answers False."""
+    seen, stack = set(), [op]
+    while stack:
+        o = stack.pop()
+        if o.name in ends or o.name in seen:
+            continue
+        seen.add(o.name)
+        consumers = [c for t in o.outputs for c in t.consumers()]
+        if not consumers or len(seen) > 64:
+            return False
+        stack.extend(consumers)
+    return True
 
 
 def _is_slot(uses: Dict[str, list]) -> bool:
@@ -343,6 +363,12 @@ _INDEX_CARRIERS = {"Identity": (0,), "Reshape": (0,), "Cast": (0,), "ExpandDims"
                    "SparseSegmentSqrtNGradV2": (1,)}
 
 
+# The outputs of those ops that hold ids, where not all do (Unique's idx
+# holds positions, a segment gradient's output 0 holds gradient rows).
+_INDEX_OUTPUTS = {"Unique": (0,), "UniqueV2": (0,), "SparseSegmentSumGradV2": (1,),
+                  "SparseSegmentMeanGradV2": (1,), "SparseSegmentSqrtNGradV2": (1,)}
+
+
 def _gradient_from_lookups(update: Update, gathers: List[tf.Operation]) -> str:
     """Why the update's gradient rows cannot be matched to the lookups' keys,
     or "": every index must be one of the variable's gather ids, passed on by
@@ -360,7 +386,8 @@ def _gradient_from_lookups(update: Update, gathers: List[tf.Operation]) -> str:
             op = t.op
             if op.type in ("ConcatV2", "Concat", "Pack"):
                 stack.extend(x for x in op.inputs if x.shape.rank != 0 or op.type == "Pack")
-            elif op.type in _INDEX_CARRIERS:
+            elif op.type in _INDEX_CARRIERS and t.value_index in _INDEX_OUTPUTS.get(
+                    op.type, range(len(op.outputs))):
                 stack.extend(op.inputs[i] for i in _INDEX_CARRIERS[op.type])
             else:
                 return (f"its gradient's indices do not all come from its lookups' ids "
@@ -435,6 +462,25 @@ def _seed_of(v: tf.Variable) -> Optional[int]:
                 "/".join(str(int(x)) for x in value.reshape(-1)).encode())
         stack.extend(t.op for t in op.inputs)
     return None
+
+
+def _initializer_op(v: tf.Variable) -> tf.Operation:
+    """The op that initializes v (Estimator warm starts may leave a tensor there)."""
+    return getattr(v.initializer, "op", v.initializer)
+
+
+def _strip_identity(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    return t
+
+
+def _initializer_replaced(v: tf.Variable) -> bool:
+    """v's initializer no longer assigns v.initial_value (a vocabulary-remapping
+    warm start, or another library's): the rows it starts from are unknown."""
+    init = _initializer_op(v)
+    return not (init.type in ("AssignVariableOp", "Assign") and len(init.inputs) == 2 and
+                _strip_identity(init.inputs[1]) is _strip_identity(v.initial_value))
 
 
 def _warm_start_rows(v: tf.Variable) -> Optional[tf.Tensor]:
@@ -540,6 +586,10 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                     refuse("read other than by gathers (" + ", ".join(kinds)
                            + f", e.g. {uses['other'][0].name})")
                     continue
+        if _initializer_replaced(v):
+            refuse("its initializer was replaced (e.g. a warm start that remaps a "
+                   "vocabulary): graphmod cannot tell the rows it starts from")
+            continue
         warm_start = _warm_start_rows(v) if training else None
         if warm_start is not None and hashed and settings.collision_free and not settings.exact:
             refuse("it is warm-started from checkpoint rows indexed by bucket, which a "
@@ -569,14 +619,21 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
                 refuse(str(e))
                 continue
             seed = _seed_of(v)
-        update = None
+        update, why = None, ""
         if uses["updates"]:  # also outside training: its slots leave the Saver
             update, why = _update_of(view, scopes, v, uses["updates"], by_op)
             if trains and not why:
                 why = _gradient_from_lookups(update, uses["gathers"])
-            if trains and why:
-                refuse(why)
-                continue
+            if not trains:
+                why = ""  # the update never runs in this graph
+        ends = {op.name for op in update.ops} if update is not None else set()
+        stray = next((op for op in uses["penalty_grads"] if not feeds_only(op, ends)), None)
+        if stray is not None and not why:
+            why = (f"the gradient of its L2 penalty ({stray.name}) is read by more than its "
+                   "update (e.g. a gradient summary), which needs the whole variable")
+        if why:
+            refuse(why)
+            continue
         conversions.append(Conversion(
             v, planned.table if planned is not None else table_name_for(v), table_settings,
             [Gather(op, op.inputs[1]) for op in uses["gathers"]], update, initializer, seed,

@@ -30,5 +30,8 @@ class Context:
     exact: bool
     unsqueezed: List[str] = dataclasses.field(default_factory=list)
     squeezed_kept: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+    # Names in model_dir's latest checkpoint (empty: none), which the Saver
+    # will restore instead of running initializers.
+    checkpoint_names: frozenset = frozenset()
     dense_bytes_freed: int = 0
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)
