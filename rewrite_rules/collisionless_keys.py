@@ -25,8 +25,9 @@ from typing import Dict, List, Optional, Set
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from graphmod.rewrite.plan import (SEGMENT_READS, Conversion, PlanMismatch, carried,
-                                   carrying_inputs, feeds_only, is_gather, is_squeezer)
+from graphmod.rewrite.gradients import feeds_only
+from graphmod.rewrite.ids import carried, carrying_inputs, is_gather, is_squeezer
+from graphmod.rewrite.plan import SEGMENT_READS, Conversion, PlanMismatch
 from graphmod.rewrite.rule import Context
 
 NAME = "collisionless_keys"

@@ -13,8 +13,10 @@ variable stays dense:
 - faithfulness: the variable's initializer has a table equivalent (same
   distribution, seed from the graph and op seeds), the update's gradient (the
   IndexedSlices the optimizer consumes, after whatever the model did to it)
-  can be found, the variable is trained by at most one update, and it is not
-  frozen or warm-started (a table would start from random rows instead);
+  can be found and all its rows come from the variable's lookups
+  (graphmod.rewrite.gradients), the variable is trained by at most one
+  update, and it is not frozen (a table would start from random rows);
+  a warm start from checkpoint rows is kept (rewrite_rules.warm_start);
 - dense reads: summaries only are dropped; a graph that does not train the
   variable may read it whole when a training plan converted it (the table's
   rows for ids 0..rows-1 then stand in, see rewrite_rules.dense_reads).
@@ -31,11 +33,12 @@ import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
-from tensorflow.python.framework import tensor_util
 
 from graphmod.features import TablePolicy, check_policy
 from graphmod.initializers import (TableInitializer, Unreadable, default_initializer,
                                    from_variable, to_table_initializer)
+from graphmod.rewrite import gradients
+from graphmod.rewrite.ids import squeezed_ids
 from graphmod.rewrite.view import GraphView
 
 tf1 = tf.compat.v1
@@ -51,7 +54,6 @@ _WRITES = {"ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub
            "AssignSubVariableOp", "AssignAddVariableOp", "AssignVariableOp", "AssignSub",
            "AssignAdd", "Assign", "ResourceScatterUpdate", "ScatterUpdate"}
 _SHAPE_READS = {"Shape", "VariableShape", "Size", "Rank"}
-_DENSE = "its update consumes a dense gradient"
 
 
 class PlanMismatch(ValueError):
@@ -246,22 +248,6 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     return out
 
 
-def feeds_only(op: tf.Operation, ends: set) -> bool:
-    """Every path from op ends in ops named in `ends` (ops the rewrite
-    replaces, which will not run); bounded, so a wide fan-out answers False."""
-    seen, stack = set(), [op]
-    while stack:
-        o = stack.pop()
-        if o.name in ends or o.name in seen:
-            continue
-        seen.add(o.name)
-        consumers = [c for t in o.outputs for c in t.consumers()]
-        if not consumers or len(seen) > 64:
-            return False
-        stack.extend(consumers)
-    return True
-
-
 def _is_slot(uses: Dict[str, list]) -> bool:
     """Only optimizer updates use it (ops in an update_<variable> scope)."""
     ops = uses["other"] + uses["updates"]
@@ -281,40 +267,6 @@ class _Scopes:
         lo = bisect.bisect_left(self.names, scope + "/")
         hi = bisect.bisect_left(self.names, scope + "0")
         return self.ops[lo:hi]
-
-
-def _reads_variable(t: tf.Tensor) -> bool:
-    return t.op.type == "ReadVariableOp" or (
-        t.op.type == "Identity" and t.op.inputs[0].dtype._is_ref_dtype)  # pylint: disable=protected-access
-
-
-def _consumed_gradient(ops: List[tf.Operation], dim: int
-                       ) -> Tuple[Optional[tf.Tensor], Optional[tf.Tensor], str]:
-    """(values, indices, why not) of the IndexedSlices an update scope consumes:
-    the tensors from outside the scope that its ops read, apart from variables
-    and scalars (hyper-parameters). Everything the model did to the gradient
-    (clipping, scaling, multipliers, tower averaging) is upstream of these."""
-    inside = set(ops)
-    values, indices = [], []
-    for op in ops:
-        for t in op.inputs:
-            if t.op in inside or t.dtype == tf.resource or t.dtype._is_ref_dtype:  # pylint: disable=protected-access
-                continue
-            if t.shape.rank == 0 or _reads_variable(t):
-                continue  # a hyper-parameter, or a slot's value
-            if t.dtype == tf.float32 and not any(x is t for x in values):
-                values.append(t)
-            elif t.dtype in (tf.int32, tf.int64) and not any(x is t for x in indices):
-                indices.append(t)
-    if len(values) == 1 and len(indices) == 1:
-        if values[0].shape.rank not in (None, 2) or (
-                values[0].shape.rank == 2 and values[0].shape[1] not in (None, dim)):
-            return None, None, f"its gradient {values[0].name} is not [n, {dim}] rows"
-        return values[0], indices[0], ""
-    if len(values) == 1 and not indices:
-        return None, None, f"{_DENSE} ({values[0].name})"
-    names = ", ".join(t.name for t in values + indices)[:300]
-    return None, None, f"cannot tell the gradient its update consumes among {names or 'nothing'}"
 
 
 def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf.Operation],
@@ -340,87 +292,12 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
             s = variables_by_op.get(t.op)
             if s is not None and s is not v and s not in slots:
                 slots.append(s)
-    values, indices, why = _consumed_gradient(ops, int(v.shape[1]))
-    gradients, penalty_grads = ([(values, indices)] if values is not None else []), []
-    if values is None and why.startswith(_DENSE):
-        gradients, penalty_grads, why = _split_dense_gradient(_dense_gradient(ops), v)
-    return Update(scope, update_op, ops, in_scope_writes, slots, gradients, penalty_grads), why
-
-
-def _dense_gradient(ops: List[tf.Operation]) -> tf.Tensor:
-    """The dense gradient an update scope consumes (see _consumed_gradient)."""
-    inside = set(ops)
-    return next(t for op in ops for t in op.inputs if t.op not in inside
-                and t.dtype == tf.float32 and t.shape.rank != 0 and not _reads_variable(t))
-
-
-# Ops that pass ids on by position, as gradients carry them from a gather's
-# ids to the indices an update consumes: op type -> the inputs that carry.
-_INDEX_CARRIERS = {"Identity": (0,), "Reshape": (0,), "Cast": (0,), "ExpandDims": (0,),
-                   "Squeeze": (0,), "Unique": (0,), "UniqueV2": (0,), "StridedSlice": (0,),
-                   "Slice": (0,), "GatherV2": (0,), "Gather": (0,), "DynamicPartition": (0,),
-                   "SparseSegmentSumGradV2": (1,), "SparseSegmentMeanGradV2": (1,),
-                   "SparseSegmentSqrtNGradV2": (1,)}
-
-
-# The outputs of those ops that hold ids, where not all do (Unique's idx
-# holds positions, a segment gradient's output 0 holds gradient rows).
-_INDEX_OUTPUTS = {"Unique": (0,), "UniqueV2": (0,), "SparseSegmentSumGradV2": (1,),
-                  "SparseSegmentMeanGradV2": (1,), "SparseSegmentSqrtNGradV2": (1,)}
-
-
-def _gradient_from_lookups(update: Update, gathers: List[tf.Operation]) -> str:
-    """Why the update's gradient rows cannot be matched to the lookups' keys,
-    or "": every index must be one of the variable's gather ids, passed on by
-    position (reshapes, concatenation, deduplication...). Indices from
-    anywhere else (another worker's, a placeholder's) name rows no lookup of
-    this step read, so no table row would take their gradient."""
-    ids = {g.inputs[1].ref() for g in gathers}
-    for _, indices in update.gradients:
-        stack, seen = [indices], set()
-        while stack:
-            t = stack.pop()
-            if t.ref() in ids or t.ref() in seen:
-                continue
-            seen.add(t.ref())
-            op = t.op
-            if op.type in ("ConcatV2", "Concat", "Pack"):
-                stack.extend(x for x in op.inputs if x.shape.rank != 0 or op.type == "Pack")
-            elif op.type in _INDEX_CARRIERS and t.value_index in _INDEX_OUTPUTS.get(
-                    op.type, range(len(op.outputs))):
-                stack.extend(op.inputs[i] for i in _INDEX_CARRIERS[op.type])
-            else:
-                return (f"its gradient's indices do not all come from its lookups' ids "
-                        f"({op.type} {op.name}): rows no lookup read would get no gradient")
-    return ""
-
-
-def _split_dense_gradient(grad: tf.Tensor, v: tf.Variable):
-    """(IndexedSlices parts, penalty scalars, why not) of a dense gradient that sums
-    IndexedSlices made dense (UnsortedSegmentSum, as tf.gradients adds them to
-    dense terms) and L2 penalty terms over the whole variable (x * g)."""
-    parts, penalties, stack = [], [], [grad]
-    while stack:
-        t = stack.pop()
-        op = t.op
-        if op.type in ("AddN", "Add", "AddV2"):
-            stack.extend(op.inputs)
-        elif op.type == "Identity":
-            stack.append(op.inputs[0])
-        elif op.type == "UnsortedSegmentSum" and op.inputs[1].shape.rank in (None, 1):
-            parts.append((op.inputs[0], op.inputs[1]))
-        elif op.type == "Mul" and any(_reads_variable(x) and x.op.inputs[0].op is v.op
-                                      for x in op.inputs):
-            other = op.inputs[1] if _reads_variable(op.inputs[0]) else op.inputs[0]
-            if other.shape.rank != 0:
-                return [], [], f"its dense gradient scales the variable by {other.name}"
-            penalties.append(other)
-        else:
-            return [], [], (f"{_DENSE} ({grad.name}) with a term graphmod cannot map to rows "
-                            f"({op.type} {op.name})")
-    if not parts:
-        return [], [], f"{_DENSE} ({grad.name}) of no rows"
-    return parts, penalties, ""
+    values, indices, why = gradients.consumed_gradient(ops, int(v.shape[1]))
+    parts, penalty_grads = ([(values, indices)] if values is not None else []), []
+    if values is None and why.startswith(gradients.DENSE):
+        parts, penalty_grads, why = gradients.split_dense_gradient(
+            gradients.dense_gradient(ops), v)
+    return Update(scope, update_op, ops, in_scope_writes, slots, parts, penalty_grads), why
 
 
 def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
@@ -509,7 +386,7 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
     variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
     by_op = {v.op: v for v in variables}
     conversions, skipped = [], []
-    squeezed = _squeezed_ids(graph) if settings.collision_free else set()
+    squeezed = squeezed_ids(graph) if settings.collision_free else set()
     for v in variables:
         if v.shape.ndims != 2 or not v.dtype.base_dtype == tf.float32:
             continue
@@ -623,11 +500,12 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
         if uses["updates"]:  # also outside training: its slots leave the Saver
             update, why = _update_of(view, scopes, v, uses["updates"], by_op)
             if trains and not why:
-                why = _gradient_from_lookups(update, uses["gathers"])
+                why = gradients.from_lookups(update.gradients, uses["gathers"])
             if not trains:
                 why = ""  # the update never runs in this graph
         ends = {op.name for op in update.ops} if update is not None else set()
-        stray = next((op for op in uses["penalty_grads"] if not feeds_only(op, ends)), None)
+        stray = next((op for op in uses["penalty_grads"]
+                      if not gradients.feeds_only(op, ends)), None)
         if stray is not None and not why:
             why = (f"the gradient of its L2 penalty ({stray.name}) is read by more than its "
                    "update (e.g. a gradient summary), which needs the whole variable")
@@ -643,81 +521,3 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
             unsqueezed_types=planned.unsqueezed_types if planned is not None else None))
     return conversions, skipped
 
-
-# Ops that squeeze ids into a variable's rows (hash buckets, `ids % N`); the
-# collisionless_keys rule feeds tables the unsqueezed key instead. A modulo by
-# less than MIN_MODULO_BUCKETS is taken as meaning, not hashing (hour of day,
-# day of week, the partition of a partitioned variable) and left alone.
-SQUEEZERS = ("StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket",
-             "FloorMod")
-MIN_MODULO_BUCKETS = 1000
-
-# Ops whose outputs carry ids from their inputs unchanged (by position):
-# op type -> (the inputs that carry, the outputs that receive; None = all).
-# Outputs that hold positions (Unique's idx, a SparseTensor's indices) do not.
-_CARRY = {
-    "Identity": ((0,), None), "IdentityN": (None, None), "Cast": ((0,), None),
-    "Reshape": ((0,), None), "ExpandDims": ((0,), None), "Squeeze": ((0,), None),
-    "Unique": ((0,), (0,)), "UniqueV2": ((0,), (0,)), "StridedSlice": ((0,), None),
-    "Slice": ((0,), None), "ConcatV2": (None, None), "Pack": (None, None),
-    "Select": ((1, 2), None), "SelectV2": ((1, 2), None), "GatherV2": ((0,), None),
-    "Gather": ((0,), None), "ResourceGather": ((0,), None), "DynamicPartition": ((0,), None),
-    "SparseFillEmptyRows": ((1,), (1,)), "SparseSlice": ((1,), (1,)),
-}
-
-
-def carried(op: tf.Operation, index: int, keep_64_bits: bool = True) -> Optional[List[tf.Tensor]]:
-    """The outputs of op that carry the ids op reads at input `index`, or None
-    when op does not pass them on (it reads their values, or only positions).
-    keep_64_bits: a Cast carries only when it keeps int64 (a cast to int32
-    would truncate 63-bit keys)."""
-    spec = _CARRY.get(op.type)
-    if spec is None or (spec[0] is not None and index not in spec[0]):
-        return None
-    if op.type == "Cast" and keep_64_bits and op.outputs[0].dtype != tf.int64:
-        return None
-    if op.type == "IdentityN":
-        return [op.outputs[index]]
-    outs = op.outputs if spec[1] is None else [op.outputs[i] for i in spec[1]]
-    return [o for o in outs if o.dtype.is_integer]
-
-
-def carrying_inputs(op: tf.Operation) -> List[tf.Tensor]:
-    """The inputs whose ids op passes on (any cast counts)."""
-    spec = _CARRY.get(op.type)
-    if spec is None:
-        return []
-    inputs = op.inputs if spec[0] is None else [op.inputs[i] for i in spec[0]]
-    return [t for t in inputs if t.dtype.is_integer]
-
-
-def is_squeezer(op: tf.Operation) -> bool:
-    if op.type not in SQUEEZERS:
-        return False
-    if op.type != "FloorMod":
-        return True
-    n = tensor_util.constant_value(op.inputs[1])
-    return n is not None and n.size == 1 and int(n.reshape(-1)[0]) >= MIN_MODULO_BUCKETS
-
-
-def is_gather(op: tf.Operation) -> bool:
-    return op.type in ("ResourceGather", "GatherV2", "Gather")
-
-
-def _squeezed_ids(graph: tf.Graph) -> set:
-    """Refs of the integer tensors that carry the output of a squeezing op
-    (through any cast: narrowed hashed ids are still hashed ids)."""
-    out, stack = set(), []
-    for op in graph.get_operations():
-        if is_squeezer(op):
-            stack.extend(op.outputs)
-    while stack:
-        t = stack.pop()
-        if t.ref() in out:
-            continue
-        out.add(t.ref())
-        for c in t.consumers():
-            for i, x in enumerate(c.inputs):
-                if x is t:
-                    stack.extend(carried(c, i, keep_64_bits=False) or [])
-    return out
