@@ -79,13 +79,14 @@ class GraphModifierHook(tf1.train.SessionRunHook):
     Args:
       min_rows: variables read only through gathers by identity ids and with at
         least this many rows are converted (default 10,000); variables read by
-        hashed or modulo ids (hash-bucket columns, `ids % N`) convert at any
-        size, since their collisions are what the tables remove.
+        hashed or modulo ids (hash-bucket columns, `ids % N` with N >= 1000)
+        convert at any size, since their collisions are what the tables remove.
       tables: {fnmatch pattern of variable names: graphmod.TableSettings or a
         dict of its fields}; a matching variable is converted whatever its size
         (convert=False excludes it), with those settings.
       collision_free: feed tables the full key where a hash-bucket column or
-        `ids % N` squeezed it into the variable's rows (default True).
+        `ids % N` squeezed it into the variable's rows (default True; reported
+        as an approximation, since ids that shared a row no longer do).
       exact: convert only what trains exactly as the dense model: variables
         under a whole-variable L2 penalty and TF1 Adam variables (both
         approximated on a table) stay dense, and hashed ids keep their buckets.
