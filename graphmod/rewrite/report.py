@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import uuid
 from typing import Dict, List
 
 import tensorflow as tf
@@ -54,6 +55,7 @@ class RewriteReport:
         path = os.path.join(directory, f"rewrite_report_{self.graph}.json")
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.metadata.get("json", True)}
-        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # workers may share a dir
+        with tf.io.gfile.GFile(tmp, "w") as f:
             json.dump(data, f, indent=1)
-        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        tf.io.gfile.rename(tmp, path, overwrite=True)
