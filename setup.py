@@ -6,7 +6,8 @@ import os
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-NATIVE_SOURCES = ["native/table.cc", "native/kernels.cc", "native/ops.cc"]
+NATIVE_SOURCES = ["native/table.cc", "native/kernels.cc", "native/fused_kernels.cc",
+                  "native/ops.cc"]
 
 
 class TfBuildExt(build_ext):
@@ -33,6 +34,6 @@ setup(
     package_dir={"graphmod": "graphmod", "graphmod.hooks": "hooks",
                  "graphmod.rewrite_rules": "rewrite_rules"},
     ext_modules=[Extension("graphmod._graphmod_ops", NATIVE_SOURCES, include_dirs=["."],
-                           language="c++", depends=["native/table.h"])],
+                           language="c++", depends=["native/table.h", "native/table_resource.h"])],
     cmdclass={"build_ext": TfBuildExt},
 )

@@ -17,7 +17,7 @@ if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "hooks")) and \
 
 from graphmod import optimizers  # noqa: E402
 from graphmod.initializers import TableInitializer  # noqa: E402
-from graphmod.lookup import sparse_lookup  # noqa: E402
+from graphmod.lookup import fused_lookup, sparse_lookup  # noqa: E402
 from graphmod.table import Lookup, Table, create_table, tables, training_lookups  # noqa: E402
 
 from graphmod.features import FeatureSpec, use_feature_specs  # noqa: E402
@@ -30,5 +30,5 @@ from graphmod.rewrite.report import RewriteReport  # noqa: E402
 __version__ = "0.1.0"
 __all__ = ["GraphModifierHook", "EvictHook", "export_saved_model", "RewriteReport",
            "TableSettings", "FeatureSpec", "use_feature_specs", "create_table",
-           "sparse_lookup", "optimizers", "Table", "Lookup", "TableInitializer", "tables",
+           "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup", "TableInitializer", "tables",
            "training_lookups"]

@@ -28,6 +28,7 @@ ops = tf.load_op_library(library_path)
 # None of the table ops is differentiable: gradients flow to the looked-up rows
 # and reach the table through the sparse optimizers.
 for _op in ("GraphmodTable", "GraphmodTableFindOrInsert", "GraphmodTableFind",
+            "GraphmodFusedFindOrInsert", "GraphmodFusedFind",
             "GraphmodTableExport", "GraphmodTableInfo", "GraphmodTableRemove",
             "GraphmodTableEvict", "GraphmodTableExportPending"):
     tf_ops.no_gradient(_op)

@@ -1,12 +1,13 @@
 """sparse_lookup: read table rows for dense, sparse or ragged ids.
 
 >>> emb = graphmod.sparse_lookup(table, features["tags"], is_training=True, combiner="mean")
+>>> user, item = graphmod.fused_lookup([users, items], [features["user"], features["item"]])
 """
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from graphmod import features
+from graphmod import features, fused
 from graphmod._ops import ops
 from graphmod.table import Lookup, Table, graph_state
 
@@ -70,6 +71,48 @@ def sparse_lookup(table: Table, ids: Ids, is_training: bool = True,
 
     >>> emb = graphmod.sparse_lookup(table, tf.constant([[3, 7], [7, 9]]), combiner="sum")
     """
+    scope = f"graphmod_lookup_{table.name}" if isinstance(table, Table) else "graphmod_lookup"
+    with tf.compat.v1.name_scope(name, scope):
+        keys, finish = _prepare(table, ids, is_training, combiner)
+        return finish(lookup_rows(table, keys, is_training))
+
+
+def fused_lookup(tables: Sequence[Table], ids: Sequence[Ids], is_training: bool = True,
+                 combiners: Optional[Sequence[Optional[str]]] = None,
+                 name: Optional[str] = None) -> List[tf.Tensor]:
+    """sparse_lookup of many tables in one op: returns, for each i, what
+    sparse_lookup(tables[i], ids[i], is_training, combiners[i]) returns.
+
+    One op per step instead of one per feature: a model with many features
+    pays one kernel launch, its tables run side by side on the session's
+    threads, and a table listed twice (features sharing it) is looked up once
+    for both. Training lookups are recorded as sparse_lookup's are, so the
+    sparse optimizers train them the same way.
+
+    >>> user_emb, item_emb = graphmod.fused_lookup(
+    ...     [user, item], [features["user"], features["item"]], combiners=[None, "mean"])
+    """
+    tables, ids = list(tables), list(ids)
+    combiners = list(combiners) if combiners is not None else [None] * len(tables)
+    if not (len(tables) == len(ids) == len(combiners)) or not tables:
+        raise ValueError(f"fused_lookup needs as many ids and combiners as tables (at least "
+                         f"one), got {len(tables)} tables, {len(ids)} ids, "
+                         f"{len(combiners)} combiners")
+    with tf.compat.v1.name_scope(name, "graphmod_fused_lookup"):
+        prepared = [_prepare(t, i, is_training, c) for t, i, c in zip(tables, ids, combiners)]
+        keys = [k for k, _ in prepared]
+        if is_training:
+            rows, handles = fused.find_or_insert(tables, keys)
+            state = graph_state(tables[0].graph)
+            state.lookups += [Lookup(t, k, r, h) for t, k, r, h in zip(tables, keys, rows, handles)]
+        else:
+            rows = fused.find(tables, keys)
+        return [finish(r) for (_, finish), r in zip(prepared, rows)]
+
+
+def _prepare(table: Table, ids: Ids, is_training: bool, combiner: Optional[str]):
+    """(int64 keys to look up, the function that turns their rows into the
+    lookup's result) for sparse_lookup's arguments, checked."""
     if not isinstance(table, Table):
         raise TypeError(f"sparse_lookup needs a graphmod table, got {type(table).__name__}")
     if not isinstance(is_training, bool):
@@ -78,30 +121,31 @@ def sparse_lookup(table: Table, ids: Ids, is_training: bool = True,
     if combiner is not None and combiner not in COMBINERS:
         raise ValueError(f"graphmod table '{table.name}': combiner must be one of {COMBINERS} "
                          f"or None, got {combiner!r}")
-    with tf.compat.v1.name_scope(name, f"graphmod_lookup_{table.name}"):
-        if isinstance(ids, tf.SparseTensor):
-            if ids.shape.rank != 2:
-                raise ValueError(f"graphmod table '{table.name}': sparse ids must be 2-D "
-                                 f"[batch, ids], got rank {ids.shape.rank}")
-            rows = lookup_rows(table, to_keys(table.name, ids.values), is_training)
-            return _combine(rows, ids.indices[:, 0], ids.dense_shape[0], combiner or "mean")
-        if isinstance(ids, tf.RaggedTensor):
-            if ids.ragged_rank != 1 or ids.flat_values.shape.rank != 1:
-                raise ValueError(f"graphmod table '{table.name}': ragged ids must be "
-                                 f"[batch, (ids)], got {ids.shape}")
-            rows = lookup_rows(table, to_keys(table.name, ids.flat_values), is_training)
-            return _combine(rows, ids.value_rowids(), ids.nrows(), combiner or "mean")
-        ids = tf.convert_to_tensor(ids)
-        rows = lookup_rows(table, to_keys(table.name, ids), is_training)
-        if combiner is None:
-            return rows
-        if ids.shape.rank is not None and ids.shape.rank < 1:
-            raise ValueError(f"graphmod table '{table.name}': a combiner needs ids of rank >= 1")
+    if isinstance(ids, tf.SparseTensor):
+        if ids.shape.rank != 2:
+            raise ValueError(f"graphmod table '{table.name}': sparse ids must be 2-D "
+                             f"[batch, ids], got rank {ids.shape.rank}")
+        return to_keys(table.name, ids.values), lambda rows: _combine(
+            rows, ids.indices[:, 0], ids.dense_shape[0], combiner or "mean")
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1 or ids.flat_values.shape.rank != 1:
+            raise ValueError(f"graphmod table '{table.name}': ragged ids must be "
+                             f"[batch, (ids)], got {ids.shape}")
+        return to_keys(table.name, ids.flat_values), lambda rows: _combine(
+            rows, ids.value_rowids(), ids.nrows(), combiner or "mean")
+    ids = tf.convert_to_tensor(ids)
+    if combiner is None:
+        return to_keys(table.name, ids), lambda rows: rows
+    if ids.shape.rank is not None and ids.shape.rank < 1:
+        raise ValueError(f"graphmod table '{table.name}': a combiner needs ids of rank >= 1")
+
+    def combine(rows):
         total = tf.reduce_sum(rows, axis=-2)
         if combiner == "sum":
             return total
         count = tf.maximum(tf.cast(tf.shape(ids)[-1], tf.float32), 1.0)
         return total / (count if combiner == "mean" else tf.sqrt(count))
+    return to_keys(table.name, ids), combine
 
 
 def _combine(rows: tf.Tensor, segments: tf.Tensor, batch: tf.Tensor, combiner: str) -> tf.Tensor:

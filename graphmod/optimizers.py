@@ -23,6 +23,7 @@ from typing import Any, Iterable, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from graphmod import fused
 from graphmod._ops import ops
 from graphmod.table import Lookup, Table, graph_state, training_lookups
 
@@ -99,24 +100,25 @@ class SparseOptimizer:
                 raise ValueError(f"{type(self).__name__}.apply_gradients: {target!r} is not the "
                                  "row handles of a graphmod training lookup in this graph")
             pairs.append((grad, lookup))
-        # One apply per table: lookups of one table (features sharing it) are
-        # one update with their duplicates summed, as TF updates a variable
-        # gathered twice; two applies would be unordered stateful updates.
-        by_table = {}
-        for g, l in pairs:
-            by_table.setdefault(l.table.name, []).append((g, l))
+        # One fused apply for every table of the step; lookups of one table
+        # (features sharing it) become one update with their duplicates
+        # summed, as TF updates a variable gathered twice (two applies would
+        # be unordered stateful updates).
         with tf1.name_scope(name, f"graphmod_{self.name}"):
             self._before_step()
-            applied = []
-            for group in by_table.values():
-                table = group[0][1].table
-                handles = [tf.reshape(l.handles, [-1]) for _, l in group]
-                grads = [tf.reshape(tf.convert_to_tensor(g, tf.float32), [-1, table.dim])
-                         for g, _ in group]
-                applied.append(self._apply_op(
-                    table, handles[0] if len(group) == 1 else tf.concat(handles, 0),
-                    grads[0] if len(group) == 1 else tf.concat(grads, 0), by_address=True))
-            return tf.group(*applied, *self._after_step(applied))
+            if not pairs:
+                return tf.group(*self._after_step([]))
+            for table in {id(l.table): l.table for _, l in pairs}.values():
+                self._check_table(table)
+            hparams = tf.stack([_value(h) for h in self.hparams()])
+            nesterov = bool(getattr(self, "use_nesterov", False))
+            applied = fused.apply(
+                [l.table.handle for _, l in pairs], [tf.reshape(l.handles, [-1]) for _, l in pairs],
+                [tf.reshape(tf.convert_to_tensor(g, tf.float32), [-1, l.table.dim])
+                 for g, l in pairs],
+                [hparams] * len(pairs), [self.kind] * len(pairs), [nesterov] * len(pairs),
+                by_address=True)
+            return tf.group(applied, *self._after_step([applied]))
 
     def minimize(self, loss: tf.Tensor, name: str = None) -> tf.Operation:
         """Trains every table created with this optimizer through its training lookups.

@@ -69,7 +69,8 @@ class EvictHook(tf1.train.SessionRunHook):
         self.tables = [by_name[n] for n in names]
         self.enabled = self.evict_enable
         if self.enabled and self.tables and not any(
-                op.type == "GraphmodTableFindOrInsert" for op in graph.get_operations()):
+                op.type in ("GraphmodTableFindOrInsert", "GraphmodFusedFindOrInsert")
+                for op in graph.get_operations()):
             # Evaluation and prediction graphs only read tables: never evict there.
             logging.info("EvictHook: no training lookup in this graph; eviction is off")
             self.enabled = False

@@ -1,11 +1,13 @@
-// CPU kernels adapting graphmod::EmbeddingTable to TensorFlow: a resource
-// holding the table, and one thin kernel per op (ops.cc) that checks its
-// inputs, names the table in every error, and calls the table.
+// CPU kernels adapting graphmod::EmbeddingTable to TensorFlow: one thin
+// kernel per single-table op (ops.cc) that checks its inputs, names the
+// table in every error, and calls the table (the resource holding it is in
+// table_resource.h; the fused many-table ops in fused_kernels.cc).
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "native/table.h"
+#include "native/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -23,27 +25,7 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-class TableResource : public ::tensorflow::ResourceBase {
- public:
-  explicit TableResource(TableConfig config) : table(std::move(config)) {}
-  std::string DebugString() const override { return "graphmod table " + table.config().name; }
-  int64_t MemoryUsed() const override { return table.memory_bytes(); }
-  EmbeddingTable table;
-};
-
 namespace {
-
-// Spreads table work over the session's intra-op threads.
-Runner IntraOpRunner(OpKernelContext* ctx) {
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [pool](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    pool->ParallelFor(n, cost, fn);
-  };
-}
-
-Status TableError(const EmbeddingTable& t, const std::string& what) {
-  return errors::InvalidArgument("graphmod table '", t.config().name, "': ", what);
-}
 
 // Base of every kernel taking the table as input 0: looks it up, keeps a
 // reference for the duration of Compute.
@@ -186,35 +168,6 @@ class FindOp : public TableKernel {
   int dim_;
 };
 
-// The order of the `hparams` input of each optimizer (graphmod/optimizers.py
-// builds it in the same order).
-const std::vector<std::pair<const char*, float Optimizer::*>>& HparamFields(OptimizerKind k) {
-  using O = Optimizer;
-  static const std::vector<std::pair<const char*, float O::*>> sgd = {{"lr", &O::lr}};
-  static const std::vector<std::pair<const char*, float O::*>> adagrad = {
-      {"lr", &O::lr}, {"epsilon", &O::epsilon}};
-  static const std::vector<std::pair<const char*, float O::*>> momentum = {
-      {"lr", &O::lr}, {"momentum", &O::momentum}};
-  static const std::vector<std::pair<const char*, float O::*>> adam = {
-      {"lr", &O::lr},           {"beta1", &O::beta1},
-      {"beta2", &O::beta2},     {"epsilon", &O::epsilon},
-      {"beta1_power", &O::beta1_power}, {"beta2_power", &O::beta2_power}};
-  static const std::vector<std::pair<const char*, float O::*>> ftrl = {
-      {"lr", &O::lr}, {"l1", &O::l1}, {"l2", &O::l2},
-      {"l2_shrinkage", &O::l2_shrinkage}, {"lr_power", &O::lr_power}};
-  static const std::vector<std::pair<const char*, float O::*>> rmsprop = {
-      {"lr", &O::lr}, {"rho", &O::rho}, {"momentum", &O::momentum}, {"epsilon", &O::epsilon}};
-  switch (k) {
-    case OptimizerKind::kSgd: return sgd;
-    case OptimizerKind::kAdagrad: return adagrad;
-    case OptimizerKind::kMomentum: return momentum;
-    case OptimizerKind::kAdam: return adam;
-    case OptimizerKind::kFtrl: return ftrl;
-    case OptimizerKind::kRmsProp: return rmsprop;
-  }
-  return sgd;
-}
-
 class ApplyOp : public TableKernel {
  public:
   explicit ApplyOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
@@ -236,14 +189,8 @@ class ApplyOp : public TableKernel {
                 TableError(*t, "gradients of shape " + grads.shape().DebugString() +
                                    " do not match ids of shape " + ids.shape().DebugString() +
                                    " and dim " + std::to_string(dim)));
-    const auto& fields = HparamFields(opt_.kind);
-    std::string names;
-    for (const auto& f : fields) names += std::string(names.empty() ? "" : ", ") + f.first;
-    OP_REQUIRES(ctx, hparams.dims() == 1 && hparams.NumElements() == static_cast<int64_t>(fields.size()),
-                TableError(*t, "hyper-parameters must be the vector [" + names + "], got shape " +
-                                   hparams.shape().DebugString()));
     Optimizer opt = opt_;
-    for (size_t i = 0; i < fields.size(); ++i) opt.*(fields[i].second) = hparams.flat<float>()(i);
+    OP_REQUIRES_OK(ctx, ReadHparams(*t, hparams, &opt));
     const std::string error =
         t->Apply(opt, ids.flat<int64_t>().data(), by_address_, grads.flat<float>().data(),
                  ids.NumElements(), IntraOpRunner(ctx));

@@ -84,6 +84,69 @@ REGISTER_OP("GraphmodTableApply")
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Sparse optimizer step on the rows of ids (keys, or row handles when by_address).");
 
+// Fused forms: one op for the lookups (or updates) of many tables in a step.
+// Entry i reads table i; a table may appear in several entries (features
+// sharing it): it then sees one batch, and an apply sums a key's gradients
+// over all its entries.
+namespace {
+
+// values[i] = keys[i].shape + [dims[i]] for the N entries.
+Status FusedRowsShape(InferenceContext* c, bool with_handles) {
+  int n;
+  std::vector<int> dims;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+  if (dims.size() != static_cast<size_t>(n))
+    return ::tensorflow::errors::InvalidArgument("dims has ", dims.size(), " entries for ", n,
+                                                 " tables");
+  for (int i = 0; i < n; ++i) {
+    ShapeHandle out;
+    TF_RETURN_IF_ERROR(c->Concatenate(c->input(n + i), c->Vector(dims[i]), &out));
+    c->set_output(i, out);
+    if (with_handles) c->set_output(n + i, c->input(n + i));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("GraphmodFusedFindOrInsert")
+    .Input("tables: N * resource")
+    .Input("keys: N * int64")
+    .Input("now: N * int64")
+    .Output("values: N * float")
+    .Output("handles: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .Attr("access_thresholds: list(int)")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return FusedRowsShape(c, true); })
+    .Doc("GraphmodTableFindOrInsert of N (table, keys, now) entries in one op.");
+
+REGISTER_OP("GraphmodFusedFind")
+    .Input("tables: N * resource")
+    .Input("keys: N * int64")
+    .Output("values: N * float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return FusedRowsShape(c, false); })
+    .Doc("GraphmodTableFind of N (table, keys) entries in one op.");
+
+REGISTER_OP("GraphmodFusedApply")
+    .Input("tables: N * resource")
+    .Input("ids: N * int64")
+    .Input("grads: N * float")
+    .Input("hparams: N * float")
+    .Attr("N: int >= 1")
+    .Attr("optimizers: list(string)")
+    .Attr("nesterov: list(bool)")
+    .Attr("by_address: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("GraphmodTableApply of N entries in one op; everything is checked before any "
+         "table changes.");
+
 REGISTER_OP("GraphmodTableExport")
     .Input("table: resource")
     .Input("min_version: int64")

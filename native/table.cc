@@ -617,11 +617,15 @@ struct EmbeddingTable::Shard {
   }
 };
 
-// Ids of one batch grouped by shard: order[begin[s], begin[s+1]) are the
-// positions of the ids that live in shard s.
+// Ids of one batch grouped by shard: positions order[begin[s], begin[s+1])
+// of the batch hold the ids that live in shard s; id[p] and hash[p] are the
+// id at order[p] and its hash, stored in that same order so the per-shard
+// passes read them sequentially (read through `order`, they were a cache
+// miss per key on large batches).
 struct EmbeddingTable::Batch {
-  std::vector<uint64_t> hash;
   std::vector<int64_t> order;
+  std::vector<int64_t> id;
+  std::vector<uint64_t> hash;
   std::vector<int64_t> begin;
 };
 
@@ -722,24 +726,25 @@ EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
   // One bucket per shard, and a last one for negative handles (lookups that
   // got no row), which no shard processes.
   const int64_t buckets = shards + 1;
-  batch.hash.resize(n);
   batch.order.resize(n);
+  batch.id.resize(n);
+  batch.hash.resize(ids_are_handles ? 0 : n);
   batch.begin.assign(buckets + 1, 0);
-  // Two-pass counting sort, each pass split over chunks that may run in parallel.
+  // Two-pass counting sort, each pass split over chunks that may run in
+  // parallel; the second pass hashes again rather than keep a third array.
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(16, n / 8192));
   const int64_t per_chunk = (n + chunks - 1) / chunks;
   std::vector<int64_t> counts(chunks * buckets, 0);
-  auto bucket_of = [&](int64_t i) -> int64_t {
-    if (ids_are_handles) return ids[i] < 0 ? shards : ids[i] >> kHandleShardShift;
-    return shard_bits_ == 0 ? 0 : batch.hash[i] >> (64 - shard_bits_);
+  const int shift = 64 - shard_bits_;
+  auto bucket_of = [&](int64_t id, uint64_t h) -> int64_t {
+    if (ids_are_handles) return id < 0 ? shards : id >> kHandleShardShift;
+    return shard_bits_ == 0 ? 0 : static_cast<int64_t>(h >> shift);
   };
-  run(chunks, per_chunk * 20, [&](int64_t c0, int64_t c1) {
+  run(chunks, per_chunk * 10, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t* count = &counts[c * buckets];
-      for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i) {
-        batch.hash[i] = ids_are_handles ? 0 : HashKey(ids[i]);
-        ++count[bucket_of(i)];
-      }
+      for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i)
+        ++count[bucket_of(ids[i], ids_are_handles ? 0 : HashKey(ids[i]))];
     }
   });
   int64_t pos = 0;
@@ -752,11 +757,16 @@ EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
     }
   }
   batch.begin[buckets] = pos;
-  run(chunks, per_chunk * 10, [&](int64_t c0, int64_t c1) {
+  run(chunks, per_chunk * 15, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t* next = &counts[c * buckets];
-      for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i)
-        batch.order[next[bucket_of(i)]++] = i;
+      for (int64_t i = c * per_chunk, e = std::min(n, (c + 1) * per_chunk); i < e; ++i) {
+        const uint64_t h = ids_are_handles ? 0 : HashKey(ids[i]);
+        const int64_t p = next[bucket_of(ids[i], h)]++;
+        batch.order[p] = i;
+        batch.id[p] = ids[i];
+        if (!ids_are_handles) batch.hash[p] = h;
+      }
     }
   });
   return batch;
@@ -771,19 +781,17 @@ constexpr int64_t kAhead = 8;
 
 template <typename Fn>
 void EmbeddingTable::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
-                                     const int64_t* keys, Fn&& fn) const {
+                                     Fn&& fn) const {
   const int64_t b = batch.begin[s], e = batch.begin[s + 1];
-  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p)
-    shard.PrefetchGroup(batch.hash[batch.order[p]]);
-  for (int64_t p = b; p < std::min(e, b + kAhead); ++p)
-    shard.PrefetchCandidate(batch.hash[batch.order[p]]);
+  const uint64_t* hash = batch.hash.data();
+  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p) shard.PrefetchGroup(hash[p]);
+  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) shard.PrefetchCandidate(hash[p]);
   for (int64_t p = b; p < e; ++p) {
-    if (p + 2 * kAhead < e) shard.PrefetchGroup(batch.hash[batch.order[p + 2 * kAhead]]);
-    if (p + kAhead < e) shard.PrefetchCandidate(batch.hash[batch.order[p + kAhead]]);
-    const int64_t i = batch.order[p];
+    if (p + 2 * kAhead < e) shard.PrefetchGroup(hash[p + 2 * kAhead]);
+    if (p + kAhead < e) shard.PrefetchCandidate(hash[p + kAhead]);
     bool found;
-    const size_t slot = shard.Probe(keys[i], batch.hash[i], &found);
-    fn(i, found ? shard.Row(slot) : Shard::kNoRow, slot);
+    const size_t slot = shard.Probe(batch.id[p], hash[p], &found);
+    fn(p, found ? shard.Row(slot) : Shard::kNoRow, slot);
   }
 }
 
@@ -824,14 +832,14 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row, size_t slot) {
-        const int64_t key = keys[i];
+      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t slot) {
+        const int64_t i = batch.order[p], key = batch.id[p];
         uint64_t sightings = 1;
         bool added = false;
         if (row == Shard::kNoRow) {
           Shard::Pending* pending = nullptr;
           if (access_threshold > 1 && !shard.sketch.empty()) {
-            sightings = shard.SketchAdd(batch.hash[i]);
+            sightings = shard.SketchAdd(batch.hash[p]);
           } else if (access_threshold > 1) {
             pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
             sightings = AddCount(pending->count, 1);
@@ -840,7 +848,7 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
           }
           bool made_room = false;
           if (sightings >= static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1)))
-            row = shard.Insert(key, batch.hash[i], slot, now, static_cast<uint32_t>(version),
+            row = shard.Insert(key, batch.hash[p], slot, now, static_cast<uint32_t>(version),
                                &made_room);
           if (row == Shard::kNoRow) {  // not admitted yet, or no room: no row, no gradient
             MissingRow(key, values + i * d);
@@ -888,11 +896,12 @@ void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      ForEachResolved(shard, batch, s, keys, [&](int64_t i, uint32_t row, size_t) {
+      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
+        float* out = values + batch.order[p] * d;
         if (row != Shard::kNoRow) {
-          std::memcpy(values + i * d, Values(shard.Record(row)), sizeof(float) * d);
+          std::memcpy(out, Values(shard.Record(row)), sizeof(float) * d);
         } else {
-          MissingRow(keys[i], values + i * d);
+          MissingRow(batch.id[p], out);
         }
       });
     }
@@ -1020,37 +1029,40 @@ class RowGroups {
 
 }  // namespace
 
-std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
-                                  bool ids_are_handles, const float* grads, int64_t n,
-                                  const Runner& run) {
+std::string EmbeddingTable::CheckApply(const Optimizer& opt, const int64_t* ids,
+                                       bool ids_are_handles, int64_t n) const {
   if (SlotsNeeded(opt.kind) > config_.num_slots)
     return "the optimizer needs " + std::to_string(SlotsNeeded(opt.kind)) +
            " slot rows per key but the table was created with " +
            std::to_string(config_.num_slots);
-  // Every handle is checked before any row changes, so a bad one updates
-  // nothing. A row beyond those ever handed out can only come from elsewhere
-  // (a reset shard's old handles are stale instead: its generations advanced).
-  if (ids_are_handles) {
-    for (int64_t i = 0; i < n; ++i)
-      if (ids[i] >= 0 && (static_cast<uint64_t>(ids[i]) >> kHandleShardShift) >=
-                             static_cast<uint64_t>(config_.num_shards))
-        return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-               " does not belong to this table";
+  if (!ids_are_handles) return "";
+  // A row beyond those a shard ever handed out can only come from elsewhere
+  // (a reset shard's old handles are stale instead: its generations
+  // advanced). Shards never shrink, so their sizes now bound every handle
+  // given out so far.
+  std::vector<uint64_t> handed_out(config_.num_shards);
+  for (int s = 0; s < config_.num_shards; ++s) {
+    std::lock_guard<std::mutex> lock(shards_[s]->mu);
+    handed_out[s] = shards_[s]->generation.size();
   }
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0) continue;  // a lookup that got no row
+    const uint64_t shard = static_cast<uint64_t>(ids[i]) >> kHandleShardShift;
+    const uint64_t row = ids[i] & ((1ULL << kHandleRowBits) - 1);
+    if (shard >= static_cast<uint64_t>(config_.num_shards) || row >= handed_out[shard])
+      return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+             " does not belong to this table";
+  }
+  return "";
+}
+
+std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
+                                  bool ids_are_handles, const float* grads, int64_t n,
+                                  const Runner& run) {
+  // Every id is checked before any row changes, so a bad one updates nothing.
+  const std::string error = CheckApply(opt, ids, ids_are_handles, n);
+  if (!error.empty()) return error;
   const Batch batch = Partition(ids, n, ids_are_handles, run);
-  if (ids_are_handles) {
-    for (int s = 0; s < config_.num_shards; ++s) {
-      const Shard& shard = *shards_[s];
-      std::lock_guard<std::mutex> lock(shard.mu);
-      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
-        const int64_t i = batch.order[p];
-        if ((ids[i] & ((1LL << kHandleRowBits) - 1)) >=
-            static_cast<int64_t>(shard.generation.size()))
-          return "row handle " + std::to_string(ids[i]) + " at position " +
-                 std::to_string(i) + " does not belong to this table";
-      }
-    }
-  }
   const uint32_t version = static_cast<uint32_t>(++version_);
   if (n == 0) return "";
   const int d = config_.dim;
@@ -1064,10 +1076,10 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
       groups.Reset(batch.begin[s + 1] - batch.begin[s], d);
       int64_t dropped = 0;
       for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
-        const int64_t i = batch.order[p];
+        const int64_t i = batch.order[p], id = batch.id[p];
         if (ids_are_handles) {
-          const uint64_t row = ids[i] & ((1ULL << kHandleRowBits) - 1);
-          const uint8_t gen = static_cast<uint8_t>(ids[i] >> kHandleRowBits);
+          const uint64_t row = id & ((1ULL << kHandleRowBits) - 1);
+          const uint8_t gen = static_cast<uint8_t>(id >> kHandleRowBits);
           // Freed since the lookup (removed, evicted, cleared): another key
           // may hold the row now.
           if (row >= shard.rows || shard.generation[row] != gen) {
@@ -1077,7 +1089,7 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
           groups.Add(static_cast<uint32_t>(row), grads + i * d);
         } else {
           bool found;
-          const size_t slot = shard.Probe(ids[i], batch.hash[i], &found);
+          const size_t slot = shard.Probe(id, batch.hash[p], &found);
           if (found) groups.Add(shard.Row(slot), grads + i * d);
         }
       }
@@ -1194,7 +1206,7 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
       const int64_t i = batch.order[p];
       bool added;
       // A restore brings back every row, even beyond max_rows.
-      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[i], &added));
+      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[p], &added));
       if (!shard.pending.empty()) shard.pending.erase(keys[i]);
       RecordHeader* h = Header(rec);
       std::memcpy(Values(rec), values + i * d, sizeof(float) * d);

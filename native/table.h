@@ -184,6 +184,11 @@ class EmbeddingTable {
   // error and the call then updates nothing. Returns "" or the error.
   std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                     const float* grads, int64_t n, const Runner& run);
+  // The checks Apply makes before it changes anything: "" when Apply would
+  // accept these ids, else the error (a fused apply of many tables checks
+  // them all first, so a bad table changes no table).
+  std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
+                         int64_t n) const;
   // Removes the keys' rows (absent keys are ignored); returns rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
   // Removes every row and pending key last seen before `before`; returns the
@@ -223,13 +228,12 @@ class EmbeddingTable {
   void AdvanceLatest(int64_t now);
   Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
                   const Runner& run) const;
-  // Calls fn(position, row or Shard::kNoRow, slot) for shard s's keys of the
-  // batch, slot being the key's index slot or, when absent, the free slot an
-  // insert would take (each key is resolved just before its call, so keys an
-  // earlier call inserted are found).
+  // Calls fn(p, row or Shard::kNoRow, slot) for shard s's keys of the batch
+  // (p indexes the batch's partition order), slot being the key's index slot
+  // or, when absent, the free slot an insert would take (each key is
+  // resolved just before its call, so keys an earlier call inserted are found).
   template <typename Fn>
-  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, const int64_t* keys,
-                       Fn&& fn) const;
+  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
 
   TableConfig config_;
   int shard_bits_;

@@ -135,7 +135,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         rules=rw.summary(), dense_bytes_freed=context.dense_bytes_freed,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
-        replayed_plan=replay is not None, counters=context.counters)
+        replayed_plan=replay is not None, fused=context.fused, counters=context.counters)
     return report
 
 

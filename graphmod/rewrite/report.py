@@ -22,6 +22,8 @@ class RewriteReport:
     unsqueezed_keys: List[str]      # hash-bucket / modulo ops whose full keys now feed tables
     squeezed_keys_kept: List[dict]  # those left alone, with the reason
     replayed_plan: bool             # the model's saved plan decided the conversions
+    # single-table op type -> [ops, fused ops that replaced them]
+    fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
     # {table: {counter: scalar tensor}} of a training graph's tables, for
     # logging; not part of the JSON report.
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(
@@ -43,6 +45,8 @@ class RewriteReport:
         for a in self.approximations:
             logging.warning("graphmod: '%s' is converted with an approximation: %s",
                             a["variable"], a["what"])
+        for kind, (single, built) in sorted(self.fused.items()):
+            logging.info("graphmod: %d %s op(s) run as %d fused op(s)", single, kind, built)
         if self.unsqueezed_keys:
             logging.info("graphmod: collision-free keys from %s", ", ".join(self.unsqueezed_keys))
         for k in self.squeezed_keys_kept:

@@ -34,4 +34,6 @@ class Context:
     # will restore instead of running initializers.
     checkpoint_names: frozenset = frozenset()
     dense_bytes_freed: int = 0
+    # single-table op type -> [ops fused, fused ops built] (fuse_table_ops)
+    fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)

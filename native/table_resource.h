@@ -1,0 +1,86 @@
+// What graphmod's TensorFlow kernels share (kernels.cc: one table per op;
+// fused_kernels.cc: many tables per op): the resource holding a table, the
+// runner that spreads table work over the session's threads, errors that
+// name the table, and the reading of an apply's hyper-parameters.
+#ifndef GRAPHMOD_NATIVE_TABLE_RESOURCE_H_
+#define GRAPHMOD_NATIVE_TABLE_RESOURCE_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "native/table.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace graphmod {
+
+class TableResource : public ::tensorflow::ResourceBase {
+ public:
+  explicit TableResource(TableConfig config) : table(std::move(config)) {}
+  std::string DebugString() const override { return "graphmod table " + table.config().name; }
+  int64_t MemoryUsed() const override { return table.memory_bytes(); }
+  EmbeddingTable table;
+};
+
+// Spreads table work over the session's intra-op threads.
+inline Runner IntraOpRunner(::tensorflow::OpKernelContext* ctx) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    pool->ParallelFor(n, cost, fn);
+  };
+}
+
+inline ::tensorflow::Status TableError(const EmbeddingTable& t, const std::string& what) {
+  return ::tensorflow::errors::InvalidArgument("graphmod table '", t.config().name, "': ",
+                                               what);
+}
+
+// The order of the `hparams` input of each optimizer (graphmod/optimizers.py
+// builds it in the same order).
+inline const std::vector<std::pair<const char*, float Optimizer::*>>& HparamFields(
+    OptimizerKind k) {
+  using O = Optimizer;
+  using Fields = std::vector<std::pair<const char*, float O::*>>;
+  static const Fields sgd = {{"lr", &O::lr}};
+  static const Fields adagrad = {{"lr", &O::lr}, {"epsilon", &O::epsilon}};
+  static const Fields momentum = {{"lr", &O::lr}, {"momentum", &O::momentum}};
+  static const Fields adam = {{"lr", &O::lr},           {"beta1", &O::beta1},
+                              {"beta2", &O::beta2},     {"epsilon", &O::epsilon},
+                              {"beta1_power", &O::beta1_power},
+                              {"beta2_power", &O::beta2_power}};
+  static const Fields ftrl = {{"lr", &O::lr}, {"l1", &O::l1}, {"l2", &O::l2},
+                              {"l2_shrinkage", &O::l2_shrinkage}, {"lr_power", &O::lr_power}};
+  static const Fields rmsprop = {
+      {"lr", &O::lr}, {"rho", &O::rho}, {"momentum", &O::momentum}, {"epsilon", &O::epsilon}};
+  switch (k) {
+    case OptimizerKind::kSgd: return sgd;
+    case OptimizerKind::kAdagrad: return adagrad;
+    case OptimizerKind::kMomentum: return momentum;
+    case OptimizerKind::kAdam: return adam;
+    case OptimizerKind::kFtrl: return ftrl;
+    case OptimizerKind::kRmsProp: return rmsprop;
+  }
+  return sgd;
+}
+
+// Fills opt's hyper-parameters from the vector `hparams` (in HparamFields
+// order), or says what the vector should have been.
+inline ::tensorflow::Status ReadHparams(const EmbeddingTable& t,
+                                        const ::tensorflow::Tensor& hparams, Optimizer* opt) {
+  const auto& fields = HparamFields(opt->kind);
+  if (hparams.dims() != 1 || hparams.NumElements() != static_cast<int64_t>(fields.size())) {
+    std::string names;
+    for (const auto& f : fields) names += std::string(names.empty() ? "" : ", ") + f.first;
+    return TableError(t, "hyper-parameters must be the vector [" + names + "], got shape " +
+                             hparams.shape().DebugString());
+  }
+  for (size_t i = 0; i < fields.size(); ++i) opt->*(fields[i].second) = hparams.flat<float>()(i);
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace graphmod
+
+#endif  // GRAPHMOD_NATIVE_TABLE_RESOURCE_H_
