@@ -1,12 +1,23 @@
-"""Estimator benchmark: a DeepFM-shaped model_fn unmodified, with graphmod's
-hook, and written against TFRA, trained alternately in one process.
+"""Estimator benchmark: models unmodified, with graphmod's hook, and written
+against TFRA, trained in interleaved rounds in one process.
 
-The workload is the project's reference (shared/bench/estimator_peers.py): FM +
-128-64 DNN + linear term, 8 categorical features of 120k ids, dim 16, 4 dense,
-Adagrad, batch 1024. Prints median examples/s of each (and the ratios), and
-the time GraphModifierHook.begin() takes on a model with 200 embedding columns.
+Workloads:
+  reference  the project's reference (shared/bench/estimator_peers.py): FM +
+             128-64 DNN + linear term, 8 categorical features of 120k ids in
+             one embedding variable, dim 16, 4 dense, Adagrad, batch 1024
+  criteo26   Criteo-shaped DeepFM as DeepCTR builds it: 26 categorical
+             features, each with its own embedding variable (dim 16) and its
+             own linear weight (dim 1), Criteo's cardinalities capped at 200k,
+             13 dense features, 256-128 DNN, Ftrl for the linear part and
+             Adagrad for the rest (DeepCTR's defaults), batch 1024
+Each round trains every (workload, variant) once, in turn; figures are the
+median examples/s of a run's steps after warm-up and the process CPU-seconds
+per million examples over those steps, reported as median (min-max) over the
+rounds, with ratios taken within each round (see benchmarks/rounds.py). Also
+prints the time GraphModifierHook.begin() takes on 200 embedding columns.
 
-Usage: python benchmarks/estimator.py [--steps 150] [--json out.json]
+Usage: python benchmarks/estimator.py [--steps 150] [--rounds 3]
+                                      [--workloads reference,criteo26] [--json out.json]
 """
 import argparse
 import json
@@ -15,11 +26,21 @@ import platform
 import tempfile
 import time
 
+import sys
+
 import numpy as np
 import tensorflow as tf
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import ratio_per_round, spread  # noqa: E402
+
 tf1 = tf.compat.v1
 N_CAT, N_DENSE, VOCAB, B, D = 8, 4, 120_000, 1024, 16
+# Criteo (Kaggle display advertising) cardinalities of C1..C26, capped at 200k.
+CRITEO_CARD = [min(c, 200_000) for c in (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)]
+N_CRITEO_DENSE = 13
 
 
 def make_data(n, seed):
@@ -33,6 +54,75 @@ def make_data(n, seed):
     feats = {f"C{f}": ids[:, f:f + 1].astype(np.int64) for f in range(N_CAT)}
     feats.update({f"I{d}": dense[:, d:d + 1] for d in range(N_DENSE)})
     return feats, y
+
+
+def make_criteo_data(n, seed):
+    """Criteo-shaped features C1..C26 (Zipf ids below each cardinality) and
+    I1..I13, with a label from per-id weights of every feature."""
+    r = np.random.default_rng(seed)
+    weights = [np.random.default_rng(100 + f).normal(0, 0.5, c).astype(np.float32)
+               for f, c in enumerate(CRITEO_CARD)]
+    feats, logit = {}, np.zeros(n, np.float32)
+    for f, c in enumerate(CRITEO_CARD):
+        ids = np.minimum(r.zipf(1.2, size=n), c) - 1
+        feats[f"C{f + 1}"] = ids[:, None].astype(np.int64)
+        logit += weights[f][ids]
+    for d in range(N_CRITEO_DENSE):
+        feats[f"I{d + 1}"] = r.normal(0, 1, size=(n, 1)).astype(np.float32)
+    y = (r.random(n) < 1 / (1 + np.exp(-0.4 * logit))).astype(np.float32).reshape(-1, 1)
+    return feats, y
+
+
+def make_criteo_model_fn(kind):
+    """DeepFM as DeepCTR writes it: per feature an embedding variable and a
+    linear weight; Ftrl trains the linear part, Adagrad the rest."""
+    def model_fn(features, labels, mode):
+        embs, linear, linear_vars = [], [], []
+        for f, card in enumerate(CRITEO_CARD):
+            ids = features[f"C{f + 1}"]  # [B, 1]
+            if kind == "tfra":
+                import tensorflow_recommenders_addons as tfra
+                de = tfra.dynamic_embedding
+                e_var = de.get_variable(f"sparse_emb_C{f + 1}", key_dtype=tf.int64,
+                                        value_dtype=tf.float32, dim=D,
+                                        initializer=tf1.random_normal_initializer(stddev=1e-4))
+                w_var = de.get_variable(f"linear_emb_C{f + 1}", key_dtype=tf.int64,
+                                        value_dtype=tf.float32, dim=1,
+                                        initializer=tf1.zeros_initializer())
+                e = de.embedding_lookup(e_var, ids, name=f"emb_C{f + 1}")
+                w = de.embedding_lookup(w_var, ids, name=f"lin_C{f + 1}")
+            else:
+                e_var = tf1.get_variable(f"sparse_emb_C{f + 1}", [card, D],
+                                         initializer=tf1.random_normal_initializer(stddev=1e-4))
+                w_var = tf1.get_variable(f"linear_emb_C{f + 1}", [card, 1],
+                                         initializer=tf1.zeros_initializer())
+                e = tf.nn.embedding_lookup(e_var, ids)
+                w = tf.nn.embedding_lookup(w_var, ids)
+            embs.append(e)        # [B, 1, D]
+            linear.append(w)      # [B, 1, 1]
+        e = tf.concat(embs, 1)    # [B, 26, D]
+        lin = tf.reduce_sum(tf.concat(linear, 1), [1, 2])
+        fm = 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(e, 1)) - tf.reduce_sum(tf.square(e), 1), 1)
+        dense = tf.concat([features[f"I{d + 1}"] for d in range(N_CRITEO_DENSE)], 1)
+        h = tf.concat([tf.reshape(e, [-1, len(CRITEO_CARD) * D]), dense], 1)
+        for units in (256, 128):
+            h = tf1.layers.dense(h, units, tf.nn.relu)
+        logits = tf.squeeze(tf1.layers.dense(h, 1), 1) + fm + lin
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=tf.squeeze(labels, 1), logits=logits))
+        trainable = tf1.trainable_variables()
+        linear_vars = [v for v in trainable if "linear_emb" in v.name]
+        other_vars = [v for v in trainable if "linear_emb" not in v.name]
+        ftrl, adagrad = tf1.train.FtrlOptimizer(0.05), tf1.train.AdagradOptimizer(0.05)
+        if kind == "tfra":
+            de = tfra.dynamic_embedding
+            ftrl = de.DynamicEmbeddingOptimizer(ftrl)
+            adagrad = de.DynamicEmbeddingOptimizer(adagrad)
+        train_op = tf.group(ftrl.minimize(loss, var_list=linear_vars),
+                            adagrad.minimize(loss, tf1.train.get_global_step(),
+                                             var_list=other_vars))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return model_fn
 
 
 def make_model_fn(kind):
@@ -70,14 +160,19 @@ def make_model_fn(kind):
 
 
 class Timer(tf1.train.SessionRunHook):
-    def __init__(self):
-        self.t = []
+    """Wall time of each step, and the process's CPU time from step `warm` on."""
+
+    def __init__(self, warm):
+        self.t, self.warm = [], warm
 
     def before_run(self, ctx):
+        if len(self.t) == self.warm:
+            self.cpu0 = time.process_time()
         self.t0 = time.perf_counter()
 
     def after_run(self, ctx, values):
         self.t.append(time.perf_counter() - self.t0)
+        self.cpu = time.process_time() - getattr(self, "cpu0", time.process_time())
 
 
 def begin_time_with_columns(n_columns=200):
@@ -100,39 +195,73 @@ def begin_time_with_columns(n_columns=200):
         return elapsed
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+WORKLOADS = {"reference": (make_data, make_model_fn),
+             "criteo26": (make_criteo_data, make_criteo_model_fn)}
+VARIANTS = ("static", "hook", "tfra")
+
+
+def run_once(workload, kind, data, steps, warm):
+    """(median examples/s after warm-up, process CPU-seconds per M examples)."""
     import graphmod
-    tf1.logging.set_verbosity(tf1.logging.ERROR)
-    feats, y = make_data(200_000, seed=1)
+    feats, y = data
 
     def input_fn():
         return tf.data.Dataset.from_tensor_slices((feats, y)).batch(B).repeat().prefetch(2)
 
-    res = {}
-    for kind in ["static", "hook", "tfra", "static", "hook", "tfra"]:
-        est = tf.estimator.Estimator(
-            make_model_fn("tfra" if kind == "tfra" else "static"), model_dir=tempfile.mkdtemp(),
-            config=tf.estimator.RunConfig(save_checkpoints_steps=10**9, log_step_count_steps=10**9))
-        timer = Timer()
-        hooks = [timer] + ([graphmod.GraphModifierHook()] if kind == "hook" else [])
-        est.train(input_fn, steps=args.steps, hooks=hooks)
-        res.setdefault(kind, []).append(B / np.median(timer.t[30:]))
-        print(f"  {kind:7s} {res[kind][-1]:9.0f} examples/s", flush=True)
-    med = {k: float(np.median(v)) for k, v in res.items()}
+    make_fn = WORKLOADS[workload][1]
+    est = tf.estimator.Estimator(
+        make_fn("tfra" if kind == "tfra" else "static"), model_dir=tempfile.mkdtemp(),
+        config=tf.estimator.RunConfig(save_checkpoints_steps=10**9, log_step_count_steps=10**9))
+    timer = Timer(warm)
+    hooks = [timer] + ([graphmod.GraphModifierHook()] if kind == "hook" else [])
+    est.train(input_fn, steps=steps, hooks=hooks)
+    timed = steps - warm
+    return B / np.median(timer.t[warm:]), timer.cpu / (timed * B / 1e6)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workloads", default="reference,criteo26")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    tf1.logging.set_verbosity(tf1.logging.ERROR)
+    workloads = args.workloads.split(",")
+    data = {w: WORKLOADS[w][0](200_000, seed=1) for w in workloads}
+    warm = min(30, args.steps // 3)
+    rate = {(w, k): [] for w in workloads for k in VARIANTS}
+    cpu = {(w, k): [] for w in workloads for k in VARIANTS}
+    for r in range(args.rounds):
+        for w in workloads:
+            for k in VARIANTS:
+                x, c = run_once(w, k, data[w], args.steps, warm)
+                rate[w, k].append(x)
+                cpu[w, k].append(c)
+                print(f"  round {r + 1} {w:9s} {k:6s} {x:9.0f} examples/s  "
+                      f"{c:6.2f} CPU-s/M examples", flush=True)
     begin_s = begin_time_with_columns()
-    print(f"DeepFM-shaped Estimator, median examples/s (2 runs each, {args.steps} steps):")
-    for k in ("static", "hook", "tfra"):
-        print(f"  {k:7s} {med[k]:9.0f}   runs {[round(x) for x in res[k]]}")
-    print(f"hook / unmodified {med['hook'] / med['static']:.2f}x, hook / TFRA "
-          f"{med['hook'] / med['tfra']:.2f}x; begin() on 200 embedding columns: {begin_s:.2f} s")
+    print(f"\nmedian (min-max) over {args.rounds} interleaved rounds, {args.steps} steps each, "
+          f"timed after {warm}:")
+    out = {}
+    for w in workloads:
+        print(f"{w}:")
+        for k in VARIANTS:
+            print(f"  {k:7s} {spread(rate[w, k], '{:.0f}'):>24s} examples/s   "
+                  f"{spread(cpu[w, k], '{:.2f}')} CPU-s/M examples")
+        hs = np.median(ratio_per_round(rate[w, "hook"], rate[w, "static"]))
+        ht = np.median(ratio_per_round(rate[w, "hook"], rate[w, "tfra"]))
+        cs = np.median(ratio_per_round(cpu[w, "static"], cpu[w, "hook"]))
+        print(f"  hook / unmodified {hs:.2f}x, hook / TFRA {ht:.2f}x (examples/s); "
+              f"unmodified / hook CPU per example {cs:.2f}x")
+        out[w] = dict(examples_per_s={k: rate[w, k] for k in VARIANTS},
+                      cpu_s_per_m_examples={k: cpu[w, k] for k in VARIANTS},
+                      hook_over_unmodified=hs, hook_over_tfra=ht, cpu_unmodified_over_hook=cs)
+    print(f"begin() on 200 embedding columns: {begin_s:.2f} s")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump(dict(examples_per_s=med, runs=res, begin_seconds_200_columns=begin_s,
+            json.dump(dict(workloads=out, begin_seconds_200_columns=begin_s,
                            machine=f"{platform.machine()} {os.cpu_count()} cpus",
                            date=time.strftime("%Y-%m-%d")), f, indent=1)
 

@@ -6,27 +6,35 @@ and 2 inter-op threads, graph mode.
   small  Zipf(1.05) ids, about 100k distinct keys: a hot, cache-resident table
   large  8M distinct keys drawn uniformly: a cold, DRAM-bound table; the first
          insertion of all 8M keys (fill) is timed too
-Figures (M keys/s, best of 3 rounds of 30 batches): train = lookup that
-inserts missing keys (a training step's read), read = read-only lookup,
-fill = first-insertion rate (large, one pass).
+Figures (M keys/s): train = lookup that inserts missing keys (a training
+step's read), read = read-only lookup, fill = first-insertion rate (large,
+one pass), and the process CPU-seconds per million keys of train.
+Implementations run interleaved: each round builds every implementation
+afresh (fill included) and times STEPS batches of each, in turn; figures are
+medians over the rounds with their spread (min-max), ratios are taken within
+each round (see benchmarks/rounds.py).
 Peers: static tf.gather on a fixed tf.Variable (the ceiling: no hashing), TF's
 DenseHashTable, and TFRA 0.7.2's cuckoo table.
 
-Usage: python benchmarks/lookup.py [--regime small|large] [--dim 16] [--json out.json]
+Usage: python benchmarks/lookup.py [--regime small|large] [--dim 16] [--rounds 3]
+                                   [--skip tfra_cuckoo] [--json out.json]
 """
 import argparse
 import json
 import os
 import platform
+import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import Meter, ratio_per_round, spread  # noqa: E402
+
 tf1 = tf.compat.v1
 B = 65536
 STEPS = 30
-ROUNDS = 3  # each figure is the best of ROUNDS timings of STEPS batches (the machine is noisy)
 
 
 def make_batches(regime, rng):
@@ -41,98 +49,117 @@ def make_batches(regime, rng):
     return fill, [keys[rng.integers(0, n, B)] for _ in range(8)]
 
 
+def build(impl, regime, dim):
+    """(graph, placeholder, train fetch, read fetch, size/bytes fetch or None)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ph = tf1.placeholder(tf.int64, [None])
+
+        def read_then_insert(lookup, insert):
+            """A peer's training read: look up, then insert what was read (new
+            keys get the default/initial row), as the reference workload does."""
+            vals = lookup(ph)
+            with tf.control_dependencies([vals]):
+                inserted = insert(ph, vals)
+            with tf.control_dependencies([inserted]):
+                return tf.reduce_sum(vals)
+
+        info = None
+        if impl == "static_gather":
+            rows = 8_000_000 if regime == "large" else 1_000_000
+            v = tf1.get_variable("static", [rows, dim])
+            train = read = tf.reduce_sum(tf.gather(v, ph % rows))
+        elif impl == "graphmod":
+            import graphmod
+            table = graphmod.create_table("bench", dim)
+            train = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=True))
+            read = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=False))
+            i = table.info()
+            info = (i["size"], i["memory_bytes"])
+        elif impl == "tf_dense_hash_table":
+            t = tf.lookup.experimental.DenseHashTable(
+                tf.int64, tf.float32, default_value=tf.zeros([dim]), empty_key=-1, deleted_key=-2)
+            train, read = read_then_insert(t.lookup, t.insert), tf.reduce_sum(t.lookup(ph))
+        else:
+            import tensorflow_recommenders_addons as tfra
+            dv = tfra.dynamic_embedding.get_variable(
+                "tfra", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
+                initializer=tf1.random_normal_initializer(), init_size=1 << 20)
+            train, read = read_then_insert(dv.lookup, dv.upsert), tf.reduce_sum(dv.lookup(ph))
+        init = tf1.global_variables_initializer()
+    return graph, ph, train, read, info, init
+
+
+def one_round(impl, args, fill, batches):
+    graph, ph, train, read, info, init = build(impl, args.regime, args.dim)
+    cfg = tf1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
+    with tf1.Session(graph=graph, config=cfg) as sess:
+        sess.run(init)
+        with Meter() as m_fill:
+            for b in fill:
+                sess.run(train, {ph: b})
+        out = dict(fill=sum(len(b) for b in fill) / m_fill.wall / 1e6)
+        for name, fetch in (("train", train), ("read", read)):
+            sess.run(fetch, {ph: batches[0]})  # first run of a fetch builds its executor
+            with Meter() as m:
+                for i in range(STEPS):
+                    sess.run(fetch, {ph: batches[i % len(batches)]})
+            out[name] = B * STEPS / m.wall / 1e6
+            out[f"{name}_cpu"] = m.cpu / (B * STEPS / 1e6)
+        if info is not None:
+            size, memory = sess.run(info)
+            out["bytes_per_key"], out["rows"] = memory / size, int(size)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--regime", choices=["small", "large"], default="small")
     ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--skip", default="", help="comma-separated impls to leave out")
     args = ap.parse_args()
     tf1.disable_eager_execution()
-    import graphmod  # after disable_eager_execution, as a model script would
-
+    tf1.logging.set_verbosity(tf1.logging.ERROR)
     fill, batches = make_batches(args.regime, np.random.default_rng(0))
-    ph = tf1.placeholder(tf.int64, [None])
     skip = set(filter(None, args.skip.split(",")))
+    impls = [i for i in ("static_gather", "graphmod", "tf_dense_hash_table", "tfra_cuckoo")
+             if i not in skip]
+    runs = {i: [] for i in impls}
+    for r in range(args.rounds):
+        for impl in impls:
+            runs[impl].append(one_round(impl, args, fill, batches))
+            f = runs[impl][-1]
+            print(f"  round {r + 1} {impl:20s} train {f['train']:6.2f} read {f['read']:6.2f}"
+                  + (f" fill {f['fill']:6.2f}" if args.regime == "large" else "")
+                  + " Mkeys/s", flush=True)
+    large = args.regime == "large"
+    print(f"\n{args.regime} regime, dim {args.dim}, B={B}, {args.rounds} interleaved rounds "
+          f"of {STEPS} batches: median (min-max), M keys/s; CPU-s per M keys of train")
     results = []
-
-    def timed(sess, fetch):
-        best = 0.0
-        for _ in range(ROUNDS):
-            t = time.perf_counter()
-            for i in range(STEPS):
-                sess.run(fetch, {ph: batches[i % len(batches)]})
-            best = max(best, B * STEPS / (time.perf_counter() - t) / 1e6)
-        return best
-
-    def bench(name, train_fetch, read_fetch, bytes_fetch=None):
-        if name in skip:
-            return
-        cfg = tf1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
-        with tf1.Session(config=cfg) as sess:
-            sess.run(tf1.global_variables_initializer())
-            t = time.perf_counter()
-            for b in fill:
-                sess.run(train_fetch, {ph: b})
-            fill_rate = sum(len(b) for b in fill) / (time.perf_counter() - t) / 1e6
-            row = dict(impl=name, regime=args.regime, dim=args.dim,
-                       train_mkeys_s=timed(sess, train_fetch), read_mkeys_s=timed(sess, read_fetch),
-                       fill_mkeys_s=fill_rate if args.regime == "large" else None,
-                       bytes_per_key=None)
-            if bytes_fetch is not None:
-                size, memory = sess.run(bytes_fetch)
-                row["bytes_per_key"] = memory / size
-                row["rows"] = int(size)
+    for impl in impls:
+        col = {k: [x[k] for x in runs[impl]] for k in runs[impl][0]}
+        row = dict(impl=impl, regime=args.regime, dim=args.dim,
+                   **{f"{k}_median": float(np.median(v)) for k, v in col.items()}, runs=col)
         results.append(row)
-        print(f"{name:22s} train {row['train_mkeys_s']:7.2f}  read {row['read_mkeys_s']:7.2f} Mkeys/s"
-              + (f"  fill {fill_rate:6.2f}" if args.regime == "large" else "")
-              + (f"  {row['bytes_per_key']:6.1f} B/key ({row['rows']} rows)"
-                 if row["bytes_per_key"] else ""), flush=True)
-
-    def read_then_insert(lookup, insert):
-        """A peer's training read: look up, then insert what was read (new keys
-        get the default/initial row), as the reference workload does."""
-        vals = lookup(ph)
-        with tf.control_dependencies([vals]):
-            inserted = insert(ph, vals)
-        with tf.control_dependencies([inserted]):
-            return tf.reduce_sum(vals)
-
-    rows = 8_000_000 if args.regime == "large" else 1_000_000
-    v = tf1.get_variable("static", [rows, args.dim])
-    g = tf.reduce_sum(tf.gather(v, ph % rows))
-    bench("static_gather", g, g)
-
-    table = graphmod.create_table("bench", args.dim)
-    train = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=True))
-    read = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=False))
-    info = table.info()
-    bench("graphmod", train, read, (info["size"], info["memory_bytes"]))
-
-    t = tf.lookup.experimental.DenseHashTable(tf.int64, tf.float32, default_value=tf.zeros([args.dim]),
-                                              empty_key=-1, deleted_key=-2)
-    bench("tf_dense_hash_table", read_then_insert(t.lookup, t.insert),
-          tf.reduce_sum(t.lookup(ph)))
-
-    if "tfra_cuckoo" not in skip:
-        import tensorflow_recommenders_addons as tfra
-        de = tfra.dynamic_embedding
-        dv = de.get_variable("tfra", key_dtype=tf.int64, value_dtype=tf.float32, dim=args.dim,
-                             initializer=tf1.random_normal_initializer(), init_size=1 << 20)
-        bench("tfra_cuckoo", read_then_insert(dv.lookup, dv.upsert),
-              tf.reduce_sum(dv.lookup(ph)))
-
-    base = next((r for r in results if r["impl"] == "static_gather"), None)
-    if base:
-        print("ratios to static_gather: " + ", ".join(
-            f"{r['impl']} train {r['train_mkeys_s'] / base['train_mkeys_s']:.2f}x "
-            f"read {r['read_mkeys_s'] / base['read_mkeys_s']:.2f}x" for r in results[1:]))
+        print(f"  {impl:20s} train {spread(col['train'])}  read {spread(col['read'])}"
+              + (f"  fill {spread(col['fill'])}" if large else "")
+              + f"  cpu-s/Mkeys {spread(col['train_cpu'], '{:.4f}')}"
+              + (f"  {row['bytes_per_key_median']:.1f} B/key" if "bytes_per_key" in col else ""))
+    if "static_gather" in runs:
+        base = {k: [x[k] for x in runs["static_gather"]] for k in ("train", "read", "fill")}
+        print("ratios to static_gather (median of per-round ratios):")
+        for impl in impls[1:]:
+            mine = {k: [x[k] for x in runs[impl]] for k in ("train", "read", "fill")}
+            parts = [f"{k} {np.median(ratio_per_round(mine[k], base[k])):.2f}x"
+                     for k in (("train", "read", "fill") if large else ("train", "read"))]
+            print(f"  {impl:20s} " + ", ".join(parts))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
         for r in results:
-            r["machine"] = machine
-            r["date"] = time.strftime("%Y-%m-%d")
+            r["machine"], r["date"] = machine, time.strftime("%Y-%m-%d")
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
 

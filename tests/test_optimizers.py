@@ -382,7 +382,7 @@ def test_lookups_sharing_a_table_are_one_update():
             loss = 3.0 * tf.reduce_sum(a) + 0.5 * tf.reduce_sum(b)
             train = opt.minimize(loss)
             assert len([op for op in tf1.get_default_graph().get_operations()
-                        if op.type == "GraphmodTableApply"]) == 1
+                        if op.type == "GraphmodFusedApply"]) == 1
             export = table.export()
             with tf1.Session() as sess:
                 sess.run(train)
