@@ -89,8 +89,8 @@ def make_criteo_model_fn(kind):
                 w_var = de.get_variable(f"linear_emb_C{f + 1}", key_dtype=tf.int64,
                                         value_dtype=tf.float32, dim=1,
                                         initializer=tf1.zeros_initializer())
-                e = de.embedding_lookup(e_var, ids, name=f"emb_C{f + 1}")
-                w = de.embedding_lookup(w_var, ids, name=f"lin_C{f + 1}")
+                e = de.embedding_lookup(e_var, ids, name=f"sparse_emb_lookup_C{f + 1}")
+                w = de.embedding_lookup(w_var, ids, name=f"linear_emb_lookup_C{f + 1}")
             else:
                 e_var = tf1.get_variable(f"sparse_emb_C{f + 1}", [card, D],
                                          initializer=tf1.random_normal_initializer(stddev=1e-4))

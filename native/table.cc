@@ -184,6 +184,19 @@ inline uint32_t AddCount(uint32_t count, uint64_t inc) {
                                                   : static_cast<uint32_t>(c);
 }
 
+// Copies a row of d floats inline, in fixed-size blocks the compiler turns
+// into vector moves (memcpy of a runtime size, which a plain loop also
+// becomes, is a library call per row).
+inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
+  int k = 0;
+  for (; k + 8 <= d; k += 8) std::memcpy(dst + k, src + k, 8 * sizeof(float));
+  if (k + 4 <= d) {
+    std::memcpy(dst + k, src + k, 4 * sizeof(float));
+    k += 4;
+  }
+  for (; k < d; ++k) std::memcpy(dst + k, src + k, sizeof(float));
+}
+
 }  // namespace
 
 bool ParseInitializer(const std::string& name, Initializer* out) {
@@ -629,6 +642,53 @@ struct EmbeddingTable::Batch {
   std::vector<int64_t> begin;
 };
 
+namespace {
+
+// The distinct ids of a batch, in order of first appearance, and for each
+// position the index of its id. Tables see each id of a batch once: a
+// Zipf-distributed batch repeats its hot ids many times, and resolving each
+// once (then copying rows out by position) costs one hash probe of a small,
+// cache-resident map per repeat instead of a table probe.
+struct Distinct {
+  std::vector<int64_t> ids;
+  std::vector<uint32_t> count;  // occurrences of ids[j]
+  std::vector<uint32_t> index;  // per position: j of its id
+  void Build(const int64_t* keys, int64_t n) {
+    size_t cap = 16;
+    while (cap < 2 * static_cast<size_t>(n)) cap *= 2;
+    const int bits = __builtin_ctzll(cap);
+    std::vector<uint32_t> slot(cap, kFree);
+    ids.clear();
+    count.clear();
+    ids.reserve(n);
+    count.reserve(n);
+    index.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      size_t at = Mix(static_cast<uint64_t>(keys[i])) >> (64 - bits);
+      for (;; at = (at + 1) & (cap - 1)) {
+        const uint32_t j = slot[at];
+        if (j == kFree) {
+          slot[at] = static_cast<uint32_t>(ids.size());
+          index[i] = static_cast<uint32_t>(ids.size());
+          ids.push_back(keys[i]);
+          count.push_back(1);
+          break;
+        }
+        if (ids[j] == keys[i]) {
+          index[i] = j;
+          ++count[j];
+          break;
+        }
+      }
+    }
+  }
+
+ private:
+  static constexpr uint32_t kFree = ~0u;
+};
+
+}  // namespace
+
 EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) {
   shard_bits_ = 0;
   while ((1 << shard_bits_) < config_.num_shards) ++shard_bits_;
@@ -820,91 +880,148 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
                                   const Runner& run) {
   if (n == 0) return;
   AdvanceLatest(now);
-  const Batch batch = Partition(keys, n, false, run);
+  Distinct distinct;
+  distinct.Build(keys, n);
+  const int64_t u = static_cast<int64_t>(distinct.ids.size());
+  const Batch batch = Partition(distinct.ids.data(), u, false, run);
   const int d = config_.dim, slots = config_.num_slots;
+  const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1));
+  // Per distinct id: its row's values and handle, and how many of its first
+  // occurrences were refused a row (not admitted yet, or no room).
+  std::unique_ptr<float[]> rows(new float[u * d]);  // every entry is written before it is read
+  std::unique_ptr<int64_t[]> found(new int64_t[u]);
+  std::vector<uint32_t> refused(u, 0);
+  std::atomic<bool> any_refused{false};
   // Rows looked up carry the version the next Apply will stamp: an
   // incremental export of "everything after version v" includes rows
   // inserted (or counted, or stamped) after v, and a full table spares them.
   const int64_t version = version_.load() + 1;
-  const int64_t per_shard = n / config_.num_shards + 1;
+  const int64_t per_shard = u / config_.num_shards + 1;
   run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
     int64_t admitted = 0, rejected = 0, evicted = 0;
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t slot) {
-        const int64_t i = batch.order[p], key = batch.id[p];
-        uint64_t sightings = 1;
+        const int64_t j = batch.order[p], key = batch.id[p];
+        const uint32_t occurrences = distinct.count[j];
+        // Sightings the row's access count gets: every occurrence, plus
+        // those counted while the key waited for admission.
+        uint64_t sightings = occurrences;
         bool added = false;
         if (row == Shard::kNoRow) {
+          // Occurrence by occurrence, as separate lookups would: each is one
+          // more sighting, and the threshold-th gets the row.
           Shard::Pending* pending = nullptr;
-          if (access_threshold > 1 && !shard.sketch.empty()) {
-            sightings = shard.SketchAdd(batch.hash[p]);
-          } else if (access_threshold > 1) {
-            pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
-            sightings = AddCount(pending->count, 1);
-            pending->count = static_cast<uint32_t>(sightings);
-            pending->last_seen = std::max(pending->last_seen, now);
-          }
-          bool made_room = false;
-          if (sightings >= static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1)))
+          uint32_t k = 0;
+          for (; k < occurrences && row == Shard::kNoRow; ++k) {
+            uint64_t seen = 1;
+            if (access_threshold > 1 && !shard.sketch.empty()) {
+              seen = shard.SketchAdd(batch.hash[p]);
+            } else if (access_threshold > 1) {
+              if (pending == nullptr)
+                pending = &shard.pending.try_emplace(key, Shard::Pending{0, now}).first->second;
+              seen = AddCount(pending->count, 1);
+              pending->count = static_cast<uint32_t>(seen);
+              pending->last_seen = std::max(pending->last_seen, now);
+            }
+            if (seen < threshold) continue;
+            bool made_room = false;
             row = shard.Insert(key, batch.hash[p], slot, now, static_cast<uint32_t>(version),
                                &made_room);
-          if (row == Shard::kNoRow) {  // not admitted yet, or no room: no row, no gradient
-            MissingRow(key, values + i * d);
-            if (handles != nullptr) handles[i] = -1;
-            ++rejected;
+            if (row == Shard::kNoRow) continue;  // no room: refused, as is the next try
+            evicted += made_room;
+            sightings = seen + (occurrences - k - 1);
+          }
+          if (row == Shard::kNoRow) {  // every occurrence refused: no row, no gradient
+            refused[j] = occurrences;
+            rejected += occurrences;
+            any_refused = true;
             return;
+          }
+          if (k > 1) {
+            refused[j] = k - 1;
+            rejected += k - 1;
+            any_refused = true;
           }
           if (pending != nullptr) shard.pending.erase(key);
           added = true;
           ++admitted;
-          evicted += made_room;
         }
         char* rec = shard.Record(row);
         RecordHeader* h = Header(rec);
         if (added) {
           InitialRow(key, Values(rec));
-          float* slot = Values(rec) + d;
-          for (int k = 0; k < slots; ++k, slot += d)
-            std::fill(slot, slot + d, config_.slot_init[k]);
+          float* slot_row = Values(rec) + d;
+          for (int k = 0; k < slots; ++k, slot_row += d)
+            std::fill(slot_row, slot_row + d, config_.slot_init[k]);
           h->count = 0;
           h->last_seen = now;
         }
         h->count = AddCount(h->count, sightings);
         h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
         h->version = static_cast<uint32_t>(version);
-        std::memcpy(values + i * d, Values(rec), sizeof(float) * d);
-        if (handles != nullptr)
-          handles[i] = (s << kHandleShardShift) |
-                       (static_cast<int64_t>(shard.generation[row]) << kHandleRowBits) | row;
+        CopyRow(rows.get() + j * d, Values(rec), d);
+        found[j] = (s << kHandleShardShift) |
+                   (static_cast<int64_t>(shard.generation[row]) << kHandleRowBits) | row;
       });
     }
     admitted_ += admitted;
     rejected_ += rejected;
     evicted_ += evicted;
   });
+  // Rows out by position. An id refused its first occurrences reads the
+  // missing value (handle -1) there and its row from then on.
+  if (any_refused) {
+    std::vector<uint32_t> seen(u, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t j = distinct.index[i];
+      if (seen[j]++ < refused[j]) {
+        MissingRow(keys[i], values + i * d);
+        if (handles != nullptr) handles[i] = -1;
+      } else {
+        CopyRow(values + i * d, rows.get() + j * d, d);
+        if (handles != nullptr) handles[i] = found[j];
+      }
+    }
+    return;
+  }
+  run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t j = distinct.index[i];
+      CopyRow(values + i * d, rows.get() + j * d, d);
+      if (handles != nullptr) handles[i] = found[j];
+    }
+  });
 }
 
 void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
                           const Runner& run) const {
   if (n == 0) return;
-  const Batch batch = Partition(keys, n, false, run);
+  Distinct distinct;
+  distinct.Build(keys, n);
+  const int64_t u = static_cast<int64_t>(distinct.ids.size());
+  const Batch batch = Partition(distinct.ids.data(), u, false, run);
   const int d = config_.dim;
-  const int64_t per_shard = n / config_.num_shards + 1;
+  std::unique_ptr<float[]> rows(new float[u * d]);  // every row is written before it is read
+  const int64_t per_shard = u / config_.num_shards + 1;
   run(config_.num_shards, per_shard * 100, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
-        float* out = values + batch.order[p] * d;
+        float* out = rows.get() + batch.order[p] * d;
         if (row != Shard::kNoRow) {
-          std::memcpy(out, Values(shard.Record(row)), sizeof(float) * d);
+          CopyRow(out, Values(shard.Record(row)), d);
         } else {
           MissingRow(batch.id[p], out);
         }
       });
     }
+  });
+  run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      CopyRow(values + i * d, rows.get() + distinct.index[i] * d, d);
   });
 }
 
