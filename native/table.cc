@@ -309,7 +309,11 @@ struct EmbeddingTable::Shard {
   Memory index_memory;
   Group* index = nullptr;
   size_t groups = 0;
-  std::atomic<size_t> used{0};  // full slots == live rows; read unlocked by size()
+  // Full slots == live rows. Written only under mu, read unlocked by size():
+  // relaxed loads and stores suffice, and avoid a locked instruction (which
+  // waits for the index store before it) on every insert.
+  std::atomic<size_t> used{0};
+  void AddUsed(int64_t k) { used.store(used.load(std::memory_order_relaxed) + k, std::memory_order_relaxed); }
   size_t deleted = 0;  // tombstones
   // Arena: rows [0, rows) have been handed out; freed ones wait in free_rows.
   // Blocks come from malloc until the shard holds a huge page of rows, then
@@ -470,13 +474,13 @@ struct EmbeddingTable::Shard {
   }
 
   // Makes room for one more key once live rows and tombstones fill 7/8 of the
-  // index: grows by 1.5x when live rows are most of it, else purges the
+  // index: grows by 2x when live rows are most of it, else purges the
   // tombstones at about the same size.
   void ReserveOne() {
     const size_t capacity = groups * kGroup;
     if ((used + deleted + 1) * 8 <= capacity * 7) return;
     const size_t live = used + 1;
-    Rehash(live * 2 > capacity * 7 / 8 ? std::max<size_t>(capacity * 3 / 2 * 7 / 8, live + kGroup)
+    Rehash(live * 2 > capacity * 7 / 8 ? std::max<size_t>(capacity * 2 * 7 / 8, live + kGroup)
                                        : live + live / 2);
   }
 
@@ -525,7 +529,7 @@ struct EmbeddingTable::Shard {
     const uint32_t row = AllocRow();
     Ctrl(slot) = Tag(h);
     Row(slot) = row;
-    ++used;
+    AddUsed(1);
     Header(Record(row))->key = key;
     return row;
   }
@@ -597,7 +601,7 @@ struct EmbeddingTable::Shard {
     ++generation[Row(slot)];
     Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
     if (max_rows >= 0) table_rows->fetch_sub(1);
-    --used;
+    AddUsed(-1);
     ++deleted;
   }
 
