@@ -34,7 +34,10 @@ namespace errors = ::tensorflow::errors;
 
 // A table with at least this many keys in a step spreads its shards over the
 // pool by itself; smaller tables run side by side, one thread each, since
-// splitting a few thousand keys costs more than it saves.
+// splitting a few thousand keys costs more than it saves, and when all the
+// small ones together have fewer keys, on the op's own thread: a step's other
+// ops (the dense layers' matmuls) keep the pool busy, and waiting for a turn
+// there costs more than the work (TF's sparse updates run on one thread too).
 constexpr int64_t kSpreadKeys = 16384;
 
 // One table of a fused op and the op's entries (list positions) that use it.
@@ -76,7 +79,8 @@ class FusedTables {
   const std::vector<TableWork>& work() const { return work_; }
 
   // Runs fn(table, runner) for every table: large batches one after another,
-  // each spread over the pool; small ones in parallel, each on one thread.
+  // each spread over the pool; small ones in parallel, each on one thread
+  // (or all on this thread when they are few keys together).
   template <typename Fn>
   void ForEach(OpKernelContext* ctx, int64_t cost_per_key, Fn&& fn) const {
     const Runner pool = IntraOpRunner(ctx);
@@ -90,7 +94,10 @@ class FusedTables {
         small_keys += w.n;
       }
     }
-    if (small.empty()) return;
+    if (small_keys < kSpreadKeys) {  // all of it less than one large table's worth
+      for (const TableWork* w : small) fn(*w, SerialRunner);
+      return;
+    }
     const int64_t cost = cost_per_key * (small_keys / static_cast<int64_t>(small.size()) + 1);
     pool(static_cast<int64_t>(small.size()), cost, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) fn(*small[k], SerialRunner);

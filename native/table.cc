@@ -1196,9 +1196,9 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
       std::lock_guard<std::mutex> lock(shard.mu);
       groups.Reset(batch.begin[s + 1] - batch.begin[s], d);
       int64_t dropped = 0;
-      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
-        const int64_t i = batch.order[p], id = batch.id[p];
-        if (ids_are_handles) {
+      if (ids_are_handles) {
+        for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+          const int64_t id = batch.id[p];
           const uint64_t row = id & ((1ULL << kHandleRowBits) - 1);
           const uint8_t gen = static_cast<uint8_t>(id >> kHandleRowBits);
           // Freed since the lookup (removed, evicted, cleared): another key
@@ -1207,12 +1207,12 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
             ++dropped;
             continue;
           }
-          groups.Add(static_cast<uint32_t>(row), grads + i * d);
-        } else {
-          bool found;
-          const size_t slot = shard.Probe(id, batch.hash[p], &found);
-          if (found) groups.Add(shard.Row(slot), grads + i * d);
+          groups.Add(static_cast<uint32_t>(row), grads + batch.order[p] * d);
         }
+      } else {  // keys, resolved with the lookups' prefetching pipeline
+        ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
+          if (row != Shard::kNoRow) groups.Add(row, grads + batch.order[p] * d);
+        });
       }
       stale += dropped;
       // Each row is updated once, with the sum of its gradients (what TF's
