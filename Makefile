@@ -59,7 +59,7 @@ test-python: build
 
 # The op tests once more, against the Bazel-built library.
 test-bazel-ops: build bazel
-	GRAPHMOD_OPS_LIBRARY=$(abspath $(BAZEL_LIB)) $(PY) -m pytest -q tests/test_ops.py
+	GRAPHMOD_OPS_LIBRARY=$(abspath $(BAZEL_LIB)) $(PY) -m pytest -q tests/test_ops.py tests/test_fused.py
 
 test: native-test native-sanitize test-python test-bazel-ops
 
@@ -71,6 +71,7 @@ bench: build
 	$(PY) benchmarks/lookup.py --regime small --dim 64 --json benchmarks/results/lookup_small_64.json
 	$(PY) benchmarks/lookup.py --regime large --dim 16 --json benchmarks/results/lookup_large_16.json
 	$(PY) benchmarks/lookup.py --regime large --dim 64 --json benchmarks/results/lookup_large_64.json
+	$(PY) benchmarks/estimator.py --json benchmarks/results/estimator.json
 
 clean:
 	rm -rf build *.egg-info $(OPS_LIB)
