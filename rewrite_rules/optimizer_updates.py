@@ -200,22 +200,45 @@ def check(conversion: Conversion, context: Context) -> None:
 
 def rewrite(rw, conversions, context: Context) -> None:
     del context
+    hparams = {}  # one stacked vector per distinct set of hyper-parameters
     for c in conversions:
         if c.training:
-            _rewrite_one(rw, c)
+            _rewrite_one(rw, c, hparams)
 
 
-def _rewrite_one(rw, conversion: Conversion) -> None:
+def _as_rows(t: tf.Tensor, shape: List[int], dtype: tf.DType) -> tf.Tensor:
+    """t cast to dtype and reshaped to shape, building only the ops needed."""
+    if t.dtype != dtype:
+        t = tf.cast(t, dtype)
+    if t.shape.rank != len(shape) or any(
+            want != -1 and have != want for have, want in zip(t.shape.as_list(), shape)):
+        t = tf.reshape(t, shape)
+    return t
+
+
+def _hparam_vector(translation: Translation, cache: dict) -> tf.Tensor:
+    """The apply's float32 hyper-parameter vector, shared by every variable
+    whose optimizer passes the same tensors and constants (one per optimizer
+    in a model, not one per variable: a 200-feature model builds 200 fewer
+    stacks)."""
+    key = tuple(("constant", h) if isinstance(h, float) else ("tensor", h.name)
+                for h in translation.hparams)
+    if key not in cache:
+        with tf.compat.v1.name_scope("graphmod/hparams"):
+            cache[key] = tf.stack([tf.constant(h, tf.float32) if isinstance(h, float) else
+                                   h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
+                                   for h in translation.hparams])
+    return cache[key]
+
+
+def _rewrite_one(rw, conversion: Conversion, hparams: dict) -> None:
     """The table apply of the gradient the update consumes; swapped in for the update."""
     table, update, translation = conversion.table, conversion.update, conversion.translation
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
-        keys = _concat([tf.reshape(i if i.dtype == tf.int64 else tf.cast(i, tf.int64), [-1])
-                        for _, i in update.gradients])
-        grads = _concat([tf.reshape(v, [-1, table.dim]) for v, _ in update.gradients])
-        hparams = tf.stack([tf.constant(h, tf.float32) if isinstance(h, float) else
-                            h if h.dtype == tf.float32 else tf.cast(h, tf.float32)
-                            for h in translation.hparams])
-        apply = ops.graphmod_table_apply(table.handle, keys, grads, hparams,
+        keys = _concat([_as_rows(i, [-1], tf.int64) for _, i in update.gradients])
+        grads = _concat([_as_rows(v, [-1, table.dim], tf.float32) for v, _ in update.gradients])
+        apply = ops.graphmod_table_apply(table.handle, keys, grads,
+                                         _hparam_vector(translation, hparams),
                                          optimizer=translation.kind, by_address=False,
                                          nesterov=translation.nesterov)
         rw.replace_control_input(update.update_op, apply)
