@@ -100,25 +100,30 @@ class SparseOptimizer:
                 raise ValueError(f"{type(self).__name__}.apply_gradients: {target!r} is not the "
                                  "row handles of a graphmod training lookup in this graph")
             pairs.append((grad, lookup))
-        # One fused apply for every table of the step; lookups of one table
-        # (features sharing it) become one update with their duplicates
-        # summed, as TF updates a variable gathered twice (two applies would
-        # be unordered stateful updates).
+        # One fused apply for every table of the step (per device the tables
+        # live on); lookups of one table (features sharing it) become one
+        # update with their duplicates summed, as TF updates a variable
+        # gathered twice (two applies would be unordered stateful updates).
         with tf1.name_scope(name, f"graphmod_{self.name}"):
             self._before_step()
-            if not pairs:
-                return tf.group(*self._after_step([]))
             for table in {id(l.table): l.table for _, l in pairs}.values():
                 self._check_table(table)
-            hparams = tf.stack([_value(h) for h in self.hparams()])
+            hparams = tf.stack([_value(h) for h in self.hparams()]) if pairs else None
             nesterov = bool(getattr(self, "use_nesterov", False))
-            applied = fused.apply(
-                [l.table.handle for _, l in pairs], [tf.reshape(l.handles, [-1]) for _, l in pairs],
-                [tf.reshape(tf.convert_to_tensor(g, tf.float32), [-1, l.table.dim])
-                 for g, l in pairs],
-                [hparams] * len(pairs), [self.kind] * len(pairs), [nesterov] * len(pairs),
-                by_address=True)
-            return tf.group(applied, *self._after_step([applied]))
+            by_device = {}
+            for g, l in pairs:
+                by_device.setdefault(l.table.handle.device, []).append((g, l))
+            applied = []
+            for device, group in by_device.items():
+                with tf.device(device):
+                    applied.append(fused.apply(
+                        [l.table.handle for _, l in group],
+                        [tf.reshape(l.handles, [-1]) for _, l in group],
+                        [tf.reshape(tf.convert_to_tensor(g, tf.float32), [-1, l.table.dim])
+                         for g, l in group],
+                        [hparams] * len(group), [self.kind] * len(group),
+                        [nesterov] * len(group), by_address=True))
+            return tf.group(*applied, *self._after_step(applied))
 
     def minimize(self, loss: tf.Tensor, name: str = None) -> tf.Operation:
         """Trains every table created with this optimizer through its training lookups.

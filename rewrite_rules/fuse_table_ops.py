@@ -2,15 +2,24 @@
 
 After the other rules, a step holds one lookup per converted read and one
 apply per converted variable. This rule replaces each set of single-table ops
-that can run as one (same op type, same device, outside v1 control flow, and
-none depending on another's output) with one fused op (graphmod.fused), so
-the step pays one kernel for its reads and one for its updates however many
-features the model has. Ops are grouped by dependency level: a lookup whose
-keys are computed from another lookup's rows (or an apply waiting for
-another) lands in a later group, so fusing never makes a cycle. Consumers
-read the fused op's outputs; ops that waited for an apply wait for the fused
-apply. The fused op's outputs equal the ops' (graphmod.fused), so this rule
-changes no number. Lookups inside v1 while/cond contexts keep their own ops.
+that always run together, and can run as one, with one fused op
+(graphmod.fused), so the step pays one kernel for its reads and one for its
+updates however many features the model has. Ops join one fused op only when
+they
+  - are of one type, on one device, with their tables on one device, outside
+    v1 control flow, and wait for the same control inputs;
+  - read the same input sources (placeholders, dataset iterators): a serving
+    graph's signatures each feed their own placeholders (two towers), and a
+    dense read over a whole table (which reads no input) is not dragged into
+    every per-batch lookup;
+  - for applies: are waited for by the same ops (one optimizer's update), so
+    a train op never runs another train op's updates;
+  - sit at the same dependency level: a lookup whose keys come from another
+    lookup's rows (or an apply waiting for another) lands in a later group,
+    so fusing never makes a cycle.
+Consumers read the fused op's outputs; ops that waited for an apply wait for
+the fused apply. The fused op's outputs equal the ops' (graphmod.fused), so
+this rule changes no number.
 """
 import collections
 from typing import Dict, List
@@ -35,20 +44,23 @@ def rewrite(rw, conversions, context: Context) -> None:
                   and op._control_flow_context is None]  # pylint: disable=protected-access
     if len(candidates) < 2:
         return
-    levels = _levels(candidates)
+    levels, sources = _levels_and_sources(candidates)
     groups: Dict[tuple, List[tf.Operation]] = collections.defaultdict(list)
     for op in candidates:
-        by_address = op.get_attr("by_address") if op.type == "GraphmodTableApply" else None
-        groups[(op.type, op.device, by_address, levels[op])].append(op)
+        apply = op.type == "GraphmodTableApply"
+        groups[(op.type, op.device, op.inputs[0].device, levels[op], sources[op],
+                frozenset(c.name for c in op.control_inputs),
+                op.get_attr("by_address") if apply else None,
+                frozenset(c.name for c in op._control_outputs) if apply else None,  # pylint: disable=protected-access
+                )].append(op)
     replaced: Dict[str, tf.Tensor] = {}
     applies: Dict[str, tf.Operation] = {}
-    for (kind, device, _, _), ops in groups.items():
+    for (kind, device, *_), ops in groups.items():
         if len(ops) < 2:
             continue
         with rw.rule(NAME), tf.device(device), tf.compat.v1.name_scope(
                 f"graphmod/fused_{kind[len('GraphmodTable'):].lower()}"):
-            with tf.control_dependencies(sorted({c for op in ops for c in op.control_inputs},
-                                                key=lambda c: c.name)):
+            with tf.control_dependencies(ops[0].control_inputs):  # the group's, all alike
                 fused_op, outputs = fused.fuse(ops)
             for op, new in zip(ops, outputs):
                 for old, t in zip(op.outputs, new):
@@ -66,30 +78,47 @@ def rewrite(rw, conversions, context: Context) -> None:
             c.apply = applies.get(c.apply.name, c.apply)
 
 
-def _levels(candidates: List[tf.Operation]) -> Dict[tf.Operation, int]:
-    """Per candidate, 1 + the highest level among the candidates it depends
-    on (through data or control edges), 0 when it depends on none. A v1
-    loop's back edge (NextIteration) is not followed: a loop-carried value is
-    the previous iteration's."""
+# Ops whose values come from outside the graph, step by step.
+_SOURCES = ("Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync",
+            "IteratorGetNextAsOptional", "QueueDequeueV2", "QueueDequeueManyV2",
+            "QueueDequeueUpToV2")
+
+
+def _levels_and_sources(candidates: List[tf.Operation]):
+    """Per candidate: its level, 1 + the highest level among the candidates
+    it depends on (through data or control edges; 0 when none), and the set
+    of input sources (placeholders, iterators) it reads. A v1 loop's back
+    edge (NextIteration -> Merge) is followed until it closes the cycle, so
+    a value that reaches a loop's exit only through the loop body still
+    counts."""
     chosen = set(candidates)
     reach: Dict[tf.Operation, int] = {}  # highest candidate level at or above an op (-1: none)
+    feeds: Dict[tf.Operation, frozenset] = {}
     levels: Dict[tf.Operation, int] = {}
+    on_path = set()
     for root in candidates:
         stack = [(root, False)]
         while stack:
             op, expanded = stack.pop()
             if op in reach:
                 continue
-            parents = [] if op.type == "NextIteration" else \
-                [t.op for t in op.inputs] + list(op.control_inputs)
+            parents = [t.op for t in op.inputs] + list(op.control_inputs)
             if not expanded:
+                if op in on_path:
+                    continue
+                on_path.add(op)
                 stack.append((op, True))
-                stack.extend((p, False) for p in parents if p not in reach)
+                # A parent still on the path closes a loop's cycle: not followed.
+                stack.extend((p, False) for p in parents if p not in reach and p not in on_path)
                 continue
-            above = max((reach[p] for p in parents), default=-1)
+            on_path.discard(op)
+            done = [p for p in parents if p in reach]
+            above = max((reach[p] for p in done), default=-1)
+            feeds[op] = frozenset().union(*(feeds[p] for p in done)) | (
+                {op.name} if op.type in _SOURCES else set())
             if op in chosen:
                 levels[op] = above + 1
                 reach[op] = levels[op]
             else:
                 reach[op] = above
-    return levels
+    return levels, {op: feeds[op] for op in candidates}

@@ -256,3 +256,112 @@ def test_hook_fuses_every_lookup_and_apply_and_changes_no_number(chained):
     fused_counts = hook.report.fused
     assert fused_counts["GraphmodTableApply"] == [6, 1]
     assert fused_counts["GraphmodTableFindOrInsert"] == ([6, 1] if not chained else [5, 1])
+
+
+def run_policy_lookups(fuse_them):
+    """Training lookups under admission (table 0, shared by entries 0 and 2,
+    admits a key on its 3rd sighting) and a full refusing table (table 1):
+    (handles == -1 per entry, admission counters per table), two steps."""
+    from graphmod import features
+    with tf.Graph().as_default():
+        tables = make_tables()
+        t1 = graphmod.create_table("bounded", 8, num_shards=4, max_rows=6, when_full="refuse")
+        tables[1] = t1
+        features.set_policy("t0", features.TablePolicy(access_threshold=3))
+        rng = np.random.default_rng(7)
+        keys = [tf.constant(rng.integers(0, 12, n).astype(np.int64)) for _, n in ENTRIES]
+        chosen = [tables[t] for t, _ in ENTRIES]
+        if fuse_them:
+            _, handles = fused.find_or_insert(chosen, keys)
+        else:
+            handles, after = [], []
+            for t, k in zip(chosen, keys):
+                with tf.control_dependencies(after):
+                    _, h = graphmod.lookup.find_or_insert(t, k)
+                handles.append(h)
+                after = [h]
+        infos = [t.info() for t in tables]
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            steps = [[h < 0 for h in sess.run(handles)] for _ in range(2)]
+            counters = sess.run([{k: i[k] for k in ("size", "admitted", "rejected", "pending")}
+                                 for i in infos])
+    return steps, counters
+
+
+def test_fused_lookup_admits_and_refuses_as_the_single_ops_do():
+    steps_f, counters_f = run_policy_lookups(True)
+    steps_s, counters_s = run_policy_lookups(False)
+    for step_f, step_s in zip(steps_f, steps_s):
+        for i, (f, s) in enumerate(zip(step_f, step_s)):
+            np.testing.assert_array_equal(f, s, err_msg=f"entry {i}")
+    assert counters_f == counters_s
+    # both policies acted: ids waited for admission, and the bounded table refused some
+    assert counters_f[0]["rejected"] > 0 and counters_f[0]["admitted"] > 0
+    assert counters_f[1]["size"] == 6 and counters_f[1]["rejected"] > 0
+
+
+def two_tower_model():
+    """Two embedding variables read from two placeholders (a user and an item
+    tower), trained by one optimizer."""
+    users = tf1.placeholder(tf.int64, [None], name="users")
+    items = tf1.placeholder(tf.int64, [None], name="items")
+    labels = tf1.placeholder(tf.float32, [None])
+    u = tf.nn.embedding_lookup(tf1.get_variable(
+        "user_emb", [300, 4], initializer=tf1.constant_initializer(0.1)), users)
+    v = tf.nn.embedding_lookup(tf1.get_variable(
+        "item_emb", [300, 4], initializer=tf1.constant_initializer(0.2)), items)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=labels, logits=tf.reduce_sum(u * v, 1)))
+    train = tf1.train.AdagradOptimizer(0.3).minimize(
+        loss, global_step=tf1.train.get_or_create_global_step())
+    return users, items, labels, u, train
+
+
+def test_lookups_reading_different_inputs_stay_apart():
+    """A fused op needs every entry's inputs: lookups of different
+    placeholders (two towers, served by two signatures) are not fused, so one
+    tower still runs with only its own input fed; their updates, which one
+    optimizer runs together, are."""
+    with tf.Graph().as_default():
+        users, items, labels, u, train = two_tower_model()
+        hook = graphmod.GraphModifierHook(min_rows=10)
+        with tf1.train.MonitoredSession(hooks=[hook]) as sess:
+            sess.run(train, {users: [1, 2], items: [3, 3], labels: [1.0, 0.0]})
+            user_rows = sess.run(u, {users: [1, 2]})  # the user tower alone
+            types = _ops_reaching(sess.graph, [train])
+    assert len(hook.report.tables) == 2, hook.report.skipped
+    assert user_rows.shape == (2, 4)
+    assert types.count("GraphmodTableFindOrInsert") == 2
+    assert types.count("GraphmodFusedApply") == 1 and "GraphmodTableApply" not in types
+
+
+def test_a_lookup_fed_through_a_v1_loop_runs_after_its_source():
+    """Keys computed from another lookup's rows through a v1 while loop (the
+    rows reach the loop's exit only through its body): the two lookups are
+    at different levels, so fusing them cannot make a cycle."""
+    tf1.disable_control_flow_v2()
+    try:
+        with tf.Graph().as_default():
+            ids = tf1.placeholder(tf.int64, [None, 2])
+            labels = tf1.placeholder(tf.float32, [None])
+            a = tf.nn.embedding_lookup(tf1.get_variable(
+                "emb_a", [300, 4], initializer=tf1.constant_initializer(0.1)), ids[:, 0])
+            _, total = tf1.while_loop(lambda i, acc: i < 3,
+                                      lambda i, acc: (i + 1, acc + tf.reduce_sum(a)),
+                                      [tf.constant(0), tf.constant(0.0)])
+            b_ids = ids[:, 1] + tf.cast(tf.abs(total) > 1e9, tf.int64)
+            b = tf.nn.embedding_lookup(tf1.get_variable(
+                "emb_b", [300, 4], initializer=tf1.constant_initializer(0.2)), b_ids)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=tf.reduce_sum(a * b, 1)))
+            train = tf1.train.AdagradOptimizer(0.3).minimize(loss)
+            hook = graphmod.GraphModifierHook(min_rows=10)
+            with tf1.train.MonitoredSession(hooks=[hook]) as sess:
+                assert len(hook.report.tables) == 2, hook.report.skipped
+                types = _ops_reaching(sess.graph, [train])
+                assert types.count("GraphmodTableFindOrInsert") == 2, types
+                for _ in range(2):
+                    sess.run(train, {ids: [[1, 2], [3, 4]], labels: [1.0, 0.0]})
+    finally:
+        tf1.enable_control_flow_v2()
