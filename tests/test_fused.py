@@ -6,7 +6,6 @@ import tensorflow as tf
 
 import graphmod
 from graphmod import fused
-from graphmod._ops import ops
 
 tf1 = tf.compat.v1
 
