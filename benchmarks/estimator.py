@@ -20,9 +20,7 @@ Usage: python benchmarks/estimator.py [--steps 150] [--rounds 3]
                                       [--workloads reference,criteo26] [--json out.json]
 """
 import argparse
-import json
 import os
-import platform
 import tempfile
 import time
 
@@ -32,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rounds import ratio_per_round, spread  # noqa: E402
+from rounds import machine, ratio_per_round, spread, write_json  # noqa: E402
 
 tf1 = tf.compat.v1
 N_CAT, N_DENSE, VOCAB, B, D = 8, 4, 120_000, 1024, 16
@@ -264,11 +262,8 @@ def main():
                       hook_over_unmodified=hs, hook_over_tfra=ht, cpu_unmodified_over_hook=cs)
     print(f"begin() on 200 embedding columns: {begin_s:.2f} s")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(dict(workloads=out, begin_seconds_200_columns=begin_s,
-                           machine=f"{platform.machine()} {os.cpu_count()} cpus",
-                           date=time.strftime("%Y-%m-%d")), f, indent=1)
+        write_json(args.json, dict(workloads=out, begin_seconds_200_columns=begin_s,
+                                   machine=machine(), date=time.strftime("%Y-%m-%d")))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,7 @@ Usage: python benchmarks/lookup.py [--regime small|large] [--dim 16] [--rounds 3
                                    [--skip tfra_cuckoo] [--json out.json]
 """
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
@@ -30,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rounds import Meter, ratio_per_round, spread  # noqa: E402
+from rounds import Meter, machine, ratio_per_round, spread, write_json  # noqa: E402
 
 tf1 = tf.compat.v1
 B = 65536
@@ -156,12 +154,9 @@ def main():
                      for k in (("train", "read", "fill") if large else ("train", "read"))]
             print(f"  {impl:20s} " + ", ".join(parts))
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
         for r in results:
-            r["machine"], r["date"] = machine, time.strftime("%Y-%m-%d")
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            r["machine"], r["date"] = machine(), time.strftime("%Y-%m-%d")
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ taken within each round and its median reported. CPU-seconds (all threads of
 this process) per unit of work are steadier than wall-clock rates when other
 work shares the cores.
 """
+import json
+import os
+import platform
 import time
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -38,3 +41,17 @@ def ratio_per_round(a: Sequence[float], b: Sequence[float]) -> List[float]:
 
 def medians(runs: Dict[str, List[float]]) -> Dict[str, float]:
     return {k: float(np.median(v)) for k, v in runs.items()}
+
+
+def machine() -> str:
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
+
+
+def write_json(path: str, data: Any) -> None:
+    """Writes data to path under a temporary name and renames it into place,
+    so an interrupted benchmark never leaves half a results file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)

@@ -54,7 +54,7 @@ def rewrite(rw, conversions, context: Context) -> None:
                 frozenset(c.name for c in op._control_outputs) if apply else None,  # pylint: disable=protected-access
                 )].append(op)
     replaced: Dict[str, tf.Tensor] = {}
-    applies: Dict[str, tf.Operation] = {}
+    fused_of: Dict[str, tf.Operation] = {}  # single op name -> the fused op doing its work
     for (kind, device, *_), ops in groups.items():
         if len(ops) < 2:
             continue
@@ -67,7 +67,7 @@ def rewrite(rw, conversions, context: Context) -> None:
                     rw.reroute(old, t)
                     replaced[old.name] = t
                 rw.replace_control_input(op, fused_op)
-                applies[op.name] = fused_op
+                fused_of[op.name] = fused_op
         done = context.fused.setdefault(kind, [0, 0])
         done[0] += len(ops)
         done[1] += 1
@@ -75,7 +75,7 @@ def rewrite(rw, conversions, context: Context) -> None:
         c.outputs = [replaced.get(t.name, t) for t in c.outputs]
         c.lookups = [(k, replaced.get(r.name, r)) for k, r in c.lookups]
         if c.apply is not None:
-            c.apply = applies.get(c.apply.name, c.apply)
+            c.apply = fused_of.get(c.apply.name, c.apply)
 
 
 # Ops whose values come from outside the graph, step by step.

@@ -190,7 +190,7 @@ def test_fused_lookup_api_equals_sparse_lookup_and_trains_the_same():
         assert not np.allclose(a["slots"][:, 0], 0.1)  # the step reached every table
 
 
-def many_feature_model(features_n=6, chained=False):
+def many_feature_model(features_n=6, chained=False, two_optimizers=False):
     """A model_fn-style graph with one embedding variable per feature; with
     `chained`, the last feature's ids are computed from the first's rows."""
     ids = tf1.placeholder(tf.int64, [None, features_n])
@@ -207,24 +207,58 @@ def many_feature_model(features_n=6, chained=False):
     w = tf.constant(np.linspace(-1.0, 1.2, 4 * features_n, dtype=np.float32)[:, None])
     logits = tf.squeeze(tf.matmul(tf.concat(embs, 1), w), 1)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    train = tf1.train.AdagradOptimizer(0.3).minimize(
-        loss, global_step=tf1.train.get_or_create_global_step())
+    step = tf1.train.get_or_create_global_step()
+    if not two_optimizers:
+        return ids, labels, loss, tf1.train.AdagradOptimizer(0.3).minimize(loss, global_step=step)
+    # DeepCTR's split: Ftrl for the first half of the features, Adagrad for the rest
+    variables = tf1.trainable_variables()
+    half = len(variables) // 2
+    train = tf.group(tf1.train.FtrlOptimizer(0.3).minimize(loss, var_list=variables[:half]),
+                     tf1.train.AdagradOptimizer(0.3).minimize(loss, global_step=step,
+                                                              var_list=variables[half:]))
     return ids, labels, loss, train
 
 
-def train_many(hook, chained=False, steps=4):
+class ExportTables(tf1.train.SessionRunHook):
+    def begin(self):
+        self.exports = {t.name: t.export() for t in graphmod.tables()}
+
+
+def train_many(hook, chained=False, steps=4, two_optimizers=False):
+    """Losses, the ops the train op runs, and {variable: {id: row}} after
+    training (the tables' rows when hooked, else the variables' rows)."""
     rng = np.random.default_rng(3)
     data = [(rng.integers(0, 250, (32, 6)), rng.integers(0, 2, 32).astype(np.float32))
             for _ in range(steps)]
     with tf.Graph().as_default():
-        ids, labels, loss, train = many_feature_model(chained=chained)
+        ids, labels, loss, train = many_feature_model(chained=chained,
+                                                      two_optimizers=two_optimizers)
+        export = ExportTables()
         losses = []
-        with tf1.train.MonitoredSession(hooks=[hook] if hook else []) as sess:
+        with tf1.train.MonitoredSession(hooks=([hook] if hook else []) + [export]) as sess:
             for x, y in data:
                 losses.append(sess.run([train, loss], {ids: x, labels: y})[1])
-            graph = sess.graph
-            reachable = _ops_reaching(graph, [train])
-    return np.array(losses), reachable
+            reachable = _ops_reaching(sess.graph, [train])
+            if hook:
+                rows = {name: dict(zip(t["keys"].tolist(), t["values"]))
+                        for name, t in sess.run(export.exports).items()}
+            else:
+                rows = {v.op.name: dict(enumerate(sess.run(v))) for v in tf1.global_variables()
+                        if v.op.name.startswith("emb") and "/" not in v.op.name}
+    return np.array(losses), reachable, rows
+
+
+def assert_same_rows(hooked, plain):
+    """Every row a table holds equals the variable's row of that id, and
+    training moved them (rows start constant; a step makes their columns
+    differ, as the head's weights do)."""
+    assert set(hooked) == set(plain) and hooked, (set(hooked), set(plain))
+    assert all(any(np.ptp(row) > 1e-6 for row in table.values()) for table in hooked.values())
+    for name, table in hooked.items():
+        assert table, name
+        for key, row in table.items():
+            np.testing.assert_allclose(row, plain[name][key], rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{name} id {key}")
 
 
 def _ops_reaching(graph, fetches):
@@ -240,11 +274,12 @@ def _ops_reaching(graph, fetches):
 
 @pytest.mark.parametrize("chained", [False, True])
 def test_hook_fuses_every_lookup_and_apply_and_changes_no_number(chained):
-    plain, _ = train_many(None, chained)
+    plain, _, plain_rows = train_many(None, chained)
     hook = graphmod.GraphModifierHook(min_rows=10)
-    hooked, types = train_many(hook, chained)
+    hooked, types, hooked_rows = train_many(hook, chained)
     assert len(hook.report.tables) == 6, hook.report.skipped
     np.testing.assert_allclose(hooked, plain, rtol=1e-5)
+    assert_same_rows(hooked_rows, plain_rows)
     assert abs(plain[-1] - plain[0]) > 1e-4  # it trained
     # what the train op runs: one fused apply, one fused lookup; a lookup
     # whose ids come from another lookup's rows cannot join it and runs alone
@@ -255,6 +290,21 @@ def test_hook_fuses_every_lookup_and_apply_and_changes_no_number(chained):
     fused_counts = hook.report.fused
     assert fused_counts["GraphmodTableApply"] == [6, 1]
     assert fused_counts["GraphmodTableFindOrInsert"] == ([6, 1] if not chained else [5, 1])
+
+
+def test_two_optimizers_get_a_fused_apply_each_and_train_as_unmodified():
+    """Ftrl for half the features and Adagrad for the rest (DeepCTR's linear /
+    DNN split): one fused apply per optimizer, rows as the variables'."""
+    plain, _, plain_rows = train_many(None, two_optimizers=True)
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    hooked, types, hooked_rows = train_many(hook, two_optimizers=True)
+    assert len(hook.report.tables) == 6, hook.report.skipped
+    assert {t["optimizer"] for t in hook.report.tables} == {"ftrl", "adagrad"}
+    np.testing.assert_allclose(hooked, plain, rtol=1e-5)
+    assert abs(plain[-1] - plain[0]) > 1e-4  # it trained
+    assert_same_rows(hooked_rows, plain_rows)
+    assert types.count("GraphmodFusedApply") == 2 and "GraphmodTableApply" not in types
+    assert types.count("GraphmodFusedFindOrInsert") == 1
 
 
 def run_policy_lookups(fuse_them):
