@@ -10,6 +10,12 @@ Workloads:
              own linear weight (dim 1), Criteo's cardinalities capped at 200k,
              13 dense features, 256-128 DNN, Ftrl for the linear part and
              Adagrad for the rest (DeepCTR's defaults), batch 1024
+  deepctr26  the same data through DeepCTR's own DeepFMEstimator, as its
+             users build it: feature columns (identity columns of Criteo's
+             capped cardinalities, embedding_column dim 16, numeric columns),
+             DeepCTR's defaults (DNN 256-128-64, l2_reg_linear and
+             l2_reg_embedding 1e-5, Ftrl linear, Adagrad DNN). Unmodified and
+             hook only: a TFRA model is a different model_fn, not DeepCTR's.
 Each round trains every (workload, variant) once, in turn; figures are the
 median examples/s of a run's steps after warm-up and the process CPU-seconds
 per million examples over those steps, reported as median (min-max) over the
@@ -123,6 +129,18 @@ def make_criteo_model_fn(kind):
     return model_fn
 
 
+def make_deepctr_estimator(kind, model_dir, config):
+    """DeepCTR's DeepFMEstimator over Criteo-shaped feature columns."""
+    from deepctr.estimator import DeepFMEstimator
+    assert kind == "static", "deepctr26 has no TFRA variant"
+    fc = tf1.feature_column
+    sparse = [fc.categorical_column_with_identity(f"C{f + 1}", card)
+              for f, card in enumerate(CRITEO_CARD)]
+    dense = [fc.numeric_column(f"I{d + 1}") for d in range(N_CRITEO_DENSE)]
+    return DeepFMEstimator(sparse + dense, [fc.embedding_column(c, D) for c in sparse] + dense,
+                           model_dir=model_dir, config=config)
+
+
 def make_model_fn(kind):
     def model_fn(features, labels, mode):
         ids = tf.concat([features[f"C{f}"] for f in range(N_CAT)], 1)  # [B, F]
@@ -198,9 +216,17 @@ def _begin_time(n_columns):
         return elapsed
 
 
-WORKLOADS = {"reference": (make_data, make_model_fn),
-             "criteo26": (make_criteo_data, make_criteo_model_fn)}
-VARIANTS = ("static", "hook", "tfra")
+def _estimator_of(make_model_fn):
+    def make(kind, model_dir, config):
+        return tf.estimator.Estimator(make_model_fn(kind), model_dir=model_dir, config=config)
+    return make
+
+
+# workload -> (data, estimator factory, variants)
+WORKLOADS = {"reference": (make_data, _estimator_of(make_model_fn), ("static", "hook", "tfra")),
+             "criteo26": (make_criteo_data, _estimator_of(make_criteo_model_fn),
+                          ("static", "hook", "tfra")),
+             "deepctr26": (make_criteo_data, make_deepctr_estimator, ("static", "hook"))}
 
 
 def run_once(workload, kind, data, steps, warm):
@@ -211,10 +237,9 @@ def run_once(workload, kind, data, steps, warm):
     def input_fn():
         return tf.data.Dataset.from_tensor_slices((feats, y)).batch(B).repeat().prefetch(2)
 
-    make_fn = WORKLOADS[workload][1]
-    est = tf.estimator.Estimator(
-        make_fn("tfra" if kind == "tfra" else "static"), model_dir=tempfile.mkdtemp(),
-        config=tf.estimator.RunConfig(save_checkpoints_steps=10**9, log_step_count_steps=10**9))
+    est = WORKLOADS[workload][1](
+        "tfra" if kind == "tfra" else "static", tempfile.mkdtemp(),
+        tf.estimator.RunConfig(save_checkpoints_steps=10**9, log_step_count_steps=10**9))
     timer = Timer(warm)
     hooks = [timer] + ([graphmod.GraphModifierHook()] if kind == "hook" else [])
     est.train(input_fn, steps=steps, hooks=hooks)
@@ -226,18 +251,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workloads", default="reference,criteo26")
+    ap.add_argument("--workloads", default="reference,criteo26,deepctr26")
     ap.add_argument("--json")
     args = ap.parse_args()
     tf1.logging.set_verbosity(tf1.logging.ERROR)
     workloads = args.workloads.split(",")
-    data = {w: WORKLOADS[w][0](200_000, seed=1) for w in workloads}
+    made = {}  # criteo26 and deepctr26 share their data
+    for w in workloads:
+        make_data_fn = WORKLOADS[w][0]
+        made.setdefault(make_data_fn, make_data_fn(200_000, seed=1))
+    data = {w: made[WORKLOADS[w][0]] for w in workloads}
     warm = min(30, args.steps // 3)
-    rate = {(w, k): [] for w in workloads for k in VARIANTS}
-    cpu = {(w, k): [] for w in workloads for k in VARIANTS}
+    rate = {(w, k): [] for w in workloads for k in WORKLOADS[w][2]}
+    cpu = {(w, k): [] for w in workloads for k in WORKLOADS[w][2]}
     for r in range(args.rounds):
         for w in workloads:
-            for k in VARIANTS:
+            for k in WORKLOADS[w][2]:
                 x, c = run_once(w, k, data[w], args.steps, warm)
                 rate[w, k].append(x)
                 cpu[w, k].append(c)
@@ -248,17 +277,20 @@ def main():
           f"timed after {warm}:")
     out = {}
     for w in workloads:
+        variants = WORKLOADS[w][2]
         print(f"{w}:")
-        for k in VARIANTS:
+        for k in variants:
             print(f"  {k:7s} {spread(rate[w, k], '{:.0f}'):>24s} examples/s   "
                   f"{spread(cpu[w, k], '{:.2f}')} CPU-s/M examples")
-        hs = np.median(ratio_per_round(rate[w, "hook"], rate[w, "static"]))
-        ht = np.median(ratio_per_round(rate[w, "hook"], rate[w, "tfra"]))
-        cs = np.median(ratio_per_round(cpu[w, "static"], cpu[w, "hook"]))
-        print(f"  hook / unmodified {hs:.2f}x, hook / TFRA {ht:.2f}x (examples/s); "
-              f"unmodified / hook CPU per example {cs:.2f}x")
-        out[w] = dict(examples_per_s={k: rate[w, k] for k in VARIANTS},
-                      cpu_s_per_m_examples={k: cpu[w, k] for k in VARIANTS},
+        hs = float(np.median(ratio_per_round(rate[w, "hook"], rate[w, "static"])))
+        cs = float(np.median(ratio_per_round(cpu[w, "static"], cpu[w, "hook"])))
+        ht = (float(np.median(ratio_per_round(rate[w, "hook"], rate[w, "tfra"])))
+              if "tfra" in variants else None)
+        print(f"  hook / unmodified {hs:.2f}x"
+              + (f", hook / TFRA {ht:.2f}x" if ht is not None else "")
+              + f" (examples/s); unmodified / hook CPU per example {cs:.2f}x")
+        out[w] = dict(examples_per_s={k: rate[w, k] for k in variants},
+                      cpu_s_per_m_examples={k: cpu[w, k] for k in variants},
                       hook_over_unmodified=hs, hook_over_tfra=ht, cpu_unmodified_over_hook=cs)
     print(f"begin() on 200 embedding columns: {begin_s:.2f} s")
     if args.json:

@@ -107,7 +107,11 @@ class Table:
 
     def export(self, min_version: Any = 0) -> Dict[str, tf.Tensor]:
         """Rows with version >= min_version: keys, values, slots, counts, last_seen, versions."""
-        out = ops.graphmod_table_export(self.handle, tf.cast(min_version, tf.int64),
+        # A Python number becomes one int64 constant (a cast would be a second
+        # op per table: every table's saveable exports from version 0).
+        version = (tf.constant(min_version, tf.int64) if isinstance(min_version, int)
+                   else tf.cast(min_version, tf.int64))
+        out = ops.graphmod_table_export(self.handle, version,
                                         dim=self.dim, num_slots=self.num_slots)
         return out._asdict()
 

@@ -28,13 +28,6 @@ tf1 = tf.compat.v1
 MODES = ("train", "eval", "predict")
 
 
-def _checkpoint_name(v: tf.Variable) -> str:
-    """A variable's name in checkpoints (a partitioned variable's parts are
-    saved as slices of the whole)."""
-    info = getattr(v, "_save_slice_info", None)
-    return info.full_name if info is not None else v.op.name
-
-
 def _checkpoint_names(model_dir: Optional[str]) -> frozenset:
     """Names in the latest checkpoint in model_dir (empty when there is none)."""
     ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
@@ -63,22 +56,12 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     replay = plan_file.read(model_dir)
     conversions, skipped = plan(graph, settings, training, replay)
     names = _checkpoint_names(model_dir)
-    dense = {n for n in names if f"{n}-keys" not in names}  # variables held densely
     # exact=True: keys stay as the model squeezed them (collisions included).
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact, checkpoint_names=names)
     ready = []
     for c in conversions:
         name = c.variable.op.name
-        if _checkpoint_name(c.variable) in dense:
-            # Restoring would fail; adopting a dense checkpoint into tables
-            # is not built yet.
-            if replay is not None and name in replay:
-                raise PlanMismatch(f"graphmod: the plan converts '{name}' to a table, but the "
-                                   f"checkpoint in {model_dir} holds it as a dense variable")
-            skipped.append((name, "the checkpoint in model_dir holds it as a dense variable "
-                            "(trained without the hook, or refused then)"))
-            continue
         try:
             for rule in RULES:
                 rule.check(c, context)
@@ -135,7 +118,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         rules=rw.summary(), dense_bytes_freed=context.dense_bytes_freed,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
-        replayed_plan=replay is not None, fused=context.fused, counters=context.counters)
+        replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
+        counters=context.counters)
     return report
 
 

@@ -24,6 +24,8 @@ class RewriteReport:
     replayed_plan: bool             # the model's saved plan decided the conversions
     # single-table op type -> [ops, fused ops that replaced them]
     fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
+    # variables whose tables start from the dense checkpoint's trained rows
+    adopted: List[str] = dataclasses.field(default_factory=list)
     # {table: {counter: scalar tensor}} of a training graph's tables, for
     # logging; not part of the JSON report.
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(
@@ -47,6 +49,9 @@ class RewriteReport:
                             a["variable"], a["what"])
         for kind, (single, built) in sorted(self.fused.items()):
             logging.info("graphmod: %d %s op(s) run as %d fused op(s)", single, kind, built)
+        for v in self.adopted:
+            logging.info("graphmod: '%s' is adopted: its table restores the trained rows and "
+                         "slots the checkpoint holds densely (row i as key i)", v)
         if self.unsqueezed_keys:
             logging.info("graphmod: collision-free keys from %s", ", ".join(self.unsqueezed_keys))
         for k in self.squeezed_keys_kept:

@@ -1,0 +1,167 @@
+"""Adopting graphmod on a model_dir trained with dense variables.
+
+A model trains without the hook; the hook is then added to the same
+model_dir. Its predictions right after adoption must equal the dense model's,
+and training on must move every row exactly as the dense model's training on
+(rows and optimizer slots adopted, not re-initialized): both continue from
+copies of one checkpoint on the same batches and are compared number for
+number, then again after a restart from the table checkpoint the adopted
+model wrote.
+"""
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphmod
+from graphmod.saver import Adoption, TableSaver
+
+tf1 = tf.compat.v1
+VOCAB, DIM, BATCH = 300, 4, 32
+
+
+def data(n=512, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, size=(n, 2)).astype(np.int64)
+    labels = (ids[:, 0] % 3 == 0).astype(np.float32)
+    return ids, labels
+
+
+def input_fn(hashed=False):
+    ids, labels = data()
+    feats = {"ids": ids.astype(str) if hashed else ids}
+    return tf.data.Dataset.from_tensor_slices((feats, labels)).batch(BATCH)
+
+
+def model_fn(features, labels, mode, params):
+    ids = features["ids"]
+    if params.get("hashed"):
+        ids = tf.strings.to_hash_bucket_fast(ids, VOCAB)
+    emb = tf1.get_variable("emb", [VOCAB, DIM],
+                           initializer=tf1.random_normal_initializer(stddev=0.3))
+    w = tf1.get_variable("w", initializer=np.linspace(-0.6, 0.8, 2 * DIM, dtype=np.float32)
+                         .reshape(2 * DIM, 1))
+    logits = tf.squeeze(tf.matmul(tf.reshape(tf.nn.embedding_lookup(emb, ids), [-1, 2 * DIM]),
+                                  w), 1)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    tf1.add_to_collection("test_loss", loss)
+    train_op = tf1.train.AdagradOptimizer(0.3).minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class Losses(tf1.train.SessionRunHook):
+    def __init__(self):
+        self.values = []
+
+    def before_run(self, ctx):
+        return tf1.train.SessionRunArgs(tf1.get_collection("test_loss")[0])
+
+    def after_run(self, ctx, values):
+        self.values.append(values.results)
+
+
+def estimator(model_dir, hashed=False):
+    return tf.estimator.Estimator(model_fn, model_dir=str(model_dir),
+                                  params={"hashed": hashed},
+                                  config=tf.estimator.RunConfig(tf_random_seed=3))
+
+
+def train(est, steps, hooks=(), hashed=False):
+    losses = Losses()
+    est.train(lambda: input_fn(hashed), steps=steps, hooks=[losses, *hooks])
+    return np.array(losses.values)
+
+
+def table_rows(model_dir, table="emb"):
+    reader = tf.train.load_checkpoint(str(model_dir))
+    keys = reader.get_tensor(f"{table}-keys")
+    order = np.argsort(keys)
+    return (keys[order], reader.get_tensor(f"{table}-values")[order],
+            reader.get_tensor(f"{table}-slots")[order])
+
+
+def test_adopted_model_predicts_and_trains_as_the_dense_model(tmp_path):
+    dense_dir, hooked_dir = tmp_path / "dense", tmp_path / "hooked"
+    dense = estimator(dense_dir)
+    train(dense, 6)
+    shutil.copytree(dense_dir, hooked_dir)
+    hooked = estimator(hooked_dir)
+
+    # Right after adoption: the same predictions.
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    want = np.array([p["logits"] for p in dense.predict(input_fn)])
+    got = np.array([p["logits"] for p in hooked.predict(input_fn, hooks=[hook])])
+    assert hook.report.adopted == ["emb"], (hook.report.adopted, hook.report.skipped)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+    # Training on: the same losses, rows and Adagrad accumulators.
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    dense_losses = train(dense, 5)
+    hooked_losses = train(hooked, 5, [hook])
+    assert hook.report.adopted == ["emb"]
+    assert [t["variable"] for t in hook.report.tables] == ["emb"]
+    np.testing.assert_allclose(hooked_losses, dense_losses, rtol=1e-5, atol=1e-7)
+    keys, values, slots = table_rows(hooked_dir)
+    reader = tf.train.load_checkpoint(str(dense_dir))
+    np.testing.assert_array_equal(keys, np.arange(VOCAB))  # every trained row adopted
+    np.testing.assert_allclose(values, reader.get_tensor("emb"), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(slots[:, 0], reader.get_tensor("emb/Adagrad"), rtol=1e-5,
+                               atol=1e-7)
+    assert not tf.train.load_checkpoint(str(hooked_dir)).has_tensor("emb")
+
+    # A restart reads the table checkpoint the adopted model wrote.
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    np.testing.assert_allclose(train(hooked, 3, [hook]), train(dense, 3), rtol=1e-5, atol=1e-7)
+    assert hook.report.adopted == [] and [t["variable"] for t in hook.report.tables] == ["emb"]
+    np.testing.assert_allclose(table_rows(hooked_dir)[1],
+                               tf.train.load_checkpoint(str(dense_dir)).get_tensor("emb"),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_evaluate_adopts_and_matches_the_dense_loss(tmp_path):
+    dense = estimator(tmp_path)
+    train(dense, 4)
+    want = dense.evaluate(input_fn)["loss"]
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    got = dense.evaluate(input_fn, hooks=[hook])["loss"]
+    assert hook.report.adopted == ["emb"]
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_hashed_ids_with_collision_free_keys_stay_dense_and_say_why(tmp_path):
+    est = estimator(tmp_path, hashed=True)
+    train(est, 3, hashed=True)
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    losses = train(est, 3, [hook], hashed=True)  # restores the dense checkpoint as before
+    assert np.isfinite(losses).all()
+    assert hook.report.adopted == [] and not hook.report.tables
+    (skipped,) = [s for s in hook.report.skipped if s["variable"] == "emb"]
+    assert "hash buckets" in skipped["reason"] and "densely" in skipped["reason"], skipped
+
+
+def test_hashed_ids_keyed_by_bucket_are_adopted(tmp_path):
+    dense_dir, hooked_dir = tmp_path / "dense", tmp_path / "hooked"
+    dense = estimator(dense_dir, hashed=True)
+    train(dense, 3, hashed=True)
+    shutil.copytree(dense_dir, hooked_dir)
+    hook = graphmod.GraphModifierHook(min_rows=10, collision_free=False)
+    hooked_losses = train(estimator(hooked_dir, hashed=True), 3, [hook], hashed=True)
+    assert hook.report.adopted == ["emb"]
+    np.testing.assert_allclose(hooked_losses, train(dense, 3, hashed=True), rtol=1e-5,
+                               atol=1e-7)
+
+
+def test_the_table_saver_refuses_a_checkpoint_holding_neither(tmp_path):
+    """A checkpoint without the variable (or its slots) is named in the error."""
+    with tf.Graph().as_default():
+        v = tf1.get_variable("other", [2])
+        with tf1.Session() as sess:
+            sess.run(v.initializer)
+            path = tf1.train.Saver([v]).save(sess, str(tmp_path / "ckpt"))
+        table = graphmod.create_table("t", 4)
+        saver = TableSaver([Adoption(table, "emb", [], 10)], sharded=True)
+        with pytest.raises(ValueError, match="neither table 't'.*missing: emb"):
+            saver.holds_tables_densely(path)
