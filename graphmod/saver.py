@@ -1,31 +1,40 @@
-"""TableSaver: the Saver of a rewritten graph, which also adopts dense checkpoints.
+"""TableSaver: the Saver of a graph with graphmod tables.
 
-A model trained without graphmod has checkpoints holding its embedding
-variables densely (`emb`, and slots such as `emb/Adagrad`). When the hook then
-converts those variables, their tables have no entries in that checkpoint:
-an ordinary Saver would fail to restore it. TableSaver restores such a
-checkpoint by adoption: everything else restores as usual, and each adopted
-table imports the variable's trained rows and optimizer slots (row i becomes
-key i), so the model right after adoption computes what the dense model did.
-Its first save writes the tables in graphmod's format; a checkpoint that
-already holds the tables restores as with any Saver.
+A tf.compat.v1.train.Saver (build deferred, saving what the graph's
+collections hold) that also:
+- restores the incremental checkpoints written after a full one: a restore
+  of `model.ckpt-100` applies its committed deltas in order
+  (graphmod.deltas), in training, evaluation, prediction and export alike;
+- writes those deltas (`save_delta`, driven by graphmod.IncrementalSaveHook):
+  each holds the table rows inserted or updated since the previous save, the
+  keys removed since (tombstones), the admission counts that changed, and
+  every other variable whole;
+- adopts dense checkpoints: when the hook converts variables that the
+  checkpoint in model_dir holds densely (a model trained without graphmod),
+  the restore imports each one's trained rows and optimizer slots into its
+  table (row i becomes key i) and restores everything else as usual, so the
+  model right after adoption computes what the dense model did; its first
+  save writes the tables.
 
-The adoption rule (graphmod.rewrite_rules.dense_adoption) installs it in place
-of the Saver an Estimator or MonitoredTrainingSession would build, with the
-same settings.
+The rewrite rule table_saver installs it in place of the Saver an Estimator
+or MonitoredTrainingSession would build, with the same settings.
 """
-from typing import List, NamedTuple, Optional
+import os
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 from absl import logging
 from tensorflow.python.ops import variables as tf_variables
+
+from graphmod import deltas
+from graphmod._ops import ops
 
 tf1 = tf.compat.v1
 
 
 class Adoption(NamedTuple):
     """A table that starts from a dense variable's checkpointed rows."""
-    table: "graphmod.Table"  # noqa: F821
+    table: Any               # the graphmod.Table
     variable: str            # the variable's name in checkpoints
     slots: List[str]         # its optimizer slots' names, in the table's slot order
     rows: int
@@ -36,27 +45,63 @@ def _restore(path: tf.Tensor, name: str) -> tf.Tensor:
                                 dtypes=[tf.float32])[0]
 
 
-class TableSaver(tf1.train.Saver):
-    """A tf.compat.v1.train.Saver (build deferred, var_list from the graph's
-    collections) that restores a checkpoint holding adopted tables' variables
-    densely by importing their rows."""
+def _is_table(saveable) -> bool:
+    from graphmod.table import _TableSaveable
+    return isinstance(saveable, _TableSaveable)
 
-    def __init__(self, adoptions: List[Adoption], **saver_kwargs):
+
+class TableSaver(tf1.train.Saver):
+    """See the module docstring. `chain` is (the full checkpoint this
+    session's state extends, how many of its deltas): set by every restore
+    and full save, advanced by save_delta."""
+
+    def __init__(self, adoptions: Optional[List[Adoption]] = None, **saver_kwargs):
         super().__init__(defer_build=True, **saver_kwargs)
-        self.adoptions = list(adoptions)
+        self.adoptions = list(adoptions or [])
+        self.chain: Tuple[Optional[str], int] = (None, 0)
+        # Per table, the version of the last save (full or delta) since
+        # which a delta holds the changes; set once removals are tracked.
+        self.marks: Optional[Dict[str, int]] = None
         self._adopt_path: Optional[tf.Tensor] = None
         self._adopt_ops: List[tf.Operation] = []
         self._others: Optional[tf1.train.Saver] = None
+        self._delta_saver: Optional[tf1.train.Saver] = None
+        self._since: Dict[str, tf.Tensor] = {}
+        self._versions: Dict[str, tf.Tensor] = {}
+        self._track: Dict[str, tf.Tensor] = {}
+
+    # ---------------------------------------------------------------- build
 
     def _build(self, checkpoint_path, build_save, build_restore):
         built = self._is_built
         super()._build(checkpoint_path, build_save, build_restore)
-        if built or not self.adoptions or not build_restore:
+        if built or self._is_empty:
             return
-        # Built beside the ordinary restore, before the graph is finalized.
+        # Built beside the ordinary save and restore, before the graph is finalized.
+        saveables = list(self._var_list or tf_variables._all_saveable_objects())  # pylint: disable=protected-access
+        tables = [x for x in saveables if _is_table(x)]
+        dense = [x for x in saveables if not _is_table(x)]
+        if tables:
+            self._build_deltas(tables, dense)
+        if self.adoptions and build_restore:
+            self._build_adoption(saveables)
+
+    def _build_deltas(self, tables, dense) -> None:
+        from graphmod.table import _TableDeltaSaveable
+        with tf1.name_scope("graphmod_delta"):
+            parts = []
+            for t in tables:
+                name = t.table.name
+                self._since[name] = tf1.placeholder(tf.int64, [], name=f"{name}_since")
+                self._versions[name] = t.table.info()["version"]
+                self._track[name] = ops.graphmod_table_track_removals(t.table.handle)
+                parts.append(_TableDeltaSaveable(t.table, self._since[name]))
+            self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
+                                                allow_empty=True)
+
+    def _build_adoption(self, saveables) -> None:
         adopted = {a.table.name for a in self.adoptions}
-        others = [x for x in (self._var_list or tf_variables._all_saveable_objects())  # pylint: disable=protected-access
-                  if getattr(getattr(x, "table", None), "name", None) not in adopted]
+        others = [x for x in saveables if not (_is_table(x) and x.table.name in adopted)]
         with tf1.name_scope("graphmod_adopt"):
             self._adopt_path = tf1.placeholder(tf.string, [], name="checkpoint_path")
             for a in self.adoptions:
@@ -74,14 +119,17 @@ class TableSaver(tf1.train.Saver):
                 var_list=others or None, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
 
+    # ---------------------------------------------------------------- restore
+
     def holds_tables_densely(self, save_path: str) -> bool:
         """True when the checkpoint holds every adopted table's variable
-        densely; False when it holds the tables; an error naming the table
-        when it holds neither."""
+        densely; False when it holds the tables (or cannot be read: the
+        ordinary restore says why); an error naming the table when it holds
+        neither, or some of each."""
         try:
             reader = tf.train.load_checkpoint(save_path)
         except (tf.errors.OpError, ValueError):
-            return False  # the ordinary restore says what is wrong with the path
+            return False
         dense = []
         for a in self.adoptions:
             if reader.has_tensor(f"{a.table.name}-keys"):
@@ -99,8 +147,22 @@ class TableSaver(tf1.train.Saver):
         return bool(dense)
 
     def restore(self, sess, save_path):
-        if not self.adoptions or save_path is None or not self.holds_tables_densely(save_path):
-            return super().restore(sess, save_path)
+        if self.adoptions and save_path is not None and self.holds_tables_densely(save_path):
+            self._adopt(sess, save_path)
+        else:
+            super().restore(sess, save_path)
+        applied = 0
+        if self._delta_saver is not None and save_path is not None:
+            for prefix in deltas.committed(save_path):
+                sess.run(self._delta_saver.saver_def.restore_op_name,
+                         {self._delta_saver.saver_def.filename_tensor_name: prefix})
+                applied += 1
+            if applied:
+                logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
+                             applied)
+        self.chain = (save_path, applied)
+
+    def _adopt(self, sess, save_path: str) -> None:
         fetches = list(self._adopt_ops)
         feed = {self._adopt_path: save_path}
         if not self._others._is_empty:  # pylint: disable=protected-access
@@ -112,3 +174,93 @@ class TableSaver(tf1.train.Saver):
                          "(keys 0..%d)%s into table '%s'", a.variable, save_path, a.rows,
                          a.rows - 1, f" with slots {', '.join(a.slots)}" if a.slots else "",
                          a.table.name)
+
+    # ---------------------------------------------------------------- save
+
+    def save(self, sess, save_path, global_step=None, *args, **kwargs):
+        versions = sess.run(self._versions) if self._versions else {}
+        path = super().save(sess, save_path, global_step, *args, **kwargs)
+        if path:
+            self.chain = (path, 0)
+            if self.marks is not None:
+                self.marks = versions
+            for name in deltas.remove_orphans(os.path.dirname(path)):
+                logging.info("graphmod: removed the deltas of %s with it", name)
+        return path
+
+    def start_tracking(self, sess) -> None:
+        """Tables note removals from now on; the next delta holds the
+        changes since now (nothing has changed since the restore or save
+        that set `chain`)."""
+        if self._track and self.marks is None:
+            self.marks = sess.run(self._track)
+
+    def save_delta(self, sess, step: int) -> Optional[str]:
+        """Writes and commits the next delta after `chain`'s full
+        checkpoint; returns its prefix (None when there is no full
+        checkpoint yet to follow)."""
+        base, count = self.chain
+        if base is None or self._delta_saver is None:
+            return None
+        self.start_tracking(sess)
+        versions = sess.run(self._versions)  # what the delta will reflect
+        tmp = deltas.temp_prefix(base, count + 1)
+        feed = {self._since[name]: mark for name, mark in self.marks.items()}
+        feed[self._delta_saver.saver_def.filename_tensor_name] = tmp
+        sess.run(self._delta_saver.saver_def.save_tensor_name, feed)
+        prefix = deltas.publish(base, tmp, count + 1, step)
+        self.chain, self.marks = (base, count + 1), versions
+        return prefix
+
+    def continue_chain(self) -> None:
+        """Drops what follows the deltas this session restored (a torn
+        delta, or uncommitted files), so the next delta extends them."""
+        base, count = self.chain
+        if base is not None:
+            deltas.truncate(base, count)
+
+
+def install(rw, graph: tf.Graph, adoptions: Optional[List[Adoption]] = None) -> TableSaver:
+    """Makes graph's Saver a TableSaver (through the Rewriter rw), with the
+    settings of the deferred Saver it replaces (an Estimator's: sharded, its
+    RunConfig's keep_checkpoint_max...) or of Scaffold's default; adds the
+    adoptions to one already installed."""
+    old = replaceable_saver(graph)
+    if isinstance(old, TableSaver):
+        old.adoptions.extend(adoptions or [])
+        return old
+    settings = dict(sharded=True, allow_empty=True)
+    if old is not None:
+        settings = dict(
+            reshape=old._reshape, sharded=old._sharded,  # pylint: disable=protected-access
+            max_to_keep=old._max_to_keep,  # pylint: disable=protected-access
+            keep_checkpoint_every_n_hours=old._keep_checkpoint_every_n_hours,  # pylint: disable=protected-access
+            name=old._name, restore_sequentially=old._restore_sequentially,  # pylint: disable=protected-access
+            allow_empty=old._allow_empty, write_version=old._write_version,  # pylint: disable=protected-access
+            pad_step_number=old._pad_step_number,  # pylint: disable=protected-access
+            save_relative_paths=old._save_relative_paths, filename=old._filename)  # pylint: disable=protected-access
+        rw.remove_from_collections(old, [tf1.GraphKeys.SAVERS], label="the graph's Saver")
+    saver = TableSaver(adoptions, **settings)
+    graph.add_to_collection(tf1.GraphKeys.SAVERS, saver)
+    rw.track_added(tf1.GraphKeys.SAVERS, saver, label="graphmod.saver.TableSaver")
+    return saver
+
+
+class NotReplaceable(ValueError):
+    """The graph's Saver cannot become a TableSaver."""
+
+
+def replaceable_saver(graph: tf.Graph):
+    """The deferred Saver the session will build (a TableSaver already, or a
+    plain one), None when it will create Scaffold's default; NotReplaceable
+    when the graph's Saver is built already or there are several."""
+    savers = graph.get_collection(tf1.GraphKeys.SAVERS)
+    if len(savers) > 1:
+        raise NotReplaceable("the graph has several Savers")
+    if not savers:
+        return None
+    saver = savers[0]
+    if saver.saver_def is not None or type(saver) not in (tf1.train.Saver, TableSaver):
+        raise NotReplaceable("the graph's Saver is built already, or is not a "
+                             "tf.compat.v1.train.Saver")
+    return saver

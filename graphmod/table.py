@@ -42,6 +42,7 @@ class _GraphState:
         self.policies: Dict[str, Any] = {}  # table name -> graphmod.features.TablePolicy
         self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
         self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
+        self.format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -115,6 +116,13 @@ class Table:
                                         dim=self.dim, num_slots=self.num_slots)
         return out._asdict()
 
+    def export_pending(self, min_version: Any = 0) -> Dict[str, tf.Tensor]:
+        """Ids counted towards admission at version >= min_version, without a
+        row yet: keys, counts, last_seen; and the admission sketch's counters."""
+        version = (tf.constant(min_version, tf.int64) if isinstance(min_version, int)
+                   else tf.cast(min_version, tf.int64))
+        return ops.graphmod_table_export_pending(self.handle, version)._asdict()
+
     def import_rows(self, keys, values, slots=None, counts=None, last_seen=None, versions=None,
                     replace: bool = False) -> tf.Operation:
         """Inserts or overwrites rows (missing metadata starts at zero)."""
@@ -145,9 +153,26 @@ class Table:
         return ops.graphmod_table_clear(self.handle)
 
 
+# The layout of a table in checkpoints, saved as `<name>-format`. A change
+# to the entries below gets a new number; restoring a number this version
+# does not read fails with a message naming the table and both numbers.
+CHECKPOINT_FORMAT = 1
+
+
+def _format_constant(graph: tf.Graph) -> tf.Tensor:
+    """One constant per graph that every table's saveable saves."""
+    state = graph_state(graph)
+    if state.format_constant is None:
+        with graph.control_dependencies(None), tf1.name_scope(None):
+            state.format_constant = tf.constant(CHECKPOINT_FORMAT, tf.int64,
+                                                name="graphmod/checkpoint_format")
+    return state.format_constant
+
+
 class _TableSaveable(saveable_object.SaveableObject):
-    """Saves a table as checkpoint entries `<name>-keys`, `-values`, ... and
-    the ids counted towards admission as `<name>-pending_keys`, ...
+    """Saves a table as checkpoint entries `<name>-keys`, `-values`, ..., the
+    ids counted towards admission as `<name>-pending_keys`, ..., and the
+    format number `<name>-format`.
 
     Restoring replaces the table's contents with the checkpoint's.
     """
@@ -156,18 +181,25 @@ class _TableSaveable(saveable_object.SaveableObject):
 
     def __init__(self, table: Table):
         self.table = table
-        exported = table.export(0)
-        pending = ops.graphmod_table_export_pending(table.handle)._asdict()
+        everything = tf.constant(0, tf.int64, name=f"graphmod/{table.name}/save/since")
+        exported, pending = table.export(everything), table.export_pending(everything)
         specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
                  for f in self.FIELDS]
         specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
                   for f in self.PENDING]
+        specs.append(saveable_object.SaveSpec(_format_constant(table.graph), "",
+                                              f"{table.name}-format"))
         super().__init__(table.handle, specs, table.name)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        keys, values, slots, counts, last_seen, versions = restored_tensors[:6]
+        n, p = len(self.FIELDS), len(self.PENDING)
+        keys, values, slots, counts, last_seen, versions = restored_tensors[:n]
+        pending, checkpoint_format = restored_tensors[n:n + p], restored_tensors[n + p]
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
+            readable = _check_format(self.table, checkpoint_format)
+            with tf.control_dependencies([readable]):  # nothing changes before the check
+                keys = tf.identity(keys)
             if self.table.num_slots == 0:
                 # A table that keeps no optimizer slots (an eval or predict graph)
                 # restores from a training checkpoint by dropping them.
@@ -175,8 +207,60 @@ class _TableSaveable(saveable_object.SaveableObject):
             rows = ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
                                              last_seen, versions, replace=True)
             with tf.control_dependencies([rows]):  # the import clears the pending ids
-                return ops.graphmod_table_import_pending(self.table.handle,
-                                                         *restored_tensors[6:])
+                return ops.graphmod_table_import_pending(self.table.handle, *pending)
+
+
+class _TableDeltaSaveable(saveable_object.SaveableObject):
+    """What changed in a table since a save made at table version `since`
+    (an incremental checkpoint, graphmod.deltas): the rows updated or
+    inserted since (entries as _TableSaveable's), the keys removed since
+    (`<name>-removed_keys`, noted once graphmod.saver starts tracking), the
+    admission counts that changed and the whole sketch.
+
+    Restoring applies it on top of the table's contents: removals first,
+    then rows, then admission counts.
+    """
+
+    def __init__(self, table: Table, since: tf.Tensor):
+        self.table = table
+        with tf1.name_scope(f"graphmod/{table.name}/delta"):
+            after = since + 1  # rows a step after the save touched carry a later version
+            exported, pending = table.export(after), table.export_pending(after)
+            removed = ops.graphmod_table_export_removed(table.handle, since)
+        specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
+                 for f in _TableSaveable.FIELDS]
+        specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
+                  for f in _TableSaveable.PENDING]
+        specs.append(saveable_object.SaveSpec(removed, "", f"{table.name}-removed_keys"))
+        specs.append(saveable_object.SaveSpec(_format_constant(table.graph), "",
+                                              f"{table.name}-format"))
+        super().__init__(table.handle, specs, table.name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
+        keys, values, slots, counts, last_seen, versions = restored_tensors[:n]
+        pending = restored_tensors[n:n + p]
+        removed, checkpoint_format = restored_tensors[n + p:]
+        with tf1.name_scope(f"graphmod/{self.table.name}/restore_delta"):
+            readable = _check_format(self.table, checkpoint_format)
+            with tf.control_dependencies([readable]):
+                gone = ops.graphmod_table_remove(self.table.handle, removed)
+            if self.table.num_slots == 0:
+                slots = slots[:, :0, :]
+            with tf.control_dependencies([gone]):
+                rows = ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
+                                                 last_seen, versions, replace=False)
+            with tf.control_dependencies([rows]):
+                return ops.graphmod_table_import_pending(self.table.handle, *pending)
+
+
+def _check_format(table: Table, checkpoint_format: tf.Tensor) -> tf.Operation:
+    return tf.debugging.Assert(
+        tf.equal(checkpoint_format, CHECKPOINT_FORMAT),
+        [f"graphmod: table '{table.name}' is saved in checkpoint format", checkpoint_format,
+         f"; this graphmod reads format {CHECKPOINT_FORMAT} (a checkpoint from a newer "
+         "graphmod?)"])
 
 
 def _saveable_to_proto(saveable, export_scope=None):

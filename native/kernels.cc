@@ -307,8 +307,11 @@ class ExportPendingOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& min_version = ctx->input(1);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(min_version.shape()),
+                TableError(*t, "min_version must be a scalar"));
     Status status;
-    t->ExportPending([&](int64_t n, int64_t sketch) {
+    t->ExportPending(min_version.scalar<int64_t>()(), [&](int64_t n, int64_t sketch) {
       PendingBuffers out;
       Tensor* tensors[4];
       for (int i = 0; i < 4 && status.ok(); ++i)
@@ -347,6 +350,34 @@ class ImportPendingOp : public TableKernel {
   }
 };
 
+class TrackRemovalsOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = t->TrackRemovals();
+  }
+};
+
+class ExportRemovedOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& since = ctx->input(1);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(since.shape()),
+                TableError(*t, "`since` must be a scalar, got shape " +
+                                   since.shape().DebugString()));
+    Status status;
+    t->ExportRemoved(since.scalar<int64_t>()(), [&](int64_t n) -> int64_t* {
+      Tensor* out;
+      status = ctx->allocate_output(0, TensorShape({n}), &out);
+      return status.ok() ? out->flat<int64_t>().data() : nullptr;
+    });
+    OP_REQUIRES_OK(ctx, status);
+  }
+};
+
 class ClearOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
@@ -365,6 +396,8 @@ REGISTER_KERNEL_BUILDER(Name("GraphmodTableClear").Device(DEVICE_CPU), ClearOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableEvict").Device(DEVICE_CPU), EvictOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableExportPending").Device(DEVICE_CPU), ExportPendingOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableImportPending").Device(DEVICE_CPU), ImportPendingOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableTrackRemovals").Device(DEVICE_CPU), TrackRemovalsOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableExportRemoved").Device(DEVICE_CPU), ExportRemovedOp);
 
 }  // namespace
 }  // namespace graphmod

@@ -213,6 +213,7 @@ REGISTER_OP("GraphmodTableEvict")
 
 REGISTER_OP("GraphmodTableExportPending")
     .Input("table: resource")
+    .Input("min_version: int64")
     .Output("keys: int64")
     .Output("counts: int64")
     .Output("last_seen: int64")
@@ -222,8 +223,9 @@ REGISTER_OP("GraphmodTableExportPending")
       for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
       return ::tensorflow::OkStatus();
     })
-    .Doc("Keys counted towards admission that have no row yet, with their counts; the "
-         "admission sketch's counters (empty when counting exactly).");
+    .Doc("Keys counted towards admission that have no row yet, counted at version >= "
+         "min_version, with their counts; the admission sketch's counters (empty when "
+         "counting exactly).");
 
 REGISTER_OP("GraphmodTableImportPending")
     .Input("table: resource")
@@ -242,6 +244,25 @@ REGISTER_OP("GraphmodTableRemove")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Removes the rows of keys; returns how many existed.");
+
+REGISTER_OP("GraphmodTableTrackRemovals")
+    .Input("table: resource")
+    .Output("version: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("From now on notes every key that loses its row or admission count (incremental "
+         "checkpoints' tombstones); returns the table's version.");
+
+REGISTER_OP("GraphmodTableExportRemoved")
+    .Input("table: resource")
+    .Input("since: int64")
+    .Output("keys: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Keys removed at version >= since (noted since TrackRemovals); forgets older notes.");
 
 REGISTER_OP("GraphmodTableClear")
     .Input("table: resource")

@@ -340,8 +340,18 @@ struct EmbeddingTable::Shard {
   struct Pending {
     uint32_t count;
     int64_t last_seen;
+    int64_t version = 0;  // as a row's: the version of the step that last counted it
   };
   std::unordered_map<int64_t, Pending> pending;
+  // Incremental checkpoints' tombstones: from TrackRemovals() on, every key
+  // that loses its row or its pending count, with the table version then.
+  bool track_removals = false;
+  std::vector<std::pair<int64_t, int64_t>> removed;
+  const std::atomic<int64_t>* table_version = nullptr;
+
+  void NoteRemoved(int64_t key) {
+    if (track_removals) removed.emplace_back(key, table_version->load(std::memory_order_relaxed));
+  }
   // Or, with TableConfig::sketch_width, a count-min sketch: kSketchRows rows
   // of sketch_cols counters; a key's count is the least of its counters.
   static constexpr int kSketchRows = 4;
@@ -597,6 +607,7 @@ struct EmbeddingTable::Shard {
   }
 
   void Erase(size_t slot) {
+    NoteRemoved(Header(Record(Row(slot)))->key);
     free_rows.push_back(Row(slot));
     ++generation[Row(slot)];
     Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
@@ -606,6 +617,11 @@ struct EmbeddingTable::Shard {
   }
 
   void Reset() {
+    if (track_removals) {
+      for (size_t slot = 0; slot < groups * kGroup; ++slot)
+        if (Ctrl(slot) >= 0) NoteRemoved(Header(Record(Row(slot)))->key);
+      for (const auto& entry : pending) NoteRemoved(entry.first);
+    }
     index_memory.reset();
     index = nullptr;
     if (max_rows >= 0) table_rows->fetch_sub(static_cast<int64_t>(used));
@@ -703,6 +719,7 @@ EmbeddingTable::EmbeddingTable(TableConfig config) : config_(std::move(config)) 
     shards_.emplace_back(new Shard);
     shards_.back()->stride = stride_;
     shards_.back()->table_rows = &rows_;
+    shards_.back()->table_version = &version_;
     shards_.back()->max_rows = config_.max_rows;
     shards_.back()->when_full = config_.when_full;
     if (config_.sketch_width > 0) {
@@ -928,6 +945,7 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
               seen = AddCount(pending->count, 1);
               pending->count = static_cast<uint32_t>(seen);
               pending->last_seen = std::max(pending->last_seen, now);
+              pending->version = version;
             }
             if (seen < threshold) continue;
             bool made_room = false;
@@ -1244,6 +1262,8 @@ int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
     if (found) {
       shard.Erase(slot);
       ++removed;
+    } else if (shard.pending.erase(keys[i]) > 0) {
+      shard.NoteRemoved(keys[i]);  // its admission count starts over too
     }
   }
   return removed;
@@ -1264,8 +1284,14 @@ int64_t EmbeddingTable::Evict(int64_t before) {
       shard.Erase(slot);
       ++removed;
     }
-    for (auto it = shard.pending.begin(); it != shard.pending.end();)
-      it = it->second.last_seen < before ? shard.pending.erase(it) : std::next(it);
+    for (auto it = shard.pending.begin(); it != shard.pending.end();) {
+      if (it->second.last_seen >= before) {
+        ++it;
+        continue;
+      }
+      shard.NoteRemoved(it->first);
+      it = shard.pending.erase(it);
+    }
     for (uint32_t& c : shard.sketch) c >>= 1;
   }
   evicted_ += removed;
@@ -1358,12 +1384,13 @@ int64_t EmbeddingTable::sketch_size() const {
 }
 
 void EmbeddingTable::ExportPending(
+    int64_t min_version,
     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const {
   std::vector<std::unique_lock<std::mutex>> locks;  // a consistent count and contents
   int64_t n = 0;
   for (const auto& s : shards_) {
     locks.emplace_back(s->mu);
-    n += static_cast<int64_t>(s->pending.size());
+    for (const auto& entry : s->pending) n += entry.second.version >= min_version;
   }
   const PendingBuffers out = alloc(n, sketch_size());
   // A failed allocator said so and returned no buffers.
@@ -1371,6 +1398,7 @@ void EmbeddingTable::ExportPending(
   int64_t i = 0, c = 0;
   for (const auto& s : shards_) {
     for (const auto& [key, p] : s->pending) {
+      if (p.version < min_version) continue;
       out.keys[i] = key;
       out.counts[i] = p.count;
       out.last_seen[i] = p.last_seen;
@@ -1412,6 +1440,34 @@ std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* co
     }
   }
   return "";
+}
+
+int64_t EmbeddingTable::TrackRemovals() {
+  std::vector<std::unique_lock<std::mutex>> locks;  // no removal goes unnoted or half-noted
+  for (auto& s : shards_) locks.emplace_back(s->mu);
+  for (auto& s : shards_) s->track_removals = true;
+  return version_.load();
+}
+
+void EmbeddingTable::ExportRemoved(int64_t since,
+                                   const std::function<int64_t*(int64_t n)>& alloc) {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  int64_t n = 0;
+  for (auto& s : shards_) {
+    locks.emplace_back(s->mu);
+    // Notes from before `since` are in the save made at `since`: forget them.
+    auto& log = s->removed;
+    log.erase(std::remove_if(log.begin(), log.end(),
+                             [since](const std::pair<int64_t, int64_t>& e) {
+                               return e.second < since;
+                             }),
+              log.end());
+    n += static_cast<int64_t>(log.size());
+  }
+  int64_t* out = alloc(n);
+  if (out == nullptr) return;  // a failed allocator said so
+  for (const auto& s : shards_)
+    for (const auto& e : s->removed) *out++ = e.first;
 }
 
 }  // namespace graphmod

@@ -189,7 +189,8 @@ class EmbeddingTable {
   // them all first, so a bad table changes no table).
   std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                          int64_t n) const;
-  // Removes the keys' rows (absent keys are ignored); returns rows removed.
+  // Removes the keys' rows, or the admission counts of keys without one
+  // (absent keys are ignored); returns rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
   // Removes every row and pending key last seen before `before`; returns the
   // rows removed. A sketch's counters are halved instead (they age).
@@ -205,8 +206,18 @@ class EmbeddingTable {
   std::string Import(const int64_t* keys, const float* values, const float* slots,
                      const int64_t* counts, const int64_t* last_seen,
                      const int64_t* versions, int64_t n, bool replace);
-  // Writes every pending key and the sketch; alloc(n, sketch size) as for Export.
-  void ExportPending(const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const;
+  // Writes every pending key counted at version >= min_version (0: all) and
+  // the whole sketch; alloc(n, sketch size) as for Export.
+  void ExportPending(int64_t min_version,
+                     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const;
+  // Incremental checkpoints. From TrackRemovals() on (it returns version()),
+  // every key that loses its row or pending count (Remove, Evict, eviction
+  // when full, Clear) is noted with the version then. ExportRemoved(since)
+  // writes the keys noted at version >= since (a delta's tombstones after a
+  // save made at version `since`) and forgets older notes, which that save
+  // holds; alloc(n) returns where to write, or null after a failure.
+  int64_t TrackRemovals();
+  void ExportRemoved(int64_t since, const std::function<int64_t*(int64_t n)>& alloc);
   // Sets the admission counts of keys that have no row (keys with a row are
   // skipped) and, when sketch_count > 0, the sketch's counters (sketch_count
   // must then be this table's sketch_size(); a table without a sketch ignores

@@ -375,7 +375,7 @@ void TestAdmission() {
   CHECK(c.rows == 2 && c.admitted == 2 && c.pending == 2 && c.rejected == 2 + 2 + 3 && c.latest == 6);
   // Pending counts round-trip: 11 (seen twice) is admitted on its next sighting.
   std::vector<int64_t> keys, counts, seen;
-  t.ExportPending([&](int64_t n, int64_t sketch) {
+  t.ExportPending(0, [&](int64_t n, int64_t sketch) {
     CHECK(sketch == 0);
     keys.resize(n), counts.resize(n), seen.resize(n);
     return graphmod::PendingBuffers{keys.data(), counts.data(), seen.data(), nullptr};
@@ -406,7 +406,7 @@ void TestSketchAdmission() {
   t.FindOrInsert(twice, 2, 0, 3, values.data(), nullptr, graphmod::SerialRunner);
   CHECK(t.size() == 50 && t.counters().pending == 0);
   std::vector<int32_t> sketch;
-  t.ExportPending([&](int64_t n, int64_t size) {
+  t.ExportPending(0, [&](int64_t n, int64_t size) {
     CHECK(n == 0);
     sketch.resize(size);
     return graphmod::PendingBuffers{nullptr, nullptr, nullptr, sketch.data()};

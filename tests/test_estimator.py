@@ -21,7 +21,7 @@ ModeKeys = tf_estimator.estimator.ModeKeys
 
 FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
 ENTRIES = FIELDS + ("pending_keys", "pending_counts", "pending_last_seen",  # in checkpoints
-                    "pending_sketch")
+                    "pending_sketch", "format")
 DIM = 5  # no dense layer below has a dimension of 5, so a [rows, 5] variable would stand out
 # Small initial rows: ids first seen at eval time then add little noise.
 INIT = graphmod.TableInitializer("truncated_normal", 0.0, 0.05)

@@ -235,6 +235,40 @@ def test_restore_into_wrong_dim_names_the_table_and_fails():
                 tf1.train.Saver().restore(sess, ckpt)
 
 
+def test_a_checkpoint_format_this_version_cannot_read_is_refused_naming_the_table():
+    """Every table saves its format number; a newer one fails the restore with
+    a message naming the table and both numbers, and leaves the table as it was."""
+    ckpt = os.path.join(tempfile.mkdtemp(), "model")
+    with tf.Graph().as_default():
+        table = graphmod.create_table("item", 4)
+        rows = graphmod.sparse_lookup(table, tf.constant([1, 2], tf.int64), is_training=True)
+        with tf1.Session() as sess:
+            sess.run(rows)
+            tf1.train.Saver().save(sess, ckpt)
+    reader = tf.train.load_checkpoint(ckpt)
+    assert reader.get_tensor("item-format") == graphmod.table.CHECKPOINT_FORMAT == 1
+    newer = os.path.join(tempfile.mkdtemp(), "newer")
+    names = sorted(reader.get_variable_to_shape_map())
+    values = [np.int64(2) if n == "item-format" else reader.get_tensor(n) for n in names]
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        sess.run(tf.raw_ops.SaveV2(prefix=newer, tensor_names=names,
+                                   shape_and_slices=[""] * len(names), tensors=values))
+    with tf.Graph().as_default():
+        table = graphmod.create_table("item", 4)
+        rows = graphmod.sparse_lookup(table, tf.constant([7], tf.int64), is_training=True)
+        size = table.size()
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            sess.run(rows)
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"(?s)table .{1,2}item.{1,2} is saved in checkpoint format.*2.*"
+                                     r"reads format 1"):
+                saver.restore(sess, newer)
+            assert sess.run(size) == 1  # the row of key 7, not the checkpoint's
+            saver.restore(sess, ckpt)
+            assert sess.run(size) == 2
+
+
 # ------------------------------------------------------------------ determinism
 
 

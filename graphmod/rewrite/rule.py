@@ -36,6 +36,6 @@ class Context:
     dense_bytes_freed: int = 0
     # single-table op type -> [ops fused, fused ops built] (fuse_table_ops)
     fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
-    # variables whose tables adopt their rows from a dense checkpoint (dense_adoption)
+    # variables whose tables adopt their rows from a dense checkpoint (table_saver)
     adopted: List[str] = dataclasses.field(default_factory=list)
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)

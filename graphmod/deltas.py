@@ -1,0 +1,167 @@
+"""The chain of incremental checkpoints (deltas) after a full checkpoint.
+
+Each full checkpoint `<dir>/model.ckpt-100` may have a chain of deltas in
+`<dir>/graphmod/deltas/model.ckpt-100/`:
+  manifest.json                        the committed deltas, in order, with checksums
+  delta-000001.index, .data-00000-of-00001 ...  each a TF checkpoint (graphmod.saver)
+A delta is written under a temporary name, checksummed, renamed to its name,
+and only then listed in the manifest, which is itself replaced by an atomic
+rename: the manifest is the commit point. A crash at any moment leaves the
+manifest listing complete deltas only (stray files are removed when the chain
+continues); a delta whose files are missing or differ from their checksums
+is reported, and a restore stops before it.
+
+>>> for prefix in deltas.committed("/model/model.ckpt-100"): ...
+"""
+import json
+import os
+import uuid
+import zlib
+from typing import List, Optional, Tuple
+
+import tensorflow as tf
+from absl import logging
+
+FORMAT = 1
+_DATA = ".data-00000-of-00001"
+
+
+def directory(base: str) -> str:
+    """Where the deltas of the full checkpoint at prefix `base` live."""
+    head, name = os.path.split(base)
+    return os.path.join(head, "graphmod", "deltas", name)
+
+
+def delta_name(index: int) -> str:
+    return f"delta-{index:06d}"
+
+
+def _crc(path: str) -> int:
+    crc = 0
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                return crc
+            crc = zlib.crc32(block, crc)
+
+
+def _sync(path: str) -> None:
+    """Flushes a local file (or directory) to disk; other file systems'
+    writes are durable once closed."""
+    if "://" in path:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(base: str) -> List[dict]:
+    """The committed deltas of `base` (none when there is no manifest; an
+    unreadable one is reported and counts as none)."""
+    path = os.path.join(directory(base), "manifest.json")
+    if not tf.io.gfile.exists(path):
+        return []
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            manifest = json.load(f)
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')}, this graphmod reads {FORMAT}")
+        return list(manifest["deltas"])
+    except (ValueError, KeyError, TypeError) as e:
+        logging.error("graphmod: the delta manifest %s is unreadable (%s): restoring %s "
+                      "without its deltas", path, e, base)
+        return []
+
+
+def _write_manifest(base: str, entries: List[dict]) -> None:
+    folder = directory(base)
+    path = os.path.join(folder, "manifest.json")
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        json.dump(dict(format=FORMAT, base=os.path.basename(base), deltas=entries), f, indent=1)
+    _sync(tmp)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+    _sync(folder)
+
+
+def committed(base: str) -> List[str]:
+    """Prefixes of `base`'s deltas to apply in order: the manifest's, up to
+    the first whose files are missing or fail their checksums (reported)."""
+    out = []
+    folder = directory(base)
+    for i, entry in enumerate(read_manifest(base)):
+        prefix = os.path.join(folder, entry["name"])
+        bad = [name for name, crc in entry["files"].items()
+               if not tf.io.gfile.exists(os.path.join(folder, name))
+               or _crc(os.path.join(folder, name)) != crc]
+        if bad:
+            logging.error("graphmod: delta %s of %s is torn or corrupt (%s fail their "
+                          "checksums): the restore stops at the delta before it (%d of %d "
+                          "applied)", entry["name"], base, ", ".join(bad), i,
+                          len(read_manifest(base)))
+            break
+        out.append(prefix)
+    return out
+
+
+def temp_prefix(base: str, index: int) -> str:
+    folder = directory(base)
+    tf.io.gfile.makedirs(folder)
+    return os.path.join(folder, f".tmp-{delta_name(index)}-{uuid.uuid4().hex[:8]}")
+
+
+def publish(base: str, tmp: str, index: int, step: int) -> str:
+    """Renames the delta written at prefix `tmp` to delta `index` of `base`
+    and commits it in the manifest; returns its prefix."""
+    folder = directory(base)
+    entries = read_manifest(base)
+    if len(entries) != index - 1:
+        raise RuntimeError(f"graphmod: delta {index} of {base} would follow {len(entries)} "
+                           f"committed deltas")
+    name = delta_name(index)
+    files = {}
+    for suffix in (".index", _DATA):
+        _sync(tmp + suffix)
+        files[name + suffix] = _crc(tmp + suffix)
+        tf.io.gfile.rename(tmp + suffix, os.path.join(folder, name + suffix), overwrite=True)
+    _write_manifest(base, entries + [dict(name=name, step=int(step), files=files)])
+    return os.path.join(folder, name)
+
+
+def truncate(base: str, keep: int) -> None:
+    """Continues `base`'s chain after its first `keep` deltas: the manifest
+    lists only those, and every other file in the folder (deltas after them,
+    half-written temporaries) is removed."""
+    folder = directory(base)
+    if not tf.io.gfile.isdir(folder):
+        return
+    entries = read_manifest(base)[:keep]
+    if len(entries) != len(read_manifest(base)):
+        _write_manifest(base, entries)
+    kept = {name for e in entries for name in e["files"]} | {"manifest.json"}
+    for name in tf.io.gfile.listdir(folder):
+        if name not in kept:
+            tf.io.gfile.remove(os.path.join(folder, name))
+
+
+def remove_orphans(checkpoint_dir: str) -> List[str]:
+    """Removes the delta chains whose full checkpoint is gone (deleted by the
+    Saver's max_to_keep); returns their names."""
+    root = os.path.join(checkpoint_dir, "graphmod", "deltas")
+    if not tf.io.gfile.isdir(root):
+        return []
+    gone = []
+    for name in tf.io.gfile.listdir(root):
+        name = name.rstrip("/")
+        if not tf.io.gfile.exists(os.path.join(checkpoint_dir, name) + ".index"):
+            tf.io.gfile.rmtree(os.path.join(root, name))
+            gone.append(name)
+    return gone
+
+
+def chain_of(save_path: Optional[str]) -> Tuple[Optional[str], int]:
+    """(base, committed deltas) of a full checkpoint prefix."""
+    return (save_path, len(read_manifest(save_path))) if save_path else (None, 0)

@@ -1,0 +1,93 @@
+"""Rule: the graph's Saver becomes graphmod.saver.TableSaver, which restores a
+table checkpoint with its incremental deltas and adopts dense checkpoints.
+
+Matches every conversion: the deferred Saver an Estimator put in the SAVERS
+collection (or, when there is none, the default Scaffold would create) is
+replaced by a TableSaver with the same settings. A graph whose Saver is built
+already, or that has several, keeps it (its checkpoints then have no deltas).
+
+Adoption: the first thing an existing user does is add the hook to a
+model_dir trained without it. A converted variable whose name is in the
+latest checkpoint (and its table's entries are not) is adopted: the
+TableSaver's restore imports its trained rows (row i as key i) and optimizer
+slots into the table, and restores everything else as usual, so the model
+right after adoption computes what the dense model did.
+Refuses (the variable stays dense, as the checkpoint holds it):
+- ids squeezed by a hash bucket or modulo while keys are collision-free: a
+  table keyed by full ids has no row for "bucket i" (collision_free=False
+  adopts it, keyed by bucket);
+- a part of a partitioned variable (its rows are a slice of the checkpoint's);
+- a training graph whose checkpoint lacks one of the table's optimizer slots
+  (the dense model could not restore it either);
+- a graph whose Saver cannot become a TableSaver (see above).
+"""
+from typing import List
+
+import tensorflow as tf
+
+from graphmod import saver as table_saver
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context, Refused
+
+NAME = "table_saver"
+
+
+def checkpoint_name(v: tf.Variable) -> str:
+    """A variable's name in checkpoints (a partitioned variable's parts are
+    saved as slices of the whole)."""
+    info = getattr(v, "_save_slice_info", None)
+    return info.full_name if info is not None else v.op.name
+
+
+def held_densely(conversion: Conversion, context: Context) -> bool:
+    names = context.checkpoint_names
+    return (checkpoint_name(conversion.variable) in names
+            and f"{conversion.table_name}-keys" not in names)
+
+
+def _slot_names(conversion: Conversion) -> List[str]:
+    slots = conversion.translation.slot_vars if conversion.translation is not None else []
+    return [checkpoint_name(s) for s in slots]
+
+
+def _squeezed(conversion: Conversion) -> bool:
+    if conversion.unsqueezed is not None:  # a replayed plan says
+        return bool(conversion.unsqueezed)
+    from graphmod.rewrite_rules.collisionless_keys import sources
+    return bool(sources([g.ids for g in conversion.gathers]))
+
+
+def check(conversion: Conversion, context: Context) -> None:
+    if not held_densely(conversion, context):
+        return
+    v = conversion.variable
+    why = " (the checkpoint in model_dir holds it densely)"
+    if getattr(v, "_save_slice_info", None) is not None:
+        raise Refused("adopting a part of a partitioned variable is not built" + why)
+    if context.collision_free and _squeezed(conversion):
+        raise Refused("its ids are squeezed into hash buckets and its table would hold full "
+                      "ids, which no bucket row can be adopted as (collision_free=False "
+                      "adopts it, keyed by bucket)" + why)
+    missing = [n for n in _slot_names(conversion) if n not in context.checkpoint_names]
+    if conversion.training and missing:
+        raise Refused(f"its optimizer slots {', '.join(missing)} are not in the checkpoint" + why)
+    try:
+        table_saver.replaceable_saver(context.graph)
+    except table_saver.NotReplaceable as e:
+        raise Refused(f"{e}, which cannot restore its table from the checkpoint" + why) from None
+
+
+def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
+    if not conversions:
+        return
+    try:
+        table_saver.replaceable_saver(context.graph)
+    except table_saver.NotReplaceable:
+        return  # no conversion was adopted (check refused them): the graph's Saver stays
+    adopted = [c for c in conversions if held_densely(c, context)]
+    with rw.rule(NAME):
+        table_saver.install(rw, context.graph, [
+            table_saver.Adoption(c.table, checkpoint_name(c.variable),
+                                 _slot_names(c) if c.table.num_slots else [], c.rows)
+            for c in adopted])
+    context.adopted.extend(c.variable.op.name for c in adopted)
