@@ -24,11 +24,12 @@ from graphmod.features import FeatureSpec, use_feature_specs  # noqa: E402
 from graphmod.rewrite.plan import TableSettings  # noqa: E402
 from graphmod.export import export_saved_model  # noqa: E402
 from graphmod.hooks.evict import EvictHook  # noqa: E402
+from graphmod.hooks.incremental_save import IncrementalSaveHook  # noqa: E402
 from graphmod.hooks.graph_modifier import GraphModifierHook
 from graphmod.rewrite.report import RewriteReport  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["GraphModifierHook", "EvictHook", "export_saved_model", "RewriteReport",
+__all__ = ["GraphModifierHook", "EvictHook", "IncrementalSaveHook", "export_saved_model", "RewriteReport",
            "TableSettings", "FeatureSpec", "use_feature_specs", "create_table",
            "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup", "TableInitializer", "tables",
            "training_lookups"]

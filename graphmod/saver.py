@@ -59,6 +59,7 @@ class TableSaver(tf1.train.Saver):
         super().__init__(defer_build=True, **saver_kwargs)
         self.adoptions = list(adoptions or [])
         self.chain: Tuple[Optional[str], int] = (None, 0)
+        self.restored: Tuple[Optional[str], int] = (None, 0)  # what the last restore applied
         # Per table, the version of the last save (full or delta) since
         # which a delta holds the changes; set once removals are tracked.
         self.marks: Optional[Dict[str, int]] = None
@@ -160,7 +161,7 @@ class TableSaver(tf1.train.Saver):
             if applied:
                 logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
                              applied)
-        self.chain = (save_path, applied)
+        self.chain = self.restored = (save_path, applied)
 
     def _adopt(self, sess, save_path: str) -> None:
         fetches = list(self._adopt_ops)
@@ -214,8 +215,9 @@ class TableSaver(tf1.train.Saver):
 
     def continue_chain(self) -> None:
         """Drops what follows the deltas this session restored (a torn
-        delta, or uncommitted files), so the next delta extends them."""
-        base, count = self.chain
+        delta, or uncommitted files): a delta written after them must not
+        be read after those."""
+        base, count = self.restored
         if base is not None:
             deltas.truncate(base, count)
 

@@ -25,6 +25,7 @@ from absl import logging
 
 from graphmod import features
 from graphmod.hooks.evict import EvictHook
+from graphmod.hooks.incremental_save import IncrementalSaveHook
 from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite.plan import RewriteSettings, TableSettings
 from graphmod.rewrite.report import RewriteReport
@@ -100,6 +101,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         timestamp instead of the wall clock.
       evict_time_interval, evict_step_interval: when tables with an
         eviction_threshold evict while training (see graphmod.EvictHook).
+      incremental_every_steps, incremental_every_secs: when training writes
+        incremental checkpoints (deltas) between the Estimator's full ones
+        (see graphmod.IncrementalSaveHook); None for both: no deltas.
 
     Only training decides what converts: evaluate, predict, export and resumes
     replay the plan training saved in model_dir (settings given to a later
@@ -110,7 +114,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  collision_free: bool = True, exact: bool = False, dump_graph: bool = False,
                  full_check: bool = False, model_dir: Optional[str] = None,
                  timestamp_feature=None, evict_time_interval: Optional[float] = 86400,
-                 evict_step_interval: Optional[int] = None):
+                 evict_step_interval: Optional[int] = None,
+                 incremental_every_steps: Optional[int] = None,
+                 incremental_every_secs: Optional[float] = None):
         if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
             raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
         table_settings = {}
@@ -138,6 +144,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self.evict_hook = EvictHook(evict_time_interval is not None or
                                     evict_step_interval is not None,
                                     evict_time_interval, evict_step_interval)
+        self.incremental_hook = (
+            IncrementalSaveHook(incremental_every_steps, incremental_every_secs)
+            if incremental_every_steps is not None or incremental_every_secs is not None
+            else None)
         self.report: Optional[RewriteReport] = None
         self._counters = {}
 
@@ -176,18 +186,35 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                                            if t.name in self._counters
                                            and features.policy_of(t).evicts]
             self.evict_hook.begin()
+            if self.incremental_hook is not None:
+                self.incremental_hook.begin()
 
-    # The EvictHook runs inside this hook, in training graphs with tables to evict.
+    # The EvictHook and IncrementalSaveHook run inside this hook, in training
+    # graphs with tables.
+    def _driven(self):
+        if not self._counters:
+            return []
+        return [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
+
     def after_create_session(self, session, coord) -> None:
-        if self._counters:
-            self.evict_hook.after_create_session(session, coord)
+        for hook in self._driven():
+            hook.after_create_session(session, coord)
 
     def before_run(self, run_context):
-        return self.evict_hook.before_run(run_context) if self._counters else None
+        args = [(i, h.before_run(run_context)) for i, h in enumerate(self._driven())]
+        args = [(i, a) for i, a in args if a is not None]
+        if not args:
+            return None
+        feeds = {}
+        for _, a in args:
+            feeds.update(a.feed_dict or {})
+        return tf1.train.SessionRunArgs({i: a.fetches for i, a in args}, feed_dict=feeds or None)
 
     def after_run(self, run_context, run_values) -> None:
-        if self._counters:
-            self.evict_hook.after_run(run_context, run_values)
+        results = run_values.results or {}
+        for i, hook in enumerate(self._driven()):
+            hook.after_run(run_context, tf1.train.SessionRunValues(
+                results.get(i), run_values.options, run_values.run_metadata))
 
     def end(self, session) -> None:
         if not self._counters:
