@@ -4,7 +4,8 @@
 
 The serving graph is rewritten by the same pipeline as training, replaying
 the conversion plan training saved in the Estimator's model_dir, so it reads
-the same tables with the same keys. The SavedModel serves in any process that
+the same tables with the same keys, restored from the latest full checkpoint
+and its incremental deltas. The SavedModel serves in any process that
 has imported graphmod (which loads the table ops):
 tf.compat.v1.saved_model.load(sess, ["serve"], path).
 """
@@ -25,6 +26,7 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
     from graphmod.rewrite import plan_file
     from graphmod.rewrite.pipeline import rewrite
     from graphmod.rewrite.plan import RewriteSettings
+    from graphmod.saver import TableSaver
 
     if plan_file.read(estimator.model_dir) is None:
         logging.warning("graphmod: %s holds no conversion plan (not trained with "
@@ -34,9 +36,16 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
 
     def call_and_rewrite(*args, **kw):
         spec = call_model_fn(*args, **kw)
-        report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "predict",
-                         estimator.model_dir)
+        graph = tf.compat.v1.get_default_graph()
+        report = rewrite(graph, RewriteSettings(), "predict", estimator.model_dir)
         report.log()
+        # The export restores with the scaffold's Saver (or a plain one it
+        # makes): the rewrite's TableSaver also applies the checkpoint's deltas.
+        savers = [s for s in graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+                  if isinstance(s, TableSaver)]
+        if savers and spec.scaffold.saver is None:
+            spec = spec._replace(scaffold=tf.compat.v1.train.Scaffold(
+                saver=savers[0], copy_from_scaffold=spec.scaffold))
         return spec
 
     estimator._call_model_fn = call_and_rewrite  # pylint: disable=protected-access

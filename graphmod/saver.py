@@ -148,6 +148,8 @@ class TableSaver(tf1.train.Saver):
         return bool(dense)
 
     def restore(self, sess, save_path):
+        if self.saver_def is None:
+            self.build()  # an export restores without finalizing a Scaffold
         if self.adoptions and save_path is not None and self.holds_tables_densely(save_path):
             self._adopt(sess, save_path)
         else:

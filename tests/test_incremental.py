@@ -20,7 +20,6 @@ import sys
 import time
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import graphmod
@@ -48,6 +47,8 @@ def model_fn(features, labels, mode):
                            initializer=tf1.random_normal_initializer(stddev=0.1))
     bias = tf1.get_variable("bias", [1], initializer=tf1.zeros_initializer())
     logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, features["item"][:, 0]), 1) + bias
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     train_op = tf1.train.AdagradOptimizer(0.2).minimize(loss, tf1.train.get_global_step())
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
@@ -149,6 +150,27 @@ def test_full_checkpoint_plus_deltas_restore_the_state_at_the_last_delta(tmp_pat
     gone = set(snaps.states[3]["rows/keys"]) - set(state["rows/keys"])
     assert gone and gone <= set(delta.get_tensor("item_emb-removed_keys"))
     assert delta.get_tensor("global_step") == 16  # dense variables whole
+
+
+def test_evaluate_predict_and_export_restore_the_deltas_too(tmp_path):
+    """A SavedModel exported from full checkpoint + deltas serves the rows of
+    the last delta (its graph has the table without optimizer slots)."""
+    snaps = train_with_snapshots(tmp_path)
+    state = snaps.states[4]
+
+    def receiver():
+        ph = tf1.placeholder(tf.int64, [None, 1], name="item")
+        return tf.estimator.export.ServingInputReceiver({"item": ph}, {"item": ph})
+
+    path = graphmod.export_saved_model(estimator(tmp_path / "snaps" / "after_delta_4"),
+                                       receiver, str(tmp_path / "export")).decode()
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        tf1.saved_model.load(sess, ["serve"], path)
+        (table,) = graphmod.tables()
+        rows = sess.run(table.export())
+    order = np.argsort(rows["keys"])
+    np.testing.assert_array_equal(rows["keys"][order], state["rows/keys"])
+    np.testing.assert_array_equal(rows["values"][order], state["rows/values"])
 
 
 def test_a_torn_delta_stops_the_restore_and_training_continues_the_chain(tmp_path):
