@@ -1,0 +1,167 @@
+"""Checkpoint benchmark: full saves against incremental deltas, and the restore
+of a full checkpoint with its chain.
+
+One table of 5M keys, dim 16, Adagrad (one slot), filled by training
+lookups and applies; between saves a step updates 1% of the keys (50,000:
+half already in the table, half new) and evicts nothing. Per round: a full
+save (seconds, bytes, the process's peak extra RSS while saving, sampled
+every millisecond), then 10 deltas each after such a step (seconds, bytes),
+then a restore of the full checkpoint and its 10 deltas into a fresh session
+(seconds), checked to hold every key. Figures are medians (min-max) over the
+rounds; the ratios say what a delta costs against a full save.
+
+Usage: python benchmarks/checkpoint.py [--keys 5000000] [--rounds 3] [--json out.json]
+"""
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import machine, spread, write_json  # noqa: E402
+
+tf1 = tf.compat.v1
+DIM, BATCH, DELTAS = 16, 500_000, 10
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """The largest RSS above the starting one while the block runs."""
+
+    def __enter__(self):
+        self.start, self.peak, self._stop = rss_bytes(), 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes() - self.start)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes() - self.start)
+
+
+def files_bytes(prefix: str) -> int:
+    folder, name = os.path.split(prefix)
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+               if f.startswith(name + ".") and not f.endswith(".meta"))
+
+
+def build(n_keys):
+    import graphmod
+    from graphmod.saver import TableSaver
+    step = tf1.train.get_or_create_global_step()
+    opt = graphmod.optimizers.Adagrad(0.1)
+    table = graphmod.create_table("bench", DIM, optimizer=opt)
+    ids = tf1.placeholder(tf.int64, [None])
+    rows = graphmod.sparse_lookup(table, ids, is_training=True)
+    train = tf.group(opt.minimize(tf.reduce_sum(rows * rows)), step.assign_add(1))
+    saver = TableSaver(sharded=True, max_to_keep=None)
+    saver.build()
+    return table, ids, train, saver, table.info()
+
+
+def one_round(args, rng):
+    out = {}
+    folder = tempfile.mkdtemp(prefix="graphmod_ckpt_bench_")
+    keys = np.arange(args.keys, dtype=np.int64) * 7919
+    with tf.Graph().as_default():
+        table, ids, train, saver, info = build(args.keys)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            for i in range(0, args.keys, BATCH):
+                sess.run(train, {ids: keys[i:i + BATCH]})
+            size, memory = sess.run([info["size"], info["memory_bytes"]])
+            out["table_bytes"] = float(memory)
+            prefix = os.path.join(folder, "model.ckpt")
+            with PeakRss() as peak:
+                t = time.perf_counter()
+                path = saver.save(sess, prefix, global_step=0)
+                out["full_s"] = time.perf_counter() - t
+            out["full_bytes"], out["full_peak_rss"] = float(files_bytes(path)), float(peak.peak)
+            saver.start_tracking(sess)
+            delta_s, delta_bytes, fresh = [], [], args.keys
+            for d in range(DELTAS):
+                changed = args.keys // 100
+                old = keys[rng.integers(0, args.keys, changed // 2)]
+                new = (np.arange(fresh, fresh + changed // 2, dtype=np.int64)) * 7919
+                fresh += changed // 2
+                sess.run(train, {ids: np.concatenate([old, new])})
+                t = time.perf_counter()
+                delta = saver.save_delta(sess, d + 1)
+                delta_s.append(time.perf_counter() - t)
+                delta_bytes.append(files_bytes(delta))
+            out["delta_s"], out["delta_bytes"] = float(np.median(delta_s)), float(
+                np.median(delta_bytes))
+            expected = sess.run(info["size"])
+    with tf.Graph().as_default():
+        table, ids, train, saver, info = build(args.keys)
+        with tf1.Session() as sess:
+            t = time.perf_counter()
+            saver.restore(sess, path)
+            out["restore_s"] = time.perf_counter() - t
+            restored = sess.run(info["size"])
+    assert restored == expected and saver.chain == (path, DELTAS), (restored, expected)
+    out["rows"] = float(size)
+    tf.io.gfile.rmtree(folder)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=5_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    tf1.disable_eager_execution()
+    tf1.logging.set_verbosity(tf1.logging.ERROR)
+    rng = np.random.default_rng(0)
+    runs = []
+    for r in range(args.rounds):
+        runs.append(one_round(args, rng))
+        x = runs[-1]
+        print(f"  round {r + 1}: full {x['full_s']:.2f} s {x['full_bytes'] / 2**20:.0f} MiB "
+              f"(peak extra RSS {x['full_peak_rss'] / 2**20:.0f} MiB), delta {x['delta_s']:.3f} s "
+              f"{x['delta_bytes'] / 2**20:.1f} MiB, restore full + {DELTAS} deltas "
+              f"{x['restore_s']:.2f} s", flush=True)
+    col = {k: [x[k] for x in runs] for k in runs[0]}
+    mib = [v / 2**20 for v in col["table_bytes"]]
+    print(f"\n{args.keys:,} keys, dim {DIM}, Adagrad; 1% of keys changed between saves; "
+          f"median (min-max) over {args.rounds} rounds")
+    print(f"  table in memory        {spread(mib, '{:.0f}')} MiB")
+    print(f"  full save              {spread(col['full_s'], '{:.2f}')} s, "
+          f"{spread([v / 2**20 for v in col['full_bytes']], '{:.0f}')} MiB, peak extra RSS "
+          f"{spread([v / 2**20 for v in col['full_peak_rss']], '{:.0f}')} MiB")
+    print(f"  delta save             {spread(col['delta_s'], '{:.3f}')} s, "
+          f"{spread([v / 2**20 for v in col['delta_bytes']], '{:.1f}')} MiB")
+    print(f"  restore full + {DELTAS} deltas {spread(col['restore_s'], '{:.2f}')} s")
+    ratios = dict(
+        delta_over_full_bytes=float(np.median([d / f for d, f in zip(col["delta_bytes"],
+                                                                    col["full_bytes"])])),
+        delta_over_full_seconds=float(np.median([d / f for d, f in zip(col["delta_s"],
+                                                                      col["full_s"])])),
+        full_peak_rss_over_table=float(np.median([p / t for p, t in zip(col["full_peak_rss"],
+                                                                       col["table_bytes"])])))
+    print(f"  delta / full: bytes {ratios['delta_over_full_bytes']:.3f}, time "
+          f"{ratios['delta_over_full_seconds']:.3f}; full save peak extra RSS / table "
+          f"{ratios['full_peak_rss_over_table']:.2f}")
+    if args.json:
+        write_json(args.json, dict(keys=args.keys, dim=DIM, runs=col, **ratios,
+                                   machine=machine(), date=time.strftime("%Y-%m-%d")))
+
+
+if __name__ == "__main__":
+    main()
