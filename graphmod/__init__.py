@@ -27,9 +27,10 @@ from graphmod.hooks.evict import EvictHook  # noqa: E402
 from graphmod.hooks.incremental_save import IncrementalSaveHook  # noqa: E402
 from graphmod.hooks.graph_modifier import GraphModifierHook
 from graphmod.rewrite.report import RewriteReport  # noqa: E402
+from graphmod.warm_start import WarmStartSettings  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["GraphModifierHook", "EvictHook", "IncrementalSaveHook", "export_saved_model", "RewriteReport",
-           "TableSettings", "FeatureSpec", "use_feature_specs", "create_table",
+           "TableSettings", "WarmStartSettings", "FeatureSpec", "use_feature_specs", "create_table",
            "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup", "TableInitializer", "tables",
            "training_lookups"]

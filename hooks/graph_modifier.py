@@ -18,7 +18,7 @@ at the end.
 """
 import inspect
 import os
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 from absl import logging
@@ -26,6 +26,7 @@ from absl import logging
 from graphmod import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
+from graphmod.warm_start import WarmStarter, WarmStartSettings
 from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite.plan import RewriteSettings, TableSettings
 from graphmod.rewrite.report import RewriteReport
@@ -104,6 +105,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
       incremental_every_steps, incremental_every_secs: when training writes
         incremental checkpoints (deltas) between the Estimator's full ones
         (see graphmod.IncrementalSaveHook); None for both: no deltas.
+      warm_start: a graphmod.WarmStartSettings: on a fresh start (model_dir
+        has no checkpoint yet), training starts tables and variables from
+        other models' checkpoints, with renaming and a key filter.
 
     Only training decides what converts: evaluate, predict, export and resumes
     replay the plan training saved in model_dir (settings given to a later
@@ -116,7 +120,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  timestamp_feature=None, evict_time_interval: Optional[float] = 86400,
                  evict_step_interval: Optional[int] = None,
                  incremental_every_steps: Optional[int] = None,
-                 incremental_every_secs: Optional[float] = None):
+                 incremental_every_secs: Optional[float] = None,
+                 warm_start: Optional[WarmStartSettings] = None):
         if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
             raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
         table_settings = {}
@@ -148,6 +153,12 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             IncrementalSaveHook(incremental_every_steps, incremental_every_secs)
             if incremental_every_steps is not None or incremental_every_secs is not None
             else None)
+        if warm_start is not None and not isinstance(warm_start, WarmStartSettings):
+            raise TypeError("GraphModifierHook: warm_start must be a graphmod.WarmStartSettings, "
+                            f"got {type(warm_start).__name__}")
+        self.warm_start = warm_start
+        self._warm_starter: Optional[WarmStarter] = None
+        self.warm_started: List[str] = []
         self.report: Optional[RewriteReport] = None
         self._counters = {}
 
@@ -156,6 +167,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
+        self._warm_starter = None
         estimator_dir, method = _estimator_call()
         # The plan lives beside the checkpoints it describes (the Estimator's
         # model_dir); model_dir= only redirects the reports and graph dumps.
@@ -180,6 +192,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             if before is not None:
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
                 tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
+        if mode == "train" and self.warm_start is not None and not (
+                model_dir and tf.train.latest_checkpoint(model_dir)):
+            self._warm_starter = WarmStarter(self.warm_start, graph)
         if self.report.counters:  # a training graph with tables
             self._counters = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
@@ -197,6 +212,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         return [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
 
     def after_create_session(self, session, coord) -> None:
+        # Before the Estimator's first checkpoint (its saver hook comes after
+        # the user's hooks), so a restart finds the warm-started state.
+        if self._warm_starter is not None:
+            self.warm_started = self._warm_starter.run(session)
         for hook in self._driven():
             hook.after_create_session(session, coord)
 

@@ -494,6 +494,14 @@ struct EmbeddingTable::Shard {
                                        : live + live / 2);
   }
 
+  // Makes room for n more keys at once. Import needs it: a checkpoint lists
+  // keys in index order, and inserting them so into an index that grows as
+  // they come piles each prefix into a few groups (probe chains as long as
+  // the table; a 5M-key restore took 55 s instead of 3).
+  void Reserve(size_t n) {
+    if ((used + deleted + n) * 8 > groups * kGroup * 7) Rehash(used + n);
+  }
+
   char* NewBlock(size_t bytes) {
     if (arena_bytes < kHugePage || bytes > kHugePage) {
       slabs.push_back(Allocate(bytes));
@@ -1349,6 +1357,7 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
   for (int s = 0; s < config_.num_shards; ++s) {
     Shard& shard = *shards_[s];
     std::lock_guard<std::mutex> lock(shard.mu);
+    shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]));
     for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
       const int64_t i = batch.order[p];
       bool added;

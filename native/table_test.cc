@@ -530,6 +530,82 @@ void TestValidation() {
 
 }  // namespace
 
+std::vector<int64_t> Removed(EmbeddingTable& t, int64_t since) {
+  std::vector<int64_t> keys;
+  t.ExportRemoved(since, [&](int64_t n) {
+    keys.resize(n);
+    return keys.data();
+  });
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// Incremental checkpoints' tombstones: nothing is noted before tracking
+// starts; then Remove (of rows and of pending counts), Evict and eviction by
+// a full table are, with the version then; ExportRemoved(since) lists the
+// notes at version >= since and forgets older ones; Clear notes every key.
+void TestRemovalTracking() {
+  TableConfig c = Config(2, 1);
+  c.max_rows = 64 * 16;  // 64 rows a shard
+  EmbeddingTable t(c);
+  std::vector<float> values(2 * 2000);
+  std::vector<int64_t> keys(2000);
+  for (int64_t k = 0; k < 100; ++k) keys[k] = k;
+  t.FindOrInsert(keys.data(), 100, 1, 1, values.data(), nullptr, graphmod::SerialRunner);
+  const int64_t early = 3;
+  t.Remove(&early, 1);
+  CHECK(t.TrackRemovals() == t.version());
+  CHECK(Removed(t, 0).empty());  // key 3 went before tracking
+  const int64_t gone[2] = {5, 6};
+  CHECK(t.Remove(gone, 2) == 2);
+  const int64_t at_one = t.version();
+  // An Apply makes the next notes carry a later version.
+  const float grads[2] = {1.f, 1.f};
+  const int64_t seven = 7;
+  Optimizer sgd;
+  sgd.lr = 0.1f;
+  CHECK(t.Apply(sgd, &seven, false, grads, 1, graphmod::SerialRunner).empty());
+  CHECK(t.version() == at_one + 1);
+  const int64_t later = 8;
+  t.Remove(&later, 1);
+  CHECK((Removed(t, at_one + 1) == std::vector<int64_t>{8}));  // and forgets 5 and 6
+  CHECK((Removed(t, 0) == std::vector<int64_t>{8}));
+  // Admission counts: a pending key removed is noted (its count starts over).
+  const int64_t rare = 5000;
+  t.FindOrInsert(&rare, 1, 2, 3, values.data(), nullptr, graphmod::SerialRunner);
+  CHECK(t.counters().pending == 1);
+  t.Remove(&rare, 1);
+  CHECK(t.counters().pending == 0);
+  CHECK((Removed(t, 0) == std::vector<int64_t>{8, 5000}));
+  // Evict: every key last seen before 3 (all but the pending one, seen at 3).
+  t.FindOrInsert(&rare, 1, 3, 3, values.data(), nullptr, graphmod::SerialRunner);
+  const int64_t rows = t.size();
+  CHECK(t.Evict(3) == rows);
+  CHECK(static_cast<int64_t>(Removed(t, 0).size()) == 2 + rows);
+  // A full table's eviction of a row for a new key is noted too.
+  for (int64_t k = 0; k < 2000; ++k) keys[k] = 100000 + k;
+  t.FindOrInsert(keys.data(), 1000, 10, 1, values.data(), nullptr, graphmod::SerialRunner);
+  t.FindOrInsert(keys.data() + 1000, 1000, 11, 1, values.data(), nullptr,
+                 graphmod::SerialRunner);
+  CHECK(t.counters().evicted > rows);
+  const size_t noted = Removed(t, 0).size();
+  CHECK(static_cast<int64_t>(noted) == 2 + t.counters().evicted);
+  // Pending counts by version: only those counted at version >= v export.
+  std::vector<int64_t> pk, pc, ps;
+  auto pending = [&](int64_t min_version) {
+    t.ExportPending(min_version, [&](int64_t n, int64_t) {
+      pk.resize(n), pc.resize(n), ps.resize(n);
+      return graphmod::PendingBuffers{pk.data(), pc.data(), ps.data(), nullptr};
+    });
+    return pk.size();
+  };
+  CHECK(pending(0) == 1 && pending(t.version() + 1) == 1 && pending(t.version() + 2) == 0);
+  const int64_t before_clear = static_cast<int64_t>(t.size());
+  t.Clear();
+  CHECK(static_cast<int64_t>(Removed(t, 0).size()) == static_cast<int64_t>(noted) +
+        before_clear + 1);
+}
+
 int main(int argc, char** argv) {
   // --concurrency: only the multi-threaded tests (the ThreadSanitizer build).
   if (argc > 1 && std::string(argv[1]) == "--concurrency") {
@@ -551,6 +627,7 @@ int main(int argc, char** argv) {
   TestCapacityPolicies();
   TestCapacityWithCoarseClock();
   TestValidation();
+  TestRemovalTracking();
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures.load());
     return 1;
