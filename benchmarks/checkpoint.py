@@ -7,13 +7,17 @@ half already in the table, half new) and evicts nothing. Per round: a full
 save (seconds, bytes, the process's peak extra RSS while saving, sampled
 every millisecond), then 10 deltas each after such a step (seconds, bytes),
 then a restore of the full checkpoint and its 10 deltas into a fresh session
-(seconds), checked to hold every key. Figures are medians (min-max) over the
-rounds; the ratios say what a delta costs against a full save.
+(seconds), checked to hold every key. Each round runs in a fresh process, so
+that memory freed by an earlier round cannot hide a save's peak. Figures are
+medians (min-max) over the rounds; the ratios say what a delta costs against
+a full save.
 
 Usage: python benchmarks/checkpoint.py [--keys 5000000] [--rounds 3] [--json out.json]
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -125,13 +129,19 @@ def main():
     ap.add_argument("--keys", type=int, default=5_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--one-round", type=int, help=argparse.SUPPRESS)  # a round's own process
     args = ap.parse_args()
     tf1.disable_eager_execution()
     tf1.logging.set_verbosity(tf1.logging.ERROR)
-    rng = np.random.default_rng(0)
+    if args.one_round is not None:
+        print(json.dumps(one_round(args, np.random.default_rng(args.one_round))))
+        return
     runs = []
     for r in range(args.rounds):
-        runs.append(one_round(args, rng))
+        out = subprocess.run([sys.executable, __file__, "--keys", str(args.keys),
+                              "--one-round", str(r)], check=True, capture_output=True,
+                             text=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
         x = runs[-1]
         print(f"  round {r + 1}: full {x['full_s']:.2f} s {x['full_bytes'] / 2**20:.0f} MiB "
               f"(peak extra RSS {x['full_peak_rss'] / 2**20:.0f} MiB), delta {x['delta_s']:.3f} s "

@@ -348,9 +348,19 @@ struct EmbeddingTable::Shard {
   bool track_removals = false;
   std::vector<std::pair<int64_t, int64_t>> removed;
   const std::atomic<int64_t>* table_version = nullptr;
+  // And the rows whose version rose above `mark` (the version of the last
+  // save a delta follows), each listed when it first does: a delta's export
+  // reads these instead of every row. Rows freed since stay listed (the
+  // export skips them); a row listed twice is exported once.
+  std::vector<uint32_t> dirty;
+  int64_t mark = 0;
 
   void NoteRemoved(int64_t key) {
     if (track_removals) removed.emplace_back(key, table_version->load(std::memory_order_relaxed));
+  }
+  // Before a row's version changes from old_version (a new row's is stale).
+  void NoteChanged(uint32_t row, uint32_t old_version, bool added) {
+    if (track_removals && (added || old_version <= mark)) dirty.push_back(row);
   }
   // Or, with TableConfig::sketch_width, a count-min sketch: kSketchRows rows
   // of sketch_cols counters; a key's count is the least of its counters.
@@ -630,6 +640,7 @@ struct EmbeddingTable::Shard {
         if (Ctrl(slot) >= 0) NoteRemoved(Header(Record(Row(slot)))->key);
       for (const auto& entry : pending) NoteRemoved(entry.first);
     }
+    dirty.clear();
     index_memory.reset();
     index = nullptr;
     if (max_rows >= 0) table_rows->fetch_sub(static_cast<int64_t>(used));
@@ -990,6 +1001,7 @@ void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
         }
         h->count = AddCount(h->count, sightings);
         h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
+        shard.NoteChanged(row, h->version, added);
         h->version = static_cast<uint32_t>(version);
         CopyRow(rows.get() + j * d, Values(rec), d);
         found[j] = (s << kHandleShardShift) |
@@ -1251,6 +1263,7 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
         if (k + kAhead < rows) __builtin_prefetch(shard.Record(groups.row(k + kAhead)), 1);
         char* rec = shard.Record(groups.row(k));
         UpdateRow(opt, Values(rec), Values(rec) + d, groups.grad(k), d);
+        shard.NoteChanged(groups.row(k), Header(rec)->version, false);
         Header(rec)->version = version;
       }
     }
@@ -1318,19 +1331,37 @@ void EmbeddingTable::Export(int64_t min_version,
   // All shard locks are held so the count and the rows written agree.
   std::vector<std::unique_lock<std::mutex>> locks;
   for (const auto& s : shards_) locks.emplace_back(s->mu);
-  auto selected = [&](const Shard& s, size_t slot) {
-    return s.Ctrl(slot) >= 0 && Header(s.Record(s.Row(slot)))->version >= min_version;
-  };
+  // Per shard, the rows to write: live, with version >= min_version. A shard
+  // tracking changes since a mark below min_version finds them among its
+  // changed rows (a delta costs what changed, not the table).
+  std::vector<std::vector<uint32_t>> picked(shards_.size());
   int64_t n = 0;
-  for (const auto& s : shards_)
-    for (size_t slot = 0; slot < s->groups * kGroup; ++slot) n += selected(*s, slot);
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    const Shard& s = *shards_[si];
+    std::vector<uint32_t>& rows = picked[si];
+    if (s.track_removals && min_version > s.mark) {
+      rows = s.dirty;
+      std::sort(rows.begin(), rows.end());
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+      rows.erase(std::remove_if(rows.begin(), rows.end(), [&](uint32_t row) {
+                   const RecordHeader* h = Header(s.Record(row));
+                   return h->version < min_version || s.FindRow(h->key, HashKey(h->key)) != row;
+                 }),
+                 rows.end());
+    } else {
+      for (size_t slot = 0; slot < s.groups * kGroup; ++slot)
+        if (s.Ctrl(slot) >= 0 && Header(s.Record(s.Row(slot)))->version >= min_version)
+          rows.push_back(s.Row(slot));
+    }
+    n += static_cast<int64_t>(rows.size());
+  }
   const ExportBuffers out = alloc(n);
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
   int64_t i = 0;
-  for (const auto& s : shards_) {
-    for (size_t slot = 0; slot < s->groups * kGroup; ++slot) {
-      if (!selected(*s, slot)) continue;
-      char* rec = s->Record(s->Row(slot));
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    const Shard* s = shards_[si].get();
+    for (uint32_t row : picked[si]) {
+      char* rec = s->Record(row);
       const RecordHeader* h = Header(rec);
       if (out.keys) out.keys[i] = h->key;
       if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
@@ -1452,10 +1483,18 @@ std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* co
 }
 
 int64_t EmbeddingTable::TrackRemovals() {
-  std::vector<std::unique_lock<std::mutex>> locks;  // no removal goes unnoted or half-noted
+  std::vector<std::unique_lock<std::mutex>> locks;  // no change goes unnoted or half-noted
   for (auto& s : shards_) locks.emplace_back(s->mu);
-  for (auto& s : shards_) s->track_removals = true;
-  return version_.load();
+  const int64_t version = version_.load();
+  for (auto& s : shards_) {
+    if (s->track_removals) continue;
+    s->track_removals = true;
+    s->mark = version;
+    for (size_t slot = 0; slot < s->groups * kGroup; ++slot)  // changed since, if any
+      if (s->Ctrl(slot) >= 0 && Header(s->Record(s->Row(slot)))->version > version)
+        s->dirty.push_back(s->Row(slot));
+  }
+  return version;
 }
 
 void EmbeddingTable::ExportRemoved(int64_t since,
@@ -1464,13 +1503,23 @@ void EmbeddingTable::ExportRemoved(int64_t since,
   int64_t n = 0;
   for (auto& s : shards_) {
     locks.emplace_back(s->mu);
-    // Notes from before `since` are in the save made at `since`: forget them.
+    // Notes from before `since` are in the save made at `since`: forget them,
+    // and the changed rows it holds (version <= since).
     auto& log = s->removed;
     log.erase(std::remove_if(log.begin(), log.end(),
                              [since](const std::pair<int64_t, int64_t>& e) {
                                return e.second < since;
                              }),
               log.end());
+    if (since > s->mark) {
+      Shard& shard = *s;
+      shard.dirty.erase(std::remove_if(shard.dirty.begin(), shard.dirty.end(),
+                                       [&](uint32_t row) {
+                                         return Header(shard.Record(row))->version <= since;
+                                       }),
+                        shard.dirty.end());
+      shard.mark = since;
+    }
     n += static_cast<int64_t>(log.size());
   }
   int64_t* out = alloc(n);

@@ -197,7 +197,9 @@ class EmbeddingTable {
   int64_t Evict(int64_t before);
   void Clear();
   // Writes every row whose version >= min_version. alloc(n) is called once,
-  // under the table's locks, with the number of rows to write.
+  // under the table's locks, with the number of rows to write. Once removals
+  // are tracked (below), a min_version above the last delta's mark reads only
+  // the rows changed since that mark.
   void Export(int64_t min_version,
               const std::function<ExportBuffers(int64_t n)>& alloc) const;
   // Inserts or overwrites rows; slots/counts/last_seen/versions may be null
@@ -215,7 +217,8 @@ class EmbeddingTable {
   // when full, Clear) is noted with the version then. ExportRemoved(since)
   // writes the keys noted at version >= since (a delta's tombstones after a
   // save made at version `since`) and forgets older notes, which that save
-  // holds; alloc(n) returns where to write, or null after a failure.
+  // holds (and so do the changed rows it lists for Export: `since` becomes
+  // the mark); alloc(n) returns where to write, or null after a failure.
   int64_t TrackRemovals();
   void ExportRemoved(int64_t since, const std::function<int64_t*(int64_t n)>& alloc);
   // Sets the admission counts of keys that have no row (keys with a row are
