@@ -254,7 +254,8 @@ class ImportOp : public TableKernel {
     const std::string error = t->Import(
         keys.flat<int64_t>().data(), ctx->input(2).flat<float>().data(),
         ctx->input(3).flat<float>().data(), ctx->input(4).flat<int64_t>().data(),
-        ctx->input(5).flat<int64_t>().data(), ctx->input(6).flat<int64_t>().data(), n, replace_);
+        ctx->input(5).flat<int64_t>().data(), ctx->input(6).flat<int64_t>().data(), n, replace_,
+        IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
   }
 

@@ -1377,40 +1377,51 @@ void EmbeddingTable::Export(int64_t min_version,
 
 std::string EmbeddingTable::Import(const int64_t* keys, const float* values, const float* slots,
                                    const int64_t* counts, const int64_t* last_seen,
-                                   const int64_t* versions, int64_t n, bool replace) {
+                                   const int64_t* versions, int64_t n, bool replace,
+                                   const Runner& run) {
   for (int64_t i = 0; counts != nullptr && i < n; ++i)
     if (counts[i] < 0) return "negative access count " + std::to_string(counts[i]) +
                               " for key " + std::to_string(keys[i]);
   if (replace) Clear();
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  std::mutex mu;  // guards the two maxima below
   int64_t max_version = 0, max_seen = 0;
-  const Batch batch = Partition(keys, n, false, SerialRunner);
-  for (int s = 0; s < config_.num_shards; ++s) {
-    Shard& shard = *shards_[s];
-    std::lock_guard<std::mutex> lock(shard.mu);
-    shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]));
-    for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
-      const int64_t i = batch.order[p];
-      bool added;
-      // A restore brings back every row, even beyond max_rows.
-      char* rec = shard.Record(shard.FindOrAdd(keys[i], batch.hash[p], &added));
-      if (!shard.pending.empty()) shard.pending.erase(keys[i]);
-      RecordHeader* h = Header(rec);
-      std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
-      float* slot = Values(rec) + d;
-      if (slots != nullptr) {
-        std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
-      } else {
-        for (int k = 0; k < config_.num_slots; ++k, slot += d)
-          std::fill(slot, slot + d, config_.slot_init[k]);
+  const Batch batch = Partition(keys, n, false, run);
+  // Shards import side by side (a restore of a large table).
+  run(config_.num_shards, (n / config_.num_shards + 1) * 200, [&](int64_t s0, int64_t s1) {
+    int64_t top_version = 0, top_seen = 0;
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]));
+      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+        const int64_t i = batch.order[p];
+        bool added;
+        // A restore brings back every row, even beyond max_rows.
+        const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[p], &added);
+        char* rec = shard.Record(row);
+        if (!shard.pending.empty()) shard.pending.erase(keys[i]);
+        RecordHeader* h = Header(rec);
+        shard.NoteChanged(row, h->version, added);
+        std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
+        float* slot = Values(rec) + d;
+        if (slots != nullptr) {
+          std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
+        } else {
+          for (int k = 0; k < config_.num_slots; ++k, slot += d)
+            std::fill(slot, slot + d, config_.slot_init[k]);
+        }
+        h->count = counts ? AddCount(0, counts[i]) : 0;
+        h->last_seen = last_seen ? last_seen[i] : 0;
+        h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
+        top_version = std::max<int64_t>(top_version, h->version);
+        top_seen = std::max(top_seen, h->last_seen);
       }
-      h->count = counts ? AddCount(0, counts[i]) : 0;
-      h->last_seen = last_seen ? last_seen[i] : 0;
-      h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
-      max_version = std::max<int64_t>(max_version, h->version);
-      max_seen = std::max(max_seen, h->last_seen);
     }
-  }
+    std::lock_guard<std::mutex> lock(mu);
+    max_version = std::max(max_version, top_version);
+    max_seen = std::max(max_seen, top_seen);
+  });
   AdvanceLatest(max_seen);
   // Later updates must carry versions above every imported one.
   int64_t cur = version_.load();

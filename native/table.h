@@ -207,7 +207,8 @@ class EmbeddingTable {
   // table is cleared first. Returns "" or the error.
   std::string Import(const int64_t* keys, const float* values, const float* slots,
                      const int64_t* counts, const int64_t* last_seen,
-                     const int64_t* versions, int64_t n, bool replace);
+                     const int64_t* versions, int64_t n, bool replace,
+                     const Runner& run = SerialRunner);
   // Writes every pending key counted at version >= min_version (0: all) and
   // the whole sketch; alloc(n, sketch size) as for Export.
   void ExportPending(int64_t min_version,

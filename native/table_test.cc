@@ -606,6 +606,29 @@ void TestRemovalTracking() {
         before_clear + 1);
 }
 
+// Shards import side by side: a restore on real threads gives the table
+// it was exported from, row for row.
+void TestParallelImport() {
+  EmbeddingTable t(Config(3, 1));
+  std::vector<int64_t> keys(20000);
+  for (int64_t k = 0; k < 20000; ++k) keys[k] = k * 7919 - 5000;
+  std::vector<float> values(3 * 20000);
+  t.FindOrInsert(keys.data(), 20000, 4, 1, values.data(), nullptr, ThreadRunner);
+  Exported e = ExportAll(t);
+  EmbeddingTable u(Config(3, 1));
+  CHECK(u.Import(e.keys.data(), e.values.data(), e.slots.data(), e.counts.data(),
+                 e.last_seen.data(), e.versions.data(), e.keys.size(), true, ThreadRunner)
+            .empty());
+  CHECK(u.size() == 20000 && u.counters().latest == 4);
+  std::map<int64_t, std::vector<float>> want, got;
+  Exported f = ExportAll(u);
+  for (size_t i = 0; i < e.keys.size(); ++i)
+    want[e.keys[i]].assign(e.values.begin() + 3 * i, e.values.begin() + 3 * i + 3);
+  for (size_t i = 0; i < f.keys.size(); ++i)
+    got[f.keys[i]].assign(f.values.begin() + 3 * i, f.values.begin() + 3 * i + 3);
+  CHECK(want == got);
+}
+
 // A delta's export (min_version above the tracking mark) reads the rows
 // changed since the mark, and gives what a scan of every row gives.
 void TestDeltaExport() {
@@ -655,6 +678,7 @@ int main(int argc, char** argv) {
   // --concurrency: only the multi-threaded tests (the ThreadSanitizer build).
   if (argc > 1 && std::string(argv[1]) == "--concurrency") {
     for (int round = 0; round < 3; ++round) TestConcurrentUse();
+    TestParallelImport();
     std::printf("table_test --concurrency: %s\n", failures ? "FAILED" : "all checks passed");
     return failures != 0;
   }
@@ -674,6 +698,7 @@ int main(int argc, char** argv) {
   TestValidation();
   TestRemovalTracking();
   TestDeltaExport();
+  TestParallelImport();
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures.load());
     return 1;
