@@ -17,7 +17,7 @@ import json
 import os
 import uuid
 import zlib
-from typing import List, Optional, Tuple
+from typing import List
 
 import tensorflow as tf
 from absl import logging
@@ -161,7 +161,3 @@ def remove_orphans(checkpoint_dir: str) -> List[str]:
             gone.append(name)
     return gone
 
-
-def chain_of(save_path: Optional[str]) -> Tuple[Optional[str], int]:
-    """(base, committed deltas) of a full checkpoint prefix."""
-    return (save_path, len(read_manifest(save_path))) if save_path else (None, 0)
