@@ -147,6 +147,13 @@ def truncate(base: str, keep: int) -> None:
             tf.io.gfile.remove(os.path.join(folder, name))
 
 
+def drop(base: str) -> None:
+    """Removes every delta of `base` (its full checkpoint was written again)."""
+    folder = directory(base)
+    if tf.io.gfile.isdir(folder):
+        tf.io.gfile.rmtree(folder)
+
+
 def remove_orphans(checkpoint_dir: str) -> List[str]:
     """Removes the delta chains whose full checkpoint is gone (deleted by the
     Saver's max_to_keep); returns their names."""

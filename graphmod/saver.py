@@ -164,6 +164,7 @@ class TableSaver(tf1.train.Saver):
                 logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
                              applied)
         self.chain = self.restored = (save_path, applied)
+        self.marks = None  # this session's tables track nothing yet
 
     def _adopt(self, sess, save_path: str) -> None:
         fetches = list(self._adopt_ops)
@@ -184,6 +185,9 @@ class TableSaver(tf1.train.Saver):
         versions = sess.run(self._versions) if self._versions else {}
         path = super().save(sess, save_path, global_step, *args, **kwargs)
         if path:
+            # A checkpoint written again under its name (a resumed run saves
+            # the step it restored) holds what its old deltas added.
+            deltas.drop(path)
             self.chain = (path, 0)
             if self.marks is not None:
                 self.marks = versions
@@ -192,10 +196,11 @@ class TableSaver(tf1.train.Saver):
         return path
 
     def start_tracking(self, sess) -> None:
-        """Tables note removals from now on; the next delta holds the
-        changes since now (nothing has changed since the restore or save
-        that set `chain`)."""
-        if self._track and self.marks is None:
+        """This session's tables note changes and removals from now on; the
+        next delta holds the changes since now (nothing has changed since the
+        restore or save that set `chain`). Called once per session: a session
+        made again after an error has tables that track nothing yet."""
+        if self._track:
             self.marks = sess.run(self._track)
 
     def save_delta(self, sess, step: int) -> Optional[str]:
@@ -205,7 +210,8 @@ class TableSaver(tf1.train.Saver):
         base, count = self.chain
         if base is None or self._delta_saver is None:
             return None
-        self.start_tracking(sess)
+        if self.marks is None:
+            self.start_tracking(sess)
         versions = sess.run(self._versions)  # what the delta will reflect
         tmp = deltas.temp_prefix(base, count + 1)
         feed = {self._since[name]: mark for name, mark in self.marks.items()}

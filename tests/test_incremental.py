@@ -152,7 +152,7 @@ def test_full_checkpoint_plus_deltas_restore_the_state_at_the_last_delta(tmp_pat
     assert delta.get_tensor("global_step") == 16  # dense variables whole
 
 
-def test_evaluate_predict_and_export_restore_the_deltas_too(tmp_path):
+def test_export_restores_the_deltas_too(tmp_path):
     """A SavedModel exported from full checkpoint + deltas serves the rows of
     the last delta (its graph has the table without optimizer slots)."""
     snaps = train_with_snapshots(tmp_path)
@@ -209,6 +209,54 @@ def test_deltas_go_with_the_full_checkpoints_max_to_keep_deletes(tmp_path):
     assert kept == {"model.ckpt-20", "model.ckpt-23"}
     assert chains <= kept and "model.ckpt-20" in chains
     assert h.incremental_hook.deltas_written == 11
+
+
+def test_a_resumed_run_saves_its_step_again_and_drops_that_checkpoints_old_deltas(tmp_path):
+    """Full saves every 4 steps and deltas every 2 meet at step 4: the resumed
+    run restores ckpt-4 and its delta, saves ckpt-4 again at start, and its
+    deltas start a new chain (the old one would follow a checkpoint that now
+    holds it)."""
+    est = estimator(tmp_path, save_steps=4)
+    est.train(input_fn, steps=4, hooks=[hook(incremental_every_steps=2)])
+    folder = tmp_path / "graphmod" / "deltas" / "model.ckpt-4"
+    assert [d["step"] for d in json.loads((folder / "manifest.json").read_text())["deltas"]] == [4]
+    h = hook(incremental_every_steps=2)
+    snaps = Snapshots(str(tmp_path), str(tmp_path / "snaps"), h.incremental_hook)
+    est.train(input_fn, steps=2, hooks=[h, snaps])
+    assert [d["step"] for d in json.loads((folder / "manifest.json").read_text())["deltas"]] == [6]
+    assert_same_state(restored_state(tmp_path / "snaps" / "after_delta_1"), snaps.states[1],
+                      "resumed chain after ckpt-4")
+
+
+def test_a_new_session_of_the_same_graph_tracks_removals_again(tmp_path):
+    """MonitoredSession makes a new session after an Aborted error: its tables
+    are new, and the TableSaver must make them track again (else deltas lose
+    their tombstones and evicted keys come back)."""
+    from graphmod.saver import TableSaver
+    with tf.Graph().as_default():
+        table = graphmod.create_table("t", 2)
+        ids = tf1.placeholder(tf.int64, [None])
+        rows = graphmod.sparse_lookup(table, ids, is_training=True)
+        remove = table.remove(ids)
+        size = table.size()
+        saver = TableSaver(sharded=True)
+        saver.build()
+        base = None
+        for session_number in range(2):
+            with tf1.Session() as sess:
+                if base is None:
+                    sess.run(rows, {ids: np.arange(10)})
+                    base = saver.save(sess, str(tmp_path / "model.ckpt"), global_step=0)
+                else:
+                    saver.restore(sess, base)
+                saver.start_tracking(sess)
+                sess.run(remove, {ids: [session_number]})
+                delta = saver.save_delta(sess, session_number + 1)
+                removed = tf.train.load_checkpoint(delta).get_tensor("t-removed_keys")
+                assert removed.tolist() == [session_number], session_number
+        with tf1.Session() as sess:
+            saver.restore(sess, base)
+            assert sess.run(size) == 8  # keys 0 and 1 stay gone
 
 
 _KILLED_TRAINING = """
