@@ -14,7 +14,6 @@ synthetic Criteo-like data and prints eval AUC, examples/s and table sizes.
 import tempfile
 import time
 
-import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 

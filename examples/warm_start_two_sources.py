@@ -83,7 +83,7 @@ def main():
         est.train(lambda: input_fn(seed=1), steps=1, hooks=[hook, first])
         losses[name] = first.loss
         if warm is not None:
-            print("warm-started:", ", ".join(hook.warm_started))
+            print("warm-started:", ", ".join(hook.report.warm_started))
             reader = tf.train.load_checkpoint(est.model_dir)
             for table in ("u", "i"):
                 print(f"  table {table}: {len(reader.get_tensor(f'{table}-keys')):,} rows")

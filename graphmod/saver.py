@@ -20,6 +20,7 @@ The rewrite rule table_saver installs it in place of the Saver an Estimator
 or MonitoredTrainingSession would build, with the same settings.
 """
 import os
+import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
@@ -65,6 +66,7 @@ class TableSaver(tf1.train.Saver):
         self.marks: Optional[Dict[str, int]] = None
         self._adopt_path: Optional[tf.Tensor] = None
         self._adopt_ops: List[tf.Operation] = []
+        self._adopt_clock: Dict[str, tf.Tensor] = {}  # eviction unit -> its "now"
         self._others: Optional[tf1.train.Saver] = None
         self._delta_saver: Optional[tf1.train.Saver] = None
         self._since: Dict[str, tf.Tensor] = {}
@@ -103,8 +105,13 @@ class TableSaver(tf1.train.Saver):
     def _build_adoption(self, saveables) -> None:
         adopted = {a.table.name for a in self.adoptions}
         others = [x for x in saveables if not (_is_table(x) and x.table.name in adopted)]
+        from graphmod import features
         with tf1.name_scope("graphmod_adopt"):
             self._adopt_path = tf1.placeholder(tf.string, [], name="checkpoint_path")
+            # Adopted rows count as seen at adoption, in each table's
+            # eviction clock (the global step, or seconds).
+            self._adopt_clock = {unit: tf1.placeholder(tf.int64, [], name=f"now_{unit}")
+                                 for unit in features.UNITS}
             for a in self.adoptions:
                 with tf1.name_scope(a.table.name):
                     values = tf.reshape(_restore(self._adopt_path, a.variable),
@@ -115,7 +122,9 @@ class TableSaver(tf1.train.Saver):
                     else:
                         slots = tf.zeros([a.rows, 0, a.table.dim])
                     keys = tf.range(a.rows, dtype=tf.int64)
-                    self._adopt_ops.append(a.table.import_rows(keys, values, slots, replace=True))
+                    now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
+                    self._adopt_ops.append(a.table.import_rows(
+                        keys, values, slots, last_seen=tf.fill([a.rows], now), replace=True))
             self._others = tf1.train.Saver(
                 var_list=others or None, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
@@ -168,7 +177,11 @@ class TableSaver(tf1.train.Saver):
 
     def _adopt(self, sess, save_path: str) -> None:
         fetches = list(self._adopt_ops)
-        feed = {self._adopt_path: save_path}
+        reader = tf.train.load_checkpoint(save_path)
+        step = (int(reader.get_tensor("global_step")) if reader.has_tensor("global_step")
+                else 0)
+        feed = {self._adopt_path: save_path, self._adopt_clock["steps"]: step,
+                self._adopt_clock["seconds"]: int(time.time())}
         if not self._others._is_empty:  # pylint: disable=protected-access
             fetches.append(self._others.saver_def.restore_op_name)
             feed[self._others.saver_def.filename_tensor_name] = save_path

@@ -12,19 +12,23 @@ the sources holds starts from it:
 - sources are checkpoint prefixes or model_dirs (their latest checkpoint),
   searched in order; a graphmod source table is read with its committed
   incremental deltas;
-- a target table takes a source table's rows (keys, values, and access
-  counts and last_seen: eviction treats them as the source saw them) or a
-  dense source variable's rows (row i as key i); optimizer slots start from
-  their initial values, as tf.estimator.WarmStartSettings leaves them;
+- a target table takes a source table's rows (keys, values, access counts)
+  or a dense source variable's rows (row i as key i), all seen "now" as far
+  as eviction goes (step 0, or the wall clock for eviction in seconds);
+  optimizer slots start from their initial values, as
+  tf.estimator.WarmStartSettings leaves them;
 - a dense target variable takes a source variable of the same shape;
 - `mapping` renames: {target table or variable name: name in the sources};
   unmapped targets look for their own name; a mapped source that no source
   holds is an error naming it;
 - `key_filter(target, keys) -> bool mask` keeps only some keys of a table.
-A restart resumes from the model's own checkpoint and warm-starts nothing.
+It runs as part of the variables' initialization, so before anything saves
+the model; a restart resumes from the model's own checkpoint and warm-starts
+nothing.
 """
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -103,74 +107,95 @@ class _Source:
 
 
 class WarmStarter:
-    """The ops a warm start feeds (built before the graph is finalized) and
-    the run that reads the sources and feeds them."""
+    """Builds the warm start into the graph's initialization: a flag variable
+    `graphmod_warm_start/done` whose initializer first imports the sources'
+    rows into the tables and assigns the dense variables (after their own
+    initializers), reading the sources then. Initialization runs on a fresh
+    start only, before anything saves the model (the Estimator's first
+    checkpoint included), and never again in a session made after an error,
+    which restores instead. `started` names what it warm-starts."""
 
-    def __init__(self, settings: WarmStartSettings, graph: tf.Graph):
+    def __init__(self, settings: WarmStartSettings, graph: tf.Graph, rw):
         from graphmod.table import tables
         self.settings = settings
-        self.tables = {t.name: t for t in tables(graph)}
-        self.variables = {v.op.name: v for v in graph.get_collection(
-            tf1.GraphKeys.TRAINABLE_VARIABLES) if v.op.name not in self.tables}
-        unknown = [t for t in settings.mapping if t not in self.tables and t not in self.variables]
+        table_by_name = {t.name: t for t in tables(graph)}
+        variables = {v.op.name: v for v in graph.get_collection(
+            tf1.GraphKeys.TRAINABLE_VARIABLES) if v.op.name not in table_by_name}
+        unknown = [t for t in settings.mapping if t not in table_by_name and t not in variables]
         if unknown:
             raise ValueError(f"graphmod.WarmStartSettings: mapping names {', '.join(unknown)}, "
                              f"which are neither tables nor trainable variables of this graph")
-        self._feeds: Dict[str, Tuple[tf.Tensor, ...]] = {}
-        self._ops: Dict[str, tf.Operation] = {}
-        with graph.as_default(), tf1.name_scope("graphmod_warm_start"):
-            for name, table in self.tables.items():
-                keys = tf1.placeholder(tf.int64, [None], name=f"{name}_keys")
-                values = tf1.placeholder(tf.float32, [None, table.dim], name=f"{name}_values")
-                counts = tf1.placeholder(tf.int64, [None], name=f"{name}_counts")
-                seen = tf1.placeholder(tf.int64, [None], name=f"{name}_last_seen")
-                self._feeds[name] = (keys, values, counts, seen)
-                self._ops[name] = table.import_rows(keys, values, counts=counts, last_seen=seen)
-            for name, v in self.variables.items():
-                value = tf1.placeholder(v.dtype.base_dtype, v.shape, name=f"{name}_value")
-                self._feeds[name] = (value,)
-                self._ops[name] = v.assign(value).op
+        sources = [_Source(_checkpoint_of(s)) for s in settings.sources]
+        self.started: List[str] = []
+        starts = []
+        with graph.as_default(), tf1.name_scope(None), tf1.name_scope("graphmod_warm_start"):
+            for target in sorted(table_by_name) + sorted(variables):
+                source, name = self._find(sources, target, target in table_by_name)
+                if source is None:
+                    continue
+                self.started.append(target)
+                if target in table_by_name:
+                    starts.append(self._start_table(table_by_name[target], source, name))
+                else:
+                    starts.append(self._start_variable(variables[target], source, name))
+            if not starts:
+                return
+            with tf.control_dependencies(starts):
+                done = tf.constant(True)
+            flag = tf1.Variable(done, trainable=False, name="done", use_resource=True)
+        rw.track_added(tf1.GraphKeys.GLOBAL_VARIABLES, flag, label=flag.op.name)
 
-    def _find(self, sources: List[_Source], target: str):
+    def _find(self, sources: List[_Source], target: str, is_table: bool):
         name = self.settings.mapping.get(target, target)
-        is_table = target in self.tables
         for s in sources:
-            if (is_table and (s.holds_table(name) or s.holds_variable(name))) or \
-                    (not is_table and s.holds_variable(name)):
+            if s.holds_variable(name) or (is_table and s.holds_table(name)):
                 return s, name
         if target in self.settings.mapping:
             raise ValueError(f"graphmod.WarmStartSettings: no source holds '{name}' (mapped to "
                              f"'{target}'); sources: {', '.join(s.path for s in sources)}")
         return None, name
 
-    def run(self, session) -> List[str]:
-        """Warm-starts what the sources hold; returns what it started."""
-        sources = [_Source(_checkpoint_of(s)) for s in self.settings.sources]
-        started = []
-        for target in sorted(self.tables) + sorted(self.variables):
-            source, name = self._find(sources, target)
-            if source is None:
-                continue
-            if target in self.tables:
-                rows = self._table_rows(source, name, self.tables[target].dim, target)
-                if self.settings.key_filter is not None:
-                    keep = np.asarray(self.settings.key_filter(target, rows["keys"]), bool)
-                    rows = {f: v[keep] for f, v in rows.items()}
-                session.run(self._ops[target], dict(zip(self._feeds[target], (
-                    rows["keys"], rows["values"], rows["counts"], rows["last_seen"]))))
-                what = f"{len(rows['keys'])} rows"
-            else:
-                value = source.variable(name)
-                want = self.variables[target].shape.as_list()
-                if list(value.shape) != want:
-                    raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {source.path} has "
-                                     f"shape {list(value.shape)}, '{target}' has {want}")
-                session.run(self._ops[target], {self._feeds[target][0]: value})
-                what = "its value"
-            started.append(target)
-            logging.info("graphmod: warm-started '%s' from '%s' in %s (%s)", target, name,
-                         source.path, what)
-        return started
+    def _start_table(self, table, source: _Source, name: str) -> tf.Operation:
+        from graphmod import features
+        unit = features.policy_of(table).eviction_unit
+
+        def rows():
+            got = self._table_rows(source, name, table.dim, table.name)
+            if self.settings.key_filter is not None:
+                keep = np.asarray(self.settings.key_filter(table.name, got["keys"]), bool)
+                got = {f: v[keep] for f, v in got.items()}
+            # Seen now, as far as eviction goes: a fresh start is at step 0,
+            # and at the wall clock in seconds (the source's clock means
+            # nothing to this model's).
+            seen = np.full(len(got["keys"]), 0 if unit == "steps" else int(time.time()),
+                           np.int64)
+            logging.info("graphmod: warm-started table '%s' from '%s' in %s: %d rows",
+                         table.name, name, source.path, len(got["keys"]))
+            return got["keys"], got["values"].astype(np.float32), got["counts"], seen
+
+        keys, values, counts, seen = tf.numpy_function(
+            rows, [], [tf.int64, tf.float32, tf.int64, tf.int64], stateful=True,
+            name=f"{table.name}_rows")
+        keys.set_shape([None])
+        values.set_shape([None, table.dim])
+        return table.import_rows(keys, values, counts=counts, last_seen=seen)
+
+    def _start_variable(self, v: tf.Variable, source: _Source, name: str) -> tf.Operation:
+        want = v.shape.as_list()
+        have = source.reader.get_variable_to_shape_map()[name]
+        if list(have) != want:
+            raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {source.path} has "
+                             f"shape {list(have)}, '{v.op.name}' has {want}")
+
+        def value():
+            logging.info("graphmod: warm-started '%s' from '%s' in %s", v.op.name, name,
+                         source.path)
+            return source.variable(name).astype(v.dtype.base_dtype.as_numpy_dtype)
+
+        read = tf.numpy_function(value, [], v.dtype.base_dtype, stateful=True,
+                                 name=f"{v.op.name.replace('/', '_')}_value")
+        with tf.control_dependencies([v.initializer]):  # after its own initial value
+            return v.assign(tf.reshape(read, want)).op
 
     @staticmethod
     def _table_rows(source: _Source, name: str, dim: int, target: str) -> Dict[str, np.ndarray]:
@@ -178,17 +203,11 @@ class WarmStarter:
             rows = source.table(name)
         else:  # a dense variable: row i is key i
             values = source.variable(name)
-            n = values.shape[0] if values.ndim == 2 else -1
-            rows = dict(keys=np.arange(max(n, 0), dtype=np.int64), values=values,
-                        counts=np.zeros(max(n, 0), np.int64),
-                        last_seen=np.zeros(max(n, 0), np.int64))
+            n = values.shape[0] if values.ndim == 2 else 0
+            rows = dict(keys=np.arange(n, dtype=np.int64), values=values,
+                        counts=np.zeros(n, np.int64), last_seen=np.zeros(n, np.int64))
         if rows["values"].ndim != 2 or rows["values"].shape[1] != dim:
             raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {source.path} has rows "
                              f"of shape {list(rows['values'].shape[1:])}, table '{target}' "
                              f"has dim {dim}")
-        return rows
-
-
-def model_dir_has_checkpoint(model_dir: Optional[str]) -> bool:
-    return bool(model_dir) and tf.train.latest_checkpoint(model_dir) is not None
-
+        return {f: rows[f] for f in ("keys", "values", "counts", "last_seen")}

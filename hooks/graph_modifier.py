@@ -18,7 +18,7 @@ at the end.
 """
 import inspect
 import os
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import tensorflow as tf
 from absl import logging
@@ -26,7 +26,7 @@ from absl import logging
 from graphmod import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
-from graphmod.warm_start import WarmStarter, WarmStartSettings
+from graphmod.warm_start import WarmStartSettings
 from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite.plan import RewriteSettings, TableSettings
 from graphmod.rewrite.report import RewriteReport
@@ -137,7 +137,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                                 f"TableSettings, got {type(settings).__name__}")
             table_settings[pattern] = settings
         self.settings = RewriteSettings(min_rows, table_settings, bool(collision_free),
-                                        bool(exact))
+                                        bool(exact), warm_start)
         self.dump_graph = dump_graph
         self.full_check = full_check
         self.model_dir = model_dir
@@ -157,8 +157,6 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             raise TypeError("GraphModifierHook: warm_start must be a graphmod.WarmStartSettings, "
                             f"got {type(warm_start).__name__}")
         self.warm_start = warm_start
-        self._warm_starter: Optional[WarmStarter] = None
-        self.warm_started: List[str] = []
         self.report: Optional[RewriteReport] = None
         self._counters = {}
 
@@ -167,7 +165,6 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
-        self._warm_starter = None
         estimator_dir, method = _estimator_call()
         # The plan lives beside the checkpoints it describes (the Estimator's
         # model_dir); model_dir= only redirects the reports and graph dumps.
@@ -182,7 +179,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 timestamp = _input_feature(ts) if isinstance(ts, str) else ts
                 ts_name = ts if isinstance(ts, str) else ts.name
             self.report = rewrite(graph, self.settings, mode, model_dir, timestamp, ts_name,
-                                  full_check=self.full_check)
+                                  full_check=self.full_check,
+                                  estimator_training=method == "train")
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
@@ -192,9 +190,6 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             if before is not None:
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
                 tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
-        if mode == "train" and self.warm_start is not None and not (
-                model_dir and tf.train.latest_checkpoint(model_dir)):
-            self._warm_starter = WarmStarter(self.warm_start, graph)
         if self.report.counters:  # a training graph with tables
             self._counters = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
@@ -212,10 +207,6 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         return [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
 
     def after_create_session(self, session, coord) -> None:
-        # Before the Estimator's first checkpoint (its saver hook comes after
-        # the user's hooks), so a restart finds the warm-started state.
-        if self._warm_starter is not None:
-            self.warm_started = self._warm_starter.run(session)
         for hook in self._driven():
             hook.after_create_session(session, coord)
 

@@ -67,8 +67,9 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
         savers = [s for s in tf1.get_collection(tf1.GraphKeys.SAVERS)
                   if isinstance(s, table_saver.TableSaver)]
         if not savers:
-            logging.warning("graphmod: IncrementalSaveHook: this graph has no graphmod tables, "
-                            "so no deltas are written")
+            logging.warning("graphmod: IncrementalSaveHook: no deltas are written: the graph "
+                            "has no graphmod tables, or its Saver is the model's own (a "
+                            "Scaffold's, or already built), not graphmod's TableSaver")
             return
         self.saver = savers[0]
         # Tables note removals from here on; what follows the deltas this

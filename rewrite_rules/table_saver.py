@@ -4,7 +4,8 @@ table checkpoint with its incremental deltas and adopts dense checkpoints.
 Matches every conversion: the deferred Saver an Estimator put in the SAVERS
 collection (or, when there is none, the default Scaffold would create) is
 replaced by a TableSaver with the same settings. A graph whose Saver is built
-already, or that has several, keeps it (its checkpoints then have no deltas).
+already, or that has several, or an Estimator model whose Scaffold brings its
+own, keeps it (its checkpoints then have no deltas).
 
 Adoption: the first thing an existing user does is add the hook to a
 model_dir trained without it. A converted variable whose name is in the
@@ -19,7 +20,8 @@ Refuses (the variable stays dense, as the checkpoint holds it):
 - a part of a partitioned variable (its rows are a slice of the checkpoint's);
 - a training graph whose checkpoint lacks one of the table's optimizer slots
   (the dense model could not restore it either);
-- a graph whose Saver cannot become a TableSaver (see above).
+- a graph whose Saver cannot become a TableSaver (see above), or an
+  Estimator model whose Scaffold brings its own Saver.
 """
 from typing import List
 
@@ -71,6 +73,9 @@ def check(conversion: Conversion, context: Context) -> None:
     missing = [n for n in _slot_names(conversion) if n not in context.checkpoint_names]
     if conversion.training and missing:
         raise Refused(f"its optimizer slots {', '.join(missing)} are not in the checkpoint" + why)
+    if context.scaffold_saver:
+        raise Refused("the model's Scaffold brings its own Saver, which cannot restore its "
+                      "table from the checkpoint" + why)
     try:
         table_saver.replaceable_saver(context.graph)
     except table_saver.NotReplaceable as e:
@@ -78,8 +83,8 @@ def check(conversion: Conversion, context: Context) -> None:
 
 
 def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
-    if not conversions:
-        return
+    if not conversions or context.scaffold_saver:
+        return  # the model's own Saver saves the tables (no deltas, no adoption)
     try:
         table_saver.replaceable_saver(context.graph)
     except table_saver.NotReplaceable:

@@ -154,6 +154,38 @@ def test_hashed_ids_keyed_by_bucket_are_adopted(tmp_path):
                                atol=1e-7)
 
 
+def test_adopted_rows_count_as_seen_at_adoption(tmp_path):
+    """With eviction by steps, rows the first steps do not read survive the
+    first eviction after adoption (they were seen at the adopted step, not
+    at step 0)."""
+    est = estimator(tmp_path)
+    train(est, 6)
+    hook = graphmod.GraphModifierHook(
+        min_rows=10, tables={"emb": dict(eviction_threshold=3, eviction_unit="steps")},
+        evict_time_interval=None, evict_step_interval=1)
+    train(est, 2, [hook])
+    assert hook.report.adopted == ["emb"] and hook.evict_hook.evictions >= 1
+    keys = tf.train.load_checkpoint(str(tmp_path)).get_tensor("emb-keys")
+    assert len(keys) == VOCAB  # two steps of 32 batches read few of the 300 ids
+
+
+def test_a_model_with_its_own_saver_keeps_the_variable_dense(tmp_path):
+    """The Estimator then uses the Scaffold's Saver, which cannot adopt: the
+    variable stays dense, as the checkpoint holds it, and training resumes."""
+    def own_saver_model_fn(features, labels, mode, params):
+        spec = model_fn(features, labels, mode, params)
+        return spec._replace(scaffold=tf1.train.Scaffold(
+            saver=tf1.train.Saver(defer_build=True, sharded=True)))
+
+    est = tf.estimator.Estimator(own_saver_model_fn, model_dir=str(tmp_path), params={})
+    train(est, 3)
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    assert np.isfinite(train(est, 2, [hook])).all()
+    assert hook.report.adopted == [] and not hook.report.tables
+    (skipped,) = [s for s in hook.report.skipped if s["variable"] == "emb"]
+    assert "Scaffold brings its own Saver" in skipped["reason"], skipped
+
+
 def test_the_table_saver_refuses_a_checkpoint_holding_neither(tmp_path):
     """A checkpoint without the variable (or its slots) is named in the error."""
     with tf.Graph().as_default():

@@ -65,7 +65,7 @@ def test_a_model_starts_from_two_sources_with_renamed_tables(tmp_path):
     target = tf.estimator.Estimator(make_model_fn("u", "i"), str(target_dir))
     hook, started = graphmod.GraphModifierHook(min_rows=10, warm_start=settings), Started()
     target.train(input_fn, steps=3, hooks=[hook, started])
-    assert hook.warm_started == ["i", "u", "head"]
+    assert hook.report.warm_started == ["i", "u", "head"]
     keys, values = by_key(started.state["u"])  # the dense source's rows, even keys only
     np.testing.assert_array_equal(keys, np.arange(0, VOCAB, 2))
     np.testing.assert_array_equal(values, dense.get_tensor("user_emb")[::2])
@@ -75,11 +75,16 @@ def test_a_model_starts_from_two_sources_with_renamed_tables(tmp_path):
     np.testing.assert_array_equal(keys, want_keys)
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(started.state["head"], dense.get_tensor("head"))
+    # The Estimator's first checkpoint (step 0) already holds the warm start,
+    # so a crash before the next save restarts from it.
+    first = tf.train.load_checkpoint(str(target_dir / "model.ckpt-0"))
+    np.testing.assert_array_equal(np.sort(first.get_tensor("u-keys")), np.arange(0, VOCAB, 2))
+    np.testing.assert_array_equal(first.get_tensor("head"), dense.get_tensor("head"))
 
     # A restart resumes from the model's own checkpoint: nothing warm-starts.
     hook, restarted = graphmod.GraphModifierHook(min_rows=10, warm_start=settings), Started()
     target.train(input_fn, steps=1, hooks=[hook, restarted])
-    assert hook.warm_started == []
+    assert hook.report.warm_started == []
     own = tf.train.load_checkpoint(str(target_dir))
     assert not np.array_equal(restarted.state["head"], dense.get_tensor("head"))
     assert own.get_tensor("global_step") == 4
@@ -93,7 +98,7 @@ def test_mapping_errors_name_what_is_wrong(tmp_path):
                              ({"missing": "user_emb"}, "mapping names missing")):
         hook = graphmod.GraphModifierHook(min_rows=10, warm_start=graphmod.WarmStartSettings(
             sources=[str(source)], mapping=mapping))
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(RuntimeError, match=message):  # the rewrite failed, undone
             tf.estimator.Estimator(make_model_fn("u", "i"), str(tmp_path / message[:8])).train(
                 input_fn, steps=1, hooks=[hook])
     with pytest.raises(ValueError, match="sources must be"):

@@ -36,7 +36,8 @@ def _checkpoint_names(model_dir: Optional[str]) -> frozenset:
 
 def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             model_dir: Optional[str] = None, timestamp: Optional[tf.Tensor] = None,
-            timestamp_name: str = "", full_check: bool = False) -> RewriteReport:
+            timestamp_name: str = "", full_check: bool = False,
+            estimator_training: bool = False) -> RewriteReport:
     """Rewrites graph's embedding variables into tables; returns the report.
 
     mode: "train" (lookups insert ids, updates become table applies), "eval"
@@ -57,8 +58,11 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     conversions, skipped = plan(graph, settings, training, replay)
     names = _checkpoint_names(model_dir)
     # exact=True: keys stay as the model squeezed them (collisions included).
+    # Estimator.train puts its Saver in the SAVERS collection before hooks run,
+    # unless the model's Scaffold brings one: then no other Saver is used.
+    scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
     context = Context(graph, training, settings.collision_free and not settings.exact,
-                      settings.exact, checkpoint_names=names)
+                      settings.exact, checkpoint_names=names, scaffold_saver=scaffold_saver)
     ready = []
     for c in conversions:
         name = c.variable.op.name
@@ -83,6 +87,12 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             features.set_policy(c.table_name, c.settings.policy, graph)
         for rule in RULES:
             rule.rewrite(rw, ready, context)
+        warm_started = []
+        if training and settings.warm_start is not None and not names:
+            # A fresh start (no checkpoint in model_dir): the initialization
+            # also imports the sources' rows (graphmod.warm_start).
+            from graphmod.warm_start import WarmStarter
+            warm_started = WarmStarter(settings.warm_start, graph, rw).started
         roots = [op for c in ready for t in c.outputs for op in t.consumers()]
         roots += [op for c in ready if c.apply is not None
                   for op in c.apply._control_outputs]  # pylint: disable=protected-access
@@ -119,6 +129,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
         replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
+        warm_started=warm_started,
         counters=context.counters)
     return report
 

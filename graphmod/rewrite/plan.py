@@ -108,6 +108,7 @@ class RewriteSettings:
     tables: Dict[str, TableSettings] = dataclasses.field(default_factory=dict)
     collision_free: bool = True
     exact: bool = False
+    warm_start: Any = None  # a graphmod.WarmStartSettings (fresh training starts only)
 
     def table_settings(self, name: str) -> Optional[TableSettings]:
         return next((s for p, s in self.tables.items() if fnmatch.fnmatchcase(name, p)), None)

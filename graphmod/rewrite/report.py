@@ -26,6 +26,8 @@ class RewriteReport:
     fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
     # variables whose tables start from the dense checkpoint's trained rows
     adopted: List[str] = dataclasses.field(default_factory=list)
+    # tables and variables graphmod.WarmStartSettings starts from other models
+    warm_started: List[str] = dataclasses.field(default_factory=list)
     # {table: {counter: scalar tensor}} of a training graph's tables, for
     # logging; not part of the JSON report.
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(

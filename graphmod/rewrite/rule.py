@@ -33,6 +33,9 @@ class Context:
     # Names in model_dir's latest checkpoint (empty: none), which the Saver
     # will restore instead of running initializers.
     checkpoint_names: frozenset = frozenset()
+    # The model's Scaffold brings its own Saver (Estimator.train): graphmod's
+    # TableSaver would never be used.
+    scaffold_saver: bool = False
     dense_bytes_freed: int = 0
     # single-table op type -> [ops fused, fused ops built] (fuse_table_ops)
     fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
