@@ -237,12 +237,14 @@ def run_once(workload, kind, data, steps, warm):
     def input_fn():
         return tf.data.Dataset.from_tensor_slices((feats, y)).batch(B).repeat().prefetch(2)
 
-    est = WORKLOADS[workload][1](
-        "tfra" if kind == "tfra" else "static", tempfile.mkdtemp(),
-        tf.estimator.RunConfig(save_checkpoints_steps=10**9, log_step_count_steps=10**9))
     timer = Timer(warm)
     hooks = [timer] + ([graphmod.GraphModifierHook()] if kind == "hook" else [])
-    est.train(input_fn, steps=steps, hooks=hooks)
+    # Each run's checkpoints (about 1 GB for the reference model) go with it.
+    with tempfile.TemporaryDirectory(prefix="graphmod_bench_") as model_dir:
+        est = WORKLOADS[workload][1](
+            "tfra" if kind == "tfra" else "static", model_dir,
+            tf.estimator.RunConfig(save_checkpoints_steps=10**9, log_step_count_steps=10**9))
+        est.train(input_fn, steps=steps, hooks=hooks)
     timed = steps - warm
     return B / np.median(timer.t[warm:]), timer.cpu / (timed * B / 1e6)
 

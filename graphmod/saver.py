@@ -176,6 +176,7 @@ class TableSaver(tf1.train.Saver):
         self.marks = None  # this session's tables track nothing yet
 
     def _adopt(self, sess, save_path: str) -> None:
+        _keep_dense_checkpoint(save_path)
         fetches = list(self._adopt_ops)
         reader = tf.train.load_checkpoint(save_path)
         step = (int(reader.get_tensor("global_step")) if reader.has_tensor("global_step")
@@ -241,6 +242,26 @@ class TableSaver(tf1.train.Saver):
         base, count = self.restored
         if base is not None:
             deltas.truncate(base, count)
+
+
+def _keep_dense_checkpoint(save_path: str) -> None:
+    """Keeps the adopted dense checkpoint's files under
+    <dir>/graphmod/dense_before_adoption/ (hard links where the file system
+    has them), since the first save after adoption may write its name again."""
+    folder, name = os.path.split(save_path)
+    keep = os.path.join(folder, "graphmod", "dense_before_adoption")
+    files = [f for f in tf.io.gfile.listdir(folder)
+             if f.startswith(name + ".") and not f.endswith(".meta")]
+    tf.io.gfile.makedirs(keep)
+    for f in files:
+        target = os.path.join(keep, f)
+        if tf.io.gfile.exists(target):
+            continue
+        try:
+            os.link(os.path.join(folder, f), target)
+        except OSError:  # another file system, or none that links
+            tf.io.gfile.copy(os.path.join(folder, f), target)
+    logging.info("graphmod: the dense checkpoint %s is kept in %s", save_path, keep)
 
 
 def install(rw, graph: tf.Graph, adoptions: Optional[List[Adoption]] = None) -> TableSaver:

@@ -111,6 +111,12 @@ def test_adopted_model_predicts_and_trains_as_the_dense_model(tmp_path):
     np.testing.assert_allclose(slots[:, 0], reader.get_tensor("emb/Adagrad"), rtol=1e-5,
                                atol=1e-7)
     assert not tf.train.load_checkpoint(str(hooked_dir)).has_tensor("emb")
+    # The first save wrote model.ckpt-6 again, as tables; the dense one is kept.
+    kept = tf.train.load_checkpoint(str(hooked_dir / "graphmod" / "dense_before_adoption" /
+                                        "model.ckpt-6"))
+    np.testing.assert_array_equal(kept.get_tensor("emb"),
+                                  tf.train.load_checkpoint(str(tmp_path / "dense" /
+                                                               "model.ckpt-6")).get_tensor("emb"))
 
     # A restart reads the table checkpoint the adopted model wrote.
     hook = graphmod.GraphModifierHook(min_rows=10)
