@@ -13,8 +13,11 @@ with a warning naming it and the reason.
 
 Per-table admission and eviction settings (TableSettings) become the tables'
 policies (graphmod.features); when training, the hook then drives an
-EvictHook, adds TensorBoard summaries of each table's counters and logs them
-at the end.
+EvictHook (and, when asked, an IncrementalSaveHook), adds TensorBoard
+summaries of each table's counters and logs them at the end. The rewrite also
+makes the graph's Saver graphmod's TableSaver (incremental deltas, adoption
+of dense checkpoints) and, when asked, builds a warm start from other models
+into the variables' initialization.
 """
 import inspect
 import os
