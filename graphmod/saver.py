@@ -245,9 +245,9 @@ class TableSaver(tf1.train.Saver):
 
 
 def _keep_dense_checkpoint(save_path: str) -> None:
-    """Keeps the adopted dense checkpoint's files under
-    <dir>/graphmod/dense_before_adoption/ (hard links where the file system
-    has them), since the first save after adoption may write its name again."""
+    """Copies the adopted dense checkpoint's files to
+    <dir>/graphmod/dense_before_adoption/, once: the first save after adoption
+    may write its name again (in place: a hard link would see the new files)."""
     folder, name = os.path.split(save_path)
     keep = os.path.join(folder, "graphmod", "dense_before_adoption")
     files = [f for f in tf.io.gfile.listdir(folder)
@@ -257,10 +257,8 @@ def _keep_dense_checkpoint(save_path: str) -> None:
         target = os.path.join(keep, f)
         if tf.io.gfile.exists(target):
             continue
-        try:
-            os.link(os.path.join(folder, f), target)
-        except OSError:  # another file system, or none that links
-            tf.io.gfile.copy(os.path.join(folder, f), target)
+        tf.io.gfile.copy(os.path.join(folder, f), target + ".tmp", overwrite=True)
+        tf.io.gfile.rename(target + ".tmp", target, overwrite=True)  # never half a copy
     logging.info("graphmod: the dense checkpoint %s is kept in %s", save_path, keep)
 
 

@@ -272,18 +272,30 @@ def test_a_killed_training_restores_to_its_last_committed_delta(tmp_path):
     """SIGKILL at moments spread over the run (before the first delta, and
     at random points of later ones): the restore equals a reference run's
     state at the step of the last committed delta."""
-    reference = {}
+    # State at each step before the hooks' after_run (what the Estimator's
+    # full save of that step sees: its saver hook runs first) and after it
+    # (eviction done: what that step's delta holds).
+    before, after = {}, {}
 
-    class Every(StateHook):
+    class After(StateHook):
         def after_create_session(self, session, coord):
-            reference[0] = self.state(session)
+            before[0] = after[0] = self.state(session)
 
         def after_run(self, run_context, run_values):
             state = self.state(run_context.session)
-            reference[int(state["global_step"])] = state
+            after[int(state["global_step"])] = state
 
+    class Before(tf1.train.SessionRunHook):
+        """Listed first, it reads with After's fetches (built once the
+        hook's rewrite made the table)."""
+
+        def after_run(self, run_context, run_values):
+            state = reads.state(run_context.session)
+            before[int(state["global_step"])] = state
+
+    reads = After()
     estimator(tmp_path / "reference", save_steps=7).train(
-        input_fn, steps=400, hooks=[hook(incremental_every_steps=1), Every()])
+        input_fn, steps=400, hooks=[Before(), hook(incremental_every_steps=1), reads])
     compared = []
     rng = np.random.default_rng(0)
     script = _KILLED_TRAINING.format(here=HERE)
@@ -303,11 +315,12 @@ def test_a_killed_training_restores_to_its_last_committed_delta(tmp_path):
         steps = ([d["step"] for d in json.load(open(manifest))["deltas"]]
                  if os.path.exists(manifest) else [])
         step = steps[-1] if steps else int(base.rsplit("-", 1)[1])
-        if step > max(reference):
+        if step > max(after):
             continue  # ran past the reference run: nothing to compare with
         state = restored_state(model_dir)
         assert state["global_step"] == step
-        assert_same_state(state, reference[step], f"killed after {delay:.2f}s at step {step}")
+        want = after[step] if steps else before[step]
+        assert_same_state(state, want, f"killed after {delay:.2f}s at step {step}")
         compared.append((step, len(steps)))
     print("killed at (step, committed deltas):", compared)
     assert len(compared) >= 2, compared
