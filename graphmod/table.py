@@ -125,7 +125,9 @@ class Table:
 
     def import_rows(self, keys, values, slots=None, counts=None, last_seen=None, versions=None,
                     replace: bool = False) -> tf.Operation:
-        """Inserts or overwrites rows (missing metadata starts at zero)."""
+        """Inserts or overwrites rows. Missing counts and last_seen start at
+        zero; missing versions are the coming step's, as a lookup's would be
+        (so the next incremental checkpoint holds the rows)."""
         keys = tf.convert_to_tensor(keys, tf.int64)
         n = tf.shape(keys)[:1]
         if slots is None:
@@ -138,7 +140,8 @@ class Table:
             tf.convert_to_tensor(slots, tf.float32),
             zeros if counts is None else tf.convert_to_tensor(counts, tf.int64),
             zeros if last_seen is None else tf.convert_to_tensor(last_seen, tf.int64),
-            zeros if versions is None else tf.convert_to_tensor(versions, tf.int64),
+            tf.fill(n, self.info()["version"] + 1) if versions is None
+            else tf.convert_to_tensor(versions, tf.int64),
             replace=replace)
 
     def evict(self, before) -> tf.Tensor:

@@ -1478,7 +1478,9 @@ std::string EmbeddingTable::ImportPending(const int64_t* keys, const int64_t* co
     Shard& shard = *shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)];
     std::lock_guard<std::mutex> lock(shard.mu);
     if (shard.FindRow(keys[i], h) != Shard::kNoRow) continue;
-    shard.pending[keys[i]] = Shard::Pending{AddCount(0, counts[i]), last_seen[i]};
+    // Counted now, as far as incremental checkpoints go (see Pending::version).
+    shard.pending[keys[i]] =
+        Shard::Pending{AddCount(0, counts[i]), last_seen[i], version_.load() + 1};
     max_seen = std::max(max_seen, last_seen[i]);
   }
   AdvanceLatest(max_seen);

@@ -259,6 +259,24 @@ def test_a_new_session_of_the_same_graph_tracks_removals_again(tmp_path):
             assert sess.run(size) == 8  # keys 0 and 1 stay gone
 
 
+def test_rows_imported_while_training_are_in_the_next_delta(tmp_path):
+    """A table-API import_rows without versions after tracking began carries
+    the coming step's version, so the next delta holds the rows."""
+    from graphmod.saver import TableSaver
+    with tf.Graph().as_default():
+        table = graphmod.create_table("t", 2)
+        keys = tf1.placeholder(tf.int64, [None])
+        imported = table.import_rows(keys, tf.ones([tf.size(keys), 2]))
+        saver = TableSaver(sharded=True)
+        saver.build()
+        with tf1.Session() as sess:
+            saver.save(sess, str(tmp_path / "model.ckpt"), global_step=0)
+            saver.start_tracking(sess)
+            sess.run(imported, {keys: [3, 4]})
+            delta = saver.save_delta(sess, 1)
+    assert sorted(tf.train.load_checkpoint(delta).get_tensor("t-keys").tolist()) == [3, 4]
+
+
 _KILLED_TRAINING = """
 import sys
 sys.path.insert(0, {here!r})
