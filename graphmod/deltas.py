@@ -92,7 +92,8 @@ def committed(base: str) -> List[str]:
     the first whose files are missing or fail their checksums (reported)."""
     out = []
     folder = directory(base)
-    for i, entry in enumerate(read_manifest(base)):
+    entries = read_manifest(base)
+    for i, entry in enumerate(entries):
         prefix = os.path.join(folder, entry["name"])
         bad = [name for name, crc in entry["files"].items()
                if not tf.io.gfile.exists(os.path.join(folder, name))
@@ -100,8 +101,7 @@ def committed(base: str) -> List[str]:
         if bad:
             logging.error("graphmod: delta %s of %s is torn or corrupt (%s fail their "
                           "checksums): the restore stops at the delta before it (%d of %d "
-                          "applied)", entry["name"], base, ", ".join(bad), i,
-                          len(read_manifest(base)))
+                          "applied)", entry["name"], base, ", ".join(bad), i, len(entries))
             break
         out.append(prefix)
     return out
@@ -131,6 +131,13 @@ def publish(base: str, tmp: str, index: int, step: int) -> str:
     return os.path.join(folder, name)
 
 
+def discard(tmp: str) -> None:
+    """Removes a delta's half-written temporary files."""
+    for suffix in (".index", _DATA):
+        if tf.io.gfile.exists(tmp + suffix):
+            tf.io.gfile.remove(tmp + suffix)
+
+
 def truncate(base: str, keep: int) -> None:
     """Continues `base`'s chain after its first `keep` deltas: the manifest
     lists only those, and every other file in the folder (deltas after them,
@@ -138,8 +145,9 @@ def truncate(base: str, keep: int) -> None:
     folder = directory(base)
     if not tf.io.gfile.isdir(folder):
         return
-    entries = read_manifest(base)[:keep]
-    if len(entries) != len(read_manifest(base)):
+    committed_entries = read_manifest(base)
+    entries = committed_entries[:keep]
+    if len(entries) != len(committed_entries):
         _write_manifest(base, entries)
     kept = {name for e in entries for name in e["files"]} | {"manifest.json"}
     for name in tf.io.gfile.listdir(folder):

@@ -196,7 +196,8 @@ class TableSaver(tf1.train.Saver):
     # ---------------------------------------------------------------- save
 
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
-        versions = sess.run(self._versions) if self._versions else {}
+        # What a delta after this save follows (only read while tracking).
+        versions = sess.run(self._versions) if self.marks is not None else None
         path = super().save(sess, save_path, global_step, *args, **kwargs)
         if path:
             # A checkpoint written again under its name (a resumed run saves
@@ -230,8 +231,12 @@ class TableSaver(tf1.train.Saver):
         tmp = deltas.temp_prefix(base, count + 1)
         feed = {self._since[name]: mark for name, mark in self.marks.items()}
         feed[self._delta_saver.saver_def.filename_tensor_name] = tmp
-        sess.run(self._delta_saver.saver_def.save_tensor_name, feed)
-        prefix = deltas.publish(base, tmp, count + 1, step)
+        try:
+            sess.run(self._delta_saver.saver_def.save_tensor_name, feed)
+            prefix = deltas.publish(base, tmp, count + 1, step)
+        except Exception:
+            deltas.discard(tmp)  # the chain stays as it was; the next delta covers this one
+            raise
         self.chain, self.marks = (base, count + 1), versions
         return prefix
 

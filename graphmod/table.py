@@ -185,32 +185,12 @@ class _TableSaveable(saveable_object.SaveableObject):
     def __init__(self, table: Table):
         self.table = table
         everything = tf.constant(0, tf.int64, name=f"graphmod/{table.name}/save/since")
-        exported, pending = table.export(everything), table.export_pending(everything)
-        specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
-                 for f in self.FIELDS]
-        specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
-                  for f in self.PENDING]
-        specs.append(saveable_object.SaveSpec(_format_constant(table.graph), "",
-                                              f"{table.name}-format"))
-        super().__init__(table.handle, specs, table.name)
+        super().__init__(table.handle, _specs(table, everything), table.name)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        n, p = len(self.FIELDS), len(self.PENDING)
-        keys, values, slots, counts, last_seen, versions = restored_tensors[:n]
-        pending, checkpoint_format = restored_tensors[n:n + p], restored_tensors[n + p]
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
-            readable = _check_format(self.table, checkpoint_format)
-            with tf.control_dependencies([readable]):  # nothing changes before the check
-                keys = tf.identity(keys)
-            if self.table.num_slots == 0:
-                # A table that keeps no optimizer slots (an eval or predict graph)
-                # restores from a training checkpoint by dropping them.
-                slots = slots[:, :0, :]
-            rows = ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
-                                             last_seen, versions, replace=True)
-            with tf.control_dependencies([rows]):  # the import clears the pending ids
-                return ops.graphmod_table_import_pending(self.table.handle, *pending)
+            return _import(self.table, restored_tensors, replace=True)
 
 
 class _TableDeltaSaveable(saveable_object.SaveableObject):
@@ -227,35 +207,52 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
     def __init__(self, table: Table, since: tf.Tensor):
         self.table = table
         with tf1.name_scope(f"graphmod/{table.name}/delta"):
-            after = since + 1  # rows a step after the save touched carry a later version
-            exported, pending = table.export(after), table.export_pending(after)
+            # Rows a step after the save touched carry a later version.
+            specs = _specs(table, since + 1)
             removed = ops.graphmod_table_export_removed(table.handle, since)
-        specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
-                 for f in _TableSaveable.FIELDS]
-        specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
-                  for f in _TableSaveable.PENDING]
         specs.append(saveable_object.SaveSpec(removed, "", f"{table.name}-removed_keys"))
-        specs.append(saveable_object.SaveSpec(_format_constant(table.graph), "",
-                                              f"{table.name}-format"))
         super().__init__(table.handle, specs, table.name)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
-        keys, values, slots, counts, last_seen, versions = restored_tensors[:n]
-        pending = restored_tensors[n:n + p]
-        removed, checkpoint_format = restored_tensors[n + p:]
         with tf1.name_scope(f"graphmod/{self.table.name}/restore_delta"):
-            readable = _check_format(self.table, checkpoint_format)
-            with tf.control_dependencies([readable]):
-                gone = ops.graphmod_table_remove(self.table.handle, removed)
-            if self.table.num_slots == 0:
-                slots = slots[:, :0, :]
-            with tf.control_dependencies([gone]):
-                rows = ops.graphmod_table_import(self.table.handle, keys, values, slots, counts,
-                                                 last_seen, versions, replace=False)
-            with tf.control_dependencies([rows]):
-                return ops.graphmod_table_import_pending(self.table.handle, *pending)
+            return _import(self.table, restored_tensors[:-1], replace=False,
+                           removed=restored_tensors[-1])
+
+
+def _specs(table: Table, min_version: tf.Tensor) -> List[saveable_object.SaveSpec]:
+    """A table's checkpoint entries: rows and pending ids at version >=
+    min_version, and the format number."""
+    exported, pending = table.export(min_version), table.export_pending(min_version)
+    specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
+             for f in _TableSaveable.FIELDS]
+    specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
+              for f in _TableSaveable.PENDING]
+    specs.append(saveable_object.SaveSpec(_format_constant(table.graph), "",
+                                          f"{table.name}-format"))
+    return specs
+
+
+def _import(table: Table, restored: List[tf.Tensor], replace: bool,
+            removed: Optional[tf.Tensor] = None) -> tf.Operation:
+    """Imports entries as _specs wrote them, after checking their format (and
+    removing `removed` keys first): nothing changes before the check passes."""
+    n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
+    keys, values, slots, counts, last_seen, versions = restored[:n]
+    pending, checkpoint_format = restored[n:n + p], restored[n + p]
+    first = [_check_format(table, checkpoint_format)]
+    if removed is not None:
+        with tf.control_dependencies(first):
+            first = [ops.graphmod_table_remove(table.handle, removed)]
+    if table.num_slots == 0:
+        # A table that keeps no optimizer slots (an eval or predict graph)
+        # restores from a training checkpoint by dropping them.
+        slots = slots[:, :0, :]
+    with tf.control_dependencies(first):
+        rows = ops.graphmod_table_import(table.handle, keys, values, slots, counts, last_seen,
+                                         versions, replace=replace)
+    with tf.control_dependencies([rows]):  # the import clears the rows' pending ids
+        return ops.graphmod_table_import_pending(table.handle, *pending)
 
 
 def _check_format(table: Table, checkpoint_format: tf.Tensor) -> tf.Operation:

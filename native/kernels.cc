@@ -49,6 +49,24 @@ class TableKernel : public OpKernel {
                                " but the table has dim " + std::to_string(t.config().dim));
     return ::tensorflow::OkStatus();
   }
+
+  // The int64 scalar input `index` (its name for the error), or an error.
+  static Status ScalarInput(OpKernelContext* ctx, const EmbeddingTable& t, int index,
+                            const char* name, int64_t* value) {
+    const Tensor& in = ctx->input(index);
+    if (!::tensorflow::TensorShapeUtils::IsScalar(in.shape()))
+      return TableError(t, std::string("`") + name + "` must be a scalar, got shape " +
+                               in.shape().DebugString());
+    *value = in.scalar<int64_t>()();
+    return ::tensorflow::OkStatus();
+  }
+
+  static Status ScalarOutput(OpKernelContext* ctx, int64_t value) {
+    Tensor* out;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = value;
+    return ::tensorflow::OkStatus();
+  }
 };
 
 class TableOp : public OpKernel {
@@ -130,15 +148,14 @@ class FindOrInsertOp : public TableKernel {
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     OP_REQUIRES_OK(ctx, CheckDim(*t, dim_));
     const Tensor& keys = ctx->input(1);
-    const Tensor& now = ctx->input(2);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(now.shape()),
-                TableError(*t, "`now` must be a scalar, got shape " + now.shape().DebugString()));
+    int64_t now;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 2, "now", &now));
     TensorShape shape = keys.shape();
     shape.AddDim(dim_);
     Tensor *values, *handles;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &handles));
-    t->FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), now.scalar<int64_t>()(),
+    t->FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), now,
                     access_threshold_, values->flat<float>().data(),
                     handles->flat<int64_t>().data(), IntraOpRunner(ctx));
   }
@@ -207,11 +224,10 @@ class ExportOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const int64_t dim = t->config().dim, slots = t->config().num_slots;
-    const Tensor& min_version = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(min_version.shape()),
-                TableError(*t, "min_version must be a scalar"));
+    int64_t min_version;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "min_version", &min_version));
     Status status;
-    t->Export(min_version.scalar<int64_t>()(), [&](int64_t n) {
+    t->Export(min_version, [&](int64_t n) {
       ExportBuffers out;
       Tensor* tensors[6];
       const TensorShape shapes[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
@@ -284,9 +300,8 @@ class RemoveOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const Tensor& keys = ctx->input(1);
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = t->Remove(keys.flat<int64_t>().data(), keys.NumElements());
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, t->Remove(keys.flat<int64_t>().data(),
+                                                    keys.NumElements())));
   }
 };
 
@@ -294,13 +309,9 @@ class EvictOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
-    const Tensor& before = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(before.shape()),
-                TableError(*t, "`before` must be a scalar, got shape " +
-                                   before.shape().DebugString()));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = t->Evict(before.scalar<int64_t>()());
+    int64_t before;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "before", &before));
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, t->Evict(before)));
   }
 };
 
@@ -308,11 +319,10 @@ class ExportPendingOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
-    const Tensor& min_version = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(min_version.shape()),
-                TableError(*t, "min_version must be a scalar"));
+    int64_t min_version;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "min_version", &min_version));
     Status status;
-    t->ExportPending(min_version.scalar<int64_t>()(), [&](int64_t n, int64_t sketch) {
+    t->ExportPending(min_version, [&](int64_t n, int64_t sketch) {
       PendingBuffers out;
       Tensor* tensors[4];
       for (int i = 0; i < 4 && status.ok(); ++i)
@@ -355,9 +365,7 @@ class TrackRemovalsOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = t->TrackRemovals();
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, t->TrackRemovals()));
   }
 };
 
@@ -365,12 +373,10 @@ class ExportRemovedOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
-    const Tensor& since = ctx->input(1);
-    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(since.shape()),
-                TableError(*t, "`since` must be a scalar, got shape " +
-                                   since.shape().DebugString()));
+    int64_t since;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "since", &since));
     Status status;
-    t->ExportRemoved(since.scalar<int64_t>()(), [&](int64_t n) -> int64_t* {
+    t->ExportRemoved(since, [&](int64_t n) -> int64_t* {
       Tensor* out;
       status = ctx->allocate_output(0, TensorShape({n}), &out);
       return status.ok() ? out->flat<int64_t>().data() : nullptr;
