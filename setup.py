@@ -7,6 +7,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE_SOURCES = ["native/table.cc", "native/kernels.cc", "native/fused_kernels.cc",
+                  "native/save_kernel.cc",
                   "native/ops.cc"]
 
 

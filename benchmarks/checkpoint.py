@@ -4,17 +4,20 @@ of a full checkpoint with its chain.
 One table of 5M keys, dim 16, Adagrad (one slot), filled by training
 lookups and applies; between saves a step updates 1% of the keys (50,000:
 half already in the table, half new) and evicts nothing. Per round: a full
-save (seconds, bytes, the process's peak extra RSS while saving, sampled
-every millisecond), then 10 deltas each after such a step (seconds, bytes),
-then a restore of the full checkpoint and its 10 deltas into a fresh session
-(seconds), checked to hold every key. Each round runs in a fresh process, so
-that memory freed by an earlier round cannot hide a save's peak. Figures are
-medians (min-max) over the rounds; the ratios say what a delta costs against
-a full save.
+save (seconds, bytes), then 10 deltas each after such a step (seconds,
+bytes), then a restore of the full checkpoint and its 10 deltas into a fresh
+session (seconds), checked to hold every key. The full save's peak extra
+RSS and peak extra bytes allocated (glibc's mallinfo2) are sampled every
+millisecond. Each round runs in a fresh process with TF_ENABLE_ONEDNN_OPTS=0:
+oneDNN's CPU allocator keeps a pool that malloc's counters do not see into
+(nothing here computes with oneDNN).
+Figures are medians (min-max) over the rounds; the ratios say what a delta
+costs against a full save, and a save's memory against the table's.
 
 Usage: python benchmarks/checkpoint.py [--keys 5000000] [--rounds 3] [--json out.json]
 """
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -38,24 +41,49 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class PeakRss:
-    """The largest RSS above the starting one while the block runs."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+_libc = ctypes.CDLL("libc.so.6")
+_libc.mallinfo2.restype = _MallInfo2
+
+
+def allocated_bytes() -> int:
+    """Bytes malloc has handed out and not had back, over every arena."""
+    info = _libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+class Peak:
+    """The largest RSS, and the most bytes allocated, above the starting
+    ones while the block runs (sampled every millisecond). RSS alone can
+    miss a save's buffers: malloc serves them from memory freed earlier,
+    which the process still holds."""
 
     def __enter__(self):
-        self.start, self.peak, self._stop = rss_bytes(), 0, threading.Event()
+        self.start = (rss_bytes(), allocated_bytes())
+        self.rss = self.allocated = 0
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
+    def _take(self):
+        self.rss = max(self.rss, rss_bytes() - self.start[0])
+        self.allocated = max(self.allocated, allocated_bytes() - self.start[1])
+
     def _sample(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes() - self.start)
+            self._take()
             time.sleep(0.001)
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, rss_bytes() - self.start)
+        self._take()
 
 
 def files_bytes(prefix: str) -> int:
@@ -91,11 +119,13 @@ def one_round(args, rng):
             size, memory = sess.run([info["size"], info["memory_bytes"]])
             out["table_bytes"] = float(memory)
             prefix = os.path.join(folder, "model.ckpt")
-            with PeakRss() as peak:
+            with Peak() as peak:
                 t = time.perf_counter()
                 path = saver.save(sess, prefix, global_step=0)
                 out["full_s"] = time.perf_counter() - t
-            out["full_bytes"], out["full_peak_rss"] = float(files_bytes(path)), float(peak.peak)
+            out["full_bytes"] = float(files_bytes(path))
+            out["full_peak_rss"], out["full_peak_allocated"] = float(peak.rss), float(
+                peak.allocated)
             saver.start_tracking(sess)
             delta_s, delta_bytes, fresh = [], [], args.keys
             for d in range(DELTAS):
@@ -117,8 +147,8 @@ def one_round(args, rng):
             t = time.perf_counter()
             saver.restore(sess, path)
             out["restore_s"] = time.perf_counter() - t
-            restored = sess.run(info["size"])
-    assert restored == expected and saver.chain == (path, DELTAS), (restored, expected)
+            restored, chain = sess.run(info["size"]), saver.chain
+    assert restored == expected and chain == (path, DELTAS), (restored, expected, chain)
     out["rows"] = float(size)
     tf.io.gfile.rmtree(folder)
     return out
@@ -140,11 +170,12 @@ def main():
     for r in range(args.rounds):
         out = subprocess.run([sys.executable, __file__, "--keys", str(args.keys),
                               "--one-round", str(r)], check=True, capture_output=True,
-                             text=True).stdout
+                             text=True, env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
         x = runs[-1]
         print(f"  round {r + 1}: full {x['full_s']:.2f} s {x['full_bytes'] / 2**20:.0f} MiB "
-              f"(peak extra RSS {x['full_peak_rss'] / 2**20:.0f} MiB), delta {x['delta_s']:.3f} s "
+              f"(peak extra RSS {x['full_peak_rss'] / 2**20:.0f} MiB, allocated "
+              f"{x['full_peak_allocated'] / 2**20:.0f} MiB), delta {x['delta_s']:.3f} s "
               f"{x['delta_bytes'] / 2**20:.1f} MiB, restore full + {DELTAS} deltas "
               f"{x['restore_s']:.2f} s", flush=True)
     col = {k: [x[k] for x in runs] for k in runs[0]}
@@ -154,7 +185,8 @@ def main():
     print(f"  table in memory        {spread(mib, '{:.0f}')} MiB")
     print(f"  full save              {spread(col['full_s'], '{:.2f}')} s, "
           f"{spread([v / 2**20 for v in col['full_bytes']], '{:.0f}')} MiB, peak extra RSS "
-          f"{spread([v / 2**20 for v in col['full_peak_rss']], '{:.0f}')} MiB")
+          f"{spread([v / 2**20 for v in col['full_peak_rss']], '{:.0f}')} MiB, peak extra "
+          f"allocated {spread([v / 2**20 for v in col['full_peak_allocated']], '{:.0f}')} MiB")
     print(f"  delta save             {spread(col['delta_s'], '{:.3f}')} s, "
           f"{spread([v / 2**20 for v in col['delta_bytes']], '{:.1f}')} MiB")
     print(f"  restore full + {DELTAS} deltas {spread(col['restore_s'], '{:.2f}')} s")
@@ -164,10 +196,13 @@ def main():
         delta_over_full_seconds=float(np.median([d / f for d, f in zip(col["delta_s"],
                                                                       col["full_s"])])),
         full_peak_rss_over_table=float(np.median([p / t for p, t in zip(col["full_peak_rss"],
-                                                                       col["table_bytes"])])))
+                                                                       col["table_bytes"])])),
+        full_peak_allocated_over_table=float(np.median(
+            [p / t for p, t in zip(col["full_peak_allocated"], col["table_bytes"])])))
     print(f"  delta / full: bytes {ratios['delta_over_full_bytes']:.3f}, time "
-          f"{ratios['delta_over_full_seconds']:.3f}; full save peak extra RSS / table "
-          f"{ratios['full_peak_rss_over_table']:.2f}")
+          f"{ratios['delta_over_full_seconds']:.3f}; a full save's peak extra RSS / table "
+          f"{ratios['full_peak_rss_over_table']:.2f}, peak extra allocated / table "
+          f"{ratios['full_peak_allocated_over_table']:.2f}")
     if args.json:
         write_json(args.json, dict(keys=args.keys, dim=DIM, runs=col, **ratios,
                                    machine=machine(), date=time.strftime("%Y-%m-%d")))

@@ -3,7 +3,7 @@
 Each full checkpoint `<dir>/model.ckpt-100` may have a chain of deltas in
 `<dir>/graphmod/deltas/model.ckpt-100/`:
   manifest.json                        the committed deltas, in order, with checksums
-  delta-000001.index, .data-00000-of-00001 ...  each a TF checkpoint (graphmod.saver)
+  delta-000001.index, .data-00000-of-00002 ...  each a TF checkpoint (graphmod.saver)
 A delta is written under a temporary name, checksummed, renamed to its name,
 and only then listed in the manifest, which is itself replaced by an atomic
 rename: the manifest is the commit point. A crash at any moment leaves the
@@ -23,7 +23,6 @@ import tensorflow as tf
 from absl import logging
 
 FORMAT = 1
-_DATA = ".data-00000-of-00001"
 
 
 def directory(base: str) -> str:
@@ -56,6 +55,12 @@ def _sync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def files(prefix: str) -> List[str]:
+    """The files of the checkpoint at `prefix`: its index and data shards
+    (a table's part each, graphmod.saver)."""
+    return [prefix + ".index"] + sorted(tf.io.gfile.glob(prefix + ".data-?????-of-?????"))
 
 
 def read_manifest(base: str) -> List[dict]:
@@ -122,20 +127,24 @@ def publish(base: str, tmp: str, index: int, step: int) -> str:
         raise RuntimeError(f"graphmod: delta {index} of {base} would follow {len(entries)} "
                            f"committed deltas")
     name = delta_name(index)
-    files = {}
-    for suffix in (".index", _DATA):
-        _sync(tmp + suffix)
-        files[name + suffix] = _crc(tmp + suffix)
-        tf.io.gfile.rename(tmp + suffix, os.path.join(folder, name + suffix), overwrite=True)
-    _write_manifest(base, entries + [dict(name=name, step=int(step), files=files)])
+    crcs = {}
+    for path in files(tmp):
+        target = name + path[len(tmp):]
+        _sync(path)
+        crcs[target] = _crc(path)
+        tf.io.gfile.rename(path, os.path.join(folder, target), overwrite=True)
+    _write_manifest(base, entries + [dict(name=name, step=int(step), files=crcs)])
     return os.path.join(folder, name)
 
 
 def discard(tmp: str) -> None:
-    """Removes a delta's half-written temporary files."""
-    for suffix in (".index", _DATA):
-        if tf.io.gfile.exists(tmp + suffix):
-            tf.io.gfile.remove(tmp + suffix)
+    """Removes a delta's half-written temporary files (and the folder its
+    parts are written to before they are merged, graphmod.saver)."""
+    for path in files(tmp):
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+    if tf.io.gfile.isdir(tmp + "_temp"):
+        tf.io.gfile.rmtree(tmp + "_temp")
 
 
 def truncate(base: str, keep: int) -> None:
@@ -151,8 +160,13 @@ def truncate(base: str, keep: int) -> None:
         _write_manifest(base, entries)
     kept = {name for e in entries for name in e["files"]} | {"manifest.json"}
     for name in tf.io.gfile.listdir(folder):
-        if name not in kept:
-            tf.io.gfile.remove(os.path.join(folder, name))
+        path = os.path.join(folder, name.rstrip("/"))
+        if name.rstrip("/") in kept:
+            continue
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
 
 
 def drop(base: str) -> None:

@@ -9,6 +9,9 @@ collections hold) that also:
   each holds the table rows inserted or updated since the previous save, the
   keys removed since (tombstones), the admission counts that changed, and
   every other variable whole;
+- writes each table one shard at a time, as a part of its own in the
+  checkpoint (a full save or a delta takes one shard's rows of extra memory,
+  not a second copy of the table);
 - adopts dense checkpoints: when the hook converts variables that the
   checkpoint in model_dir holds densely (a model trained without graphmod),
   the restore imports each one's trained rows and optimizer slots into its
@@ -25,7 +28,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 from absl import logging
+from tensorflow.core.protobuf import saver_pb2
 from tensorflow.python.ops import variables as tf_variables
+from tensorflow.python.training import saver as saver_lib
 
 from graphmod import deltas
 from graphmod._ops import ops
@@ -51,13 +56,52 @@ def _is_table(saveable) -> bool:
     return isinstance(saveable, _TableSaveable)
 
 
+def _writes_itself(saveable) -> bool:
+    """A table's saveable, full or delta (graphmod.table): it writes its
+    checkpoint entries with one op, one shard at a time."""
+    from graphmod.table import _TableDeltaSaveable
+    return _is_table(saveable) or isinstance(saveable, _TableDeltaSaveable)
+
+
+class _PartsBuilder(saver_lib.BulkSaverBuilder):
+    """Saves every table as a part of its own in a sharded (V2) checkpoint,
+    written by the table's GraphmodTableSave one shard at a time, beside the
+    usual part per device for everything else; TensorFlow's merge makes the
+    parts one checkpoint. A SaveV2 of a table's entries would take the whole
+    table as tensors: a second copy of it in memory while it saves."""
+
+    def _AddShardedSaveOpsForV2(self, checkpoint_prefix, per_device):
+        parts = []
+        for device, saveables in per_device:
+            others = [s for s in saveables if not _writes_itself(s)]
+            if others:
+                parts.append((device, others))
+            parts += [(device, [s]) for s in saveables if _writes_itself(s)]
+        return super()._AddShardedSaveOpsForV2(checkpoint_prefix, parts)
+
+    def _AddSaveOps(self, filename_tensor, saveables):
+        if len(saveables) == 1 and _writes_itself(saveables[0]):
+            with tf.control_dependencies([saveables[0].write(filename_tensor)]):
+                return tf.identity(filename_tensor)
+        if any(_writes_itself(s) for s in saveables):  # an unsharded Saver
+            return self._AddShardedSaveOpsForV2(filename_tensor, [("", saveables)])
+        return super()._AddSaveOps(filename_tensor, saveables)
+
+
+def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
+    """Tables are saved one shard at a time in V2 checkpoints (the default
+    format); a V1 Saver keeps TensorFlow's builder."""
+    version = saver_kwargs.get("write_version", saver_pb2.SaverDef.V2)
+    return _PartsBuilder(version) if version == saver_pb2.SaverDef.V2 else None
+
+
 class TableSaver(tf1.train.Saver):
     """See the module docstring. `chain` is (the full checkpoint this
     session's state extends, how many of its deltas): set by every restore
     and full save, advanced by save_delta."""
 
     def __init__(self, adoptions: Optional[List[Adoption]] = None, **saver_kwargs):
-        super().__init__(defer_build=True, **saver_kwargs)
+        super().__init__(defer_build=True, builder=_builder(saver_kwargs), **saver_kwargs)
         self.adoptions = list(adoptions or [])
         self.chain: Tuple[Optional[str], int] = (None, 0)
         self.restored: Tuple[Optional[str], int] = (None, 0)  # what the last restore applied
@@ -100,7 +144,7 @@ class TableSaver(tf1.train.Saver):
                 self._track[name] = ops.graphmod_table_track_removals(t.table.handle)
                 parts.append(_TableDeltaSaveable(t.table, self._since[name]))
             self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
-                                                allow_empty=True)
+                                                allow_empty=True, builder=_PartsBuilder())
 
     def _build_adoption(self, saveables) -> None:
         adopted = {a.table.name for a in self.adoptions}

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import weakref
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -177,15 +177,25 @@ class _TableSaveable(saveable_object.SaveableObject):
     ids counted towards admission as `<name>-pending_keys`, ..., and the
     format number `<name>-format`.
 
-    Restoring replaces the table's contents with the checkpoint's.
+    graphmod's TableSaver writes them with `write`, one shard at a time; any
+    other Saver exports the whole table first (a second copy of it in
+    memory while it saves). Restoring replaces the table's contents with the
+    checkpoint's.
     """
     FIELDS = ("keys", "values", "slots", "counts", "last_seen", "versions")
     PENDING = ("keys", "counts", "last_seen", "sketch")
 
     def __init__(self, table: Table):
         self.table = table
-        everything = tf.constant(0, tf.int64, name=f"graphmod/{table.name}/save/since")
-        super().__init__(table.handle, _specs(table, everything), table.name)
+        super().__init__(table.handle, _specs(table, lambda: tf.constant(0, tf.int64)),
+                         table.name)
+
+    def write(self, prefix: tf.Tensor) -> tf.Operation:
+        """Writes the entries as a checkpoint at `prefix` (one part of a
+        sharded checkpoint), one shard of the table at a time."""
+        with tf1.name_scope(f"graphmod/{self.table.name}/save"):
+            return ops.graphmod_table_save(self.table.handle, prefix, tf.constant(0, tf.int64),
+                                           checkpoint_format=CHECKPOINT_FORMAT)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
@@ -205,13 +215,20 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
     """
 
     def __init__(self, table: Table, since: tf.Tensor):
-        self.table = table
-        with tf1.name_scope(f"graphmod/{table.name}/delta"):
-            # Rows a step after the save touched carry a later version.
-            specs = _specs(table, since + 1)
-            removed = ops.graphmod_table_export_removed(table.handle, since)
-        specs.append(saveable_object.SaveSpec(removed, "", f"{table.name}-removed_keys"))
+        self.table, self.since = table, since
+        # Rows a step after the save touched carry a later version.
+        specs = _specs(table, lambda: since + 1)
+        specs.append(_lazy_spec(
+            table, "removed_keys", tf.int64,
+            lambda: ops.graphmod_table_export_removed(table.handle, since)))
         super().__init__(table.handle, specs, table.name)
+
+    def write(self, prefix: tf.Tensor) -> tf.Operation:
+        """As _TableSaveable.write."""
+        with tf1.name_scope(f"graphmod/{self.table.name}/delta"):
+            return ops.graphmod_table_save(self.table.handle, prefix, self.since + 1,
+                                           checkpoint_format=CHECKPOINT_FORMAT,
+                                           with_removed=True)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
@@ -220,16 +237,38 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
                            removed=restored_tensors[-1])
 
 
-def _specs(table: Table, min_version: tf.Tensor) -> List[saveable_object.SaveSpec]:
+def _lazy_spec(table: Table, entry: str, dtype: tf.DType,
+               make: Callable[[], tf.Tensor]) -> saveable_object.SaveSpec:
+    """The spec of checkpoint entry `<table>-<entry>`, whose tensor is made
+    only when a Saver writes it (a restore needs its name and type only)."""
+    return saveable_object.SaveSpec(make, "", f"{table.name}-{entry}", dtype=dtype,
+                                    device=table.handle.device)
+
+
+_DTYPES = dict(keys=tf.int64, values=tf.float32, slots=tf.float32, counts=tf.int64,
+               last_seen=tf.int64, versions=tf.int64, sketch=tf.int32)
+
+
+def _specs(table: Table, min_version: Callable[[], tf.Tensor]) -> List[saveable_object.SaveSpec]:
     """A table's checkpoint entries: rows and pending ids at version >=
-    min_version, and the format number."""
-    exported, pending = table.export(min_version), table.export_pending(min_version)
-    specs = [saveable_object.SaveSpec(exported[f], "", f"{table.name}-{f}")
-             for f in _TableSaveable.FIELDS]
-    specs += [saveable_object.SaveSpec(pending[f], "", f"{table.name}-pending_{f}")
+    min_version(), and the format number. Their tensors come from one export
+    of each kind, made when a Saver first asks for one."""
+    exported: Dict[str, Dict[str, tf.Tensor]] = {}
+
+    def field(kind: str, name: str) -> Callable[[], tf.Tensor]:
+        def make():
+            if not exported:
+                with tf1.name_scope(f"graphmod/{table.name}/export"):
+                    version = min_version()
+                    exported.update(rows=table.export(version),
+                                    pending=table.export_pending(version))
+            return exported[kind][name]
+        return make
+
+    specs = [_lazy_spec(table, f, _DTYPES[f], field("rows", f)) for f in _TableSaveable.FIELDS]
+    specs += [_lazy_spec(table, f"pending_{f}", _DTYPES[f], field("pending", f))
               for f in _TableSaveable.PENDING]
-    specs.append(saveable_object.SaveSpec(_format_constant(table.graph), "",
-                                          f"{table.name}-format"))
+    specs.append(_lazy_spec(table, "format", tf.int64, lambda: _format_constant(table.graph)))
     return specs
 
 

@@ -20,6 +20,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
+from graphmod import deltas
 from graphmod import saver as table_saver
 from graphmod.rewrite.rewriter import Rewriter
 from graphmod.table import tables
@@ -102,7 +103,6 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             step)
             return
         self.deltas_written += 1
-        size = sum(tf.io.gfile.stat(prefix + s).length
-                   for s in (".index", ".data-00000-of-00001"))
+        size = sum(tf.io.gfile.stat(f).length for f in deltas.files(prefix))
         logging.info("graphmod: delta %d after %s at step %d: %.1f KB in %.2fs",
                      self.saver.chain[1], base, step, size / 1024, time.time() - start)

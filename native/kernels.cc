@@ -27,48 +27,6 @@ namespace errors = ::tensorflow::errors;
 
 namespace {
 
-// Base of every kernel taking the table as input 0: looks it up, keeps a
-// reference for the duration of Compute.
-class TableKernel : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    TableResource* resource = nullptr;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &resource));
-    ::tensorflow::core::ScopedUnref unref(resource);
-    ComputeWithTable(ctx, &resource->table);
-  }
-
- protected:
-  virtual void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) = 0;
-
-  // The `dim` attr the Python side built the op with must match the table.
-  static Status CheckDim(const EmbeddingTable& t, int dim) {
-    if (dim != t.config().dim)
-      return TableError(t, "the op was built for dim " + std::to_string(dim) +
-                               " but the table has dim " + std::to_string(t.config().dim));
-    return ::tensorflow::OkStatus();
-  }
-
-  // The int64 scalar input `index` (its name for the error), or an error.
-  static Status ScalarInput(OpKernelContext* ctx, const EmbeddingTable& t, int index,
-                            const char* name, int64_t* value) {
-    const Tensor& in = ctx->input(index);
-    if (!::tensorflow::TensorShapeUtils::IsScalar(in.shape()))
-      return TableError(t, std::string("`") + name + "` must be a scalar, got shape " +
-                               in.shape().DebugString());
-    *value = in.scalar<int64_t>()();
-    return ::tensorflow::OkStatus();
-  }
-
-  static Status ScalarOutput(OpKernelContext* ctx, int64_t value) {
-    Tensor* out;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = value;
-    return ::tensorflow::OkStatus();
-  }
-};
-
 class TableOp : public OpKernel {
  public:
   explicit TableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {

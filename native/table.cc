@@ -625,7 +625,11 @@ struct EmbeddingTable::Shard {
   }
 
   void Erase(size_t slot) {
-    NoteRemoved(Header(Record(Row(slot)))->key);
+    RecordHeader* h = Header(Record(Row(slot)));
+    NoteRemoved(h->key);
+    // Version 0 is below any delta's min_version: a delta's export skips a
+    // freed row it finds among the changed ones without looking it up.
+    h->version = 0;
     free_rows.push_back(Row(slot));
     ++generation[Row(slot)];
     Ctrl(slot) = kDeleted;  // a tombstone keeps probe chains through this group intact
@@ -1326,41 +1330,62 @@ void EmbeddingTable::Clear() {
   }
 }
 
-void EmbeddingTable::Export(int64_t min_version,
-                            const std::function<ExportBuffers(int64_t n)>& alloc) const {
-  // All shard locks are held so the count and the rows written agree.
-  std::vector<std::unique_lock<std::mutex>> locks;
-  for (const auto& s : shards_) locks.emplace_back(s->mu);
-  // Per shard, the rows to write: live, with version >= min_version. A shard
-  // tracking changes since a mark below min_version finds them among its
-  // changed rows (a delta costs what changed, not the table).
-  std::vector<std::vector<uint32_t>> picked(shards_.size());
+std::vector<uint32_t> EmbeddingTable::PickRows(const Shard& s, int64_t min_version) const {
+  // Live rows with version >= min_version. A shard tracking changes since a
+  // mark below min_version finds them among its changed rows (a delta costs
+  // what changed, not the table); those freed since have version 0 (Erase),
+  // and a row freed and reused holds its new key.
+  std::vector<uint32_t> rows;
+  if (s.track_removals && min_version > s.mark) {
+    rows = s.dirty;
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    rows.erase(std::remove_if(rows.begin(), rows.end(), [&](uint32_t row) {
+                 return Header(s.Record(row))->version < min_version;
+               }),
+               rows.end());
+  } else {
+    for (size_t slot = 0; slot < s.groups * kGroup; ++slot)
+      if (s.Ctrl(slot) >= 0 && Header(s.Record(s.Row(slot)))->version >= min_version)
+        rows.push_back(s.Row(slot));
+  }
+  return rows;
+}
+
+std::pair<size_t, size_t> EmbeddingTable::ShardRange(int shard) const {
+  if (shard < 0) return {0, shards_.size()};
+  return {static_cast<size_t>(shard), static_cast<size_t>(shard) + 1};
+}
+
+int64_t EmbeddingTable::CountRows(int64_t min_version, int shard) const {
   int64_t n = 0;
-  for (size_t si = 0; si < shards_.size(); ++si) {
-    const Shard& s = *shards_[si];
-    std::vector<uint32_t>& rows = picked[si];
-    if (s.track_removals && min_version > s.mark) {
-      rows = s.dirty;
-      std::sort(rows.begin(), rows.end());
-      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-      rows.erase(std::remove_if(rows.begin(), rows.end(), [&](uint32_t row) {
-                   const RecordHeader* h = Header(s.Record(row));
-                   return h->version < min_version || s.FindRow(h->key, HashKey(h->key)) != row;
-                 }),
-                 rows.end());
-    } else {
-      for (size_t slot = 0; slot < s.groups * kGroup; ++slot)
-        if (s.Ctrl(slot) >= 0 && Header(s.Record(s.Row(slot)))->version >= min_version)
-          rows.push_back(s.Row(slot));
-    }
-    n += static_cast<int64_t>(rows.size());
+  const auto [s0, s1] = ShardRange(shard);
+  for (size_t si = s0; si < s1; ++si) {
+    std::lock_guard<std::mutex> lock(shards_[si]->mu);
+    n += static_cast<int64_t>(PickRows(*shards_[si], min_version).size());
+  }
+  return n;
+}
+
+void EmbeddingTable::Export(int64_t min_version,
+                            const std::function<ExportBuffers(int64_t n)>& alloc,
+                            int shard) const {
+  // The locks of every shard read are held so the count and the rows agree.
+  const auto [s0, s1] = ShardRange(shard);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (size_t si = s0; si < s1; ++si) locks.emplace_back(shards_[si]->mu);
+  std::vector<std::vector<uint32_t>> picked;
+  int64_t n = 0;
+  for (size_t si = s0; si < s1; ++si) {
+    picked.push_back(PickRows(*shards_[si], min_version));
+    n += static_cast<int64_t>(picked.back().size());
   }
   const ExportBuffers out = alloc(n);
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
   int64_t i = 0;
-  for (size_t si = 0; si < shards_.size(); ++si) {
+  for (size_t si = s0; si < s1; ++si) {
     const Shard* s = shards_[si].get();
-    for (uint32_t row : picked[si]) {
+    for (uint32_t row : picked[si - s0]) {
       char* rec = s->Record(row);
       const RecordHeader* h = Header(rec);
       if (out.keys) out.keys[i] = h->key;
@@ -1434,28 +1459,41 @@ int64_t EmbeddingTable::sketch_size() const {
   return static_cast<int64_t>(shards_[0]->sketch.size()) * config_.num_shards;
 }
 
+int64_t EmbeddingTable::CountPending(int64_t min_version, int shard) const {
+  int64_t n = 0;
+  const auto [s0, s1] = ShardRange(shard);
+  for (size_t si = s0; si < s1; ++si) {
+    std::lock_guard<std::mutex> lock(shards_[si]->mu);
+    for (const auto& entry : shards_[si]->pending) n += entry.second.version >= min_version;
+  }
+  return n;
+}
+
 void EmbeddingTable::ExportPending(
     int64_t min_version,
-    const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const {
+    const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc, int shard) const {
+  const auto [s0, s1] = ShardRange(shard);
   std::vector<std::unique_lock<std::mutex>> locks;  // a consistent count and contents
   int64_t n = 0;
-  for (const auto& s : shards_) {
-    locks.emplace_back(s->mu);
-    for (const auto& entry : s->pending) n += entry.second.version >= min_version;
+  for (size_t si = s0; si < s1; ++si) {
+    locks.emplace_back(shards_[si]->mu);
+    for (const auto& entry : shards_[si]->pending) n += entry.second.version >= min_version;
   }
-  const PendingBuffers out = alloc(n, sketch_size());
+  const int64_t sketch = static_cast<int64_t>(shards_[0]->sketch.size() * (s1 - s0));
+  const PendingBuffers out = alloc(n, sketch);
   // A failed allocator said so and returned no buffers.
-  if ((n > 0 && out.keys == nullptr) || (sketch_size() > 0 && out.sketch == nullptr)) return;
+  if ((n > 0 && out.keys == nullptr) || (sketch > 0 && out.sketch == nullptr)) return;
   int64_t i = 0, c = 0;
-  for (const auto& s : shards_) {
-    for (const auto& [key, p] : s->pending) {
+  for (size_t si = s0; si < s1; ++si) {
+    const Shard& s = *shards_[si];
+    for (const auto& [key, p] : s.pending) {
       if (p.version < min_version) continue;
       out.keys[i] = key;
       out.counts[i] = p.count;
       out.last_seen[i] = p.last_seen;
       ++i;
     }
-    for (uint32_t v : s->sketch) out.sketch[c++] = static_cast<int32_t>(std::min<uint32_t>(v, INT32_MAX));
+    for (uint32_t v : s.sketch) out.sketch[c++] = static_cast<int32_t>(std::min<uint32_t>(v, INT32_MAX));
   }
 }
 

@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace graphmod {
@@ -199,9 +200,13 @@ class EmbeddingTable {
   // Writes every row whose version >= min_version. alloc(n) is called once,
   // under the table's locks, with the number of rows to write. Once removals
   // are tracked (below), a min_version above the last delta's mark reads only
-  // the rows changed since that mark.
-  void Export(int64_t min_version,
-              const std::function<ExportBuffers(int64_t n)>& alloc) const;
+  // the rows changed since that mark. With shard >= 0 (< num_shards), reads
+  // that shard only, holding its lock only: a save copies a large table one
+  // shard at a time, so a concurrent step waits for one shard's copy at most.
+  void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
+              int shard = -1) const;
+  // How many rows Export would write now.
+  int64_t CountRows(int64_t min_version, int shard = -1) const;
   // Inserts or overwrites rows; slots/counts/last_seen/versions may be null
   // (slots then start from slot_init, metadata from zero). With replace, the
   // table is cleared first. Returns "" or the error.
@@ -210,9 +215,13 @@ class EmbeddingTable {
                      const int64_t* versions, int64_t n, bool replace,
                      const Runner& run = SerialRunner);
   // Writes every pending key counted at version >= min_version (0: all) and
-  // the whole sketch; alloc(n, sketch size) as for Export.
+  // the sketch's counters (shard by shard, each shard's sketch_size() /
+  // num_shards of them); alloc(n, counters) as for Export, and `shard` too.
   void ExportPending(int64_t min_version,
-                     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc) const;
+                     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
+                     int shard = -1) const;
+  // How many pending keys ExportPending would write now.
+  int64_t CountPending(int64_t min_version, int shard = -1) const;
   // Incremental checkpoints. From TrackRemovals() on (it returns version()),
   // every key that loses its row or pending count (Remove, Evict, eviction
   // when full, Clear) is noted with the version then. ExportRemoved(since)
@@ -241,6 +250,10 @@ class EmbeddingTable {
   struct Shard;
   struct Batch;
   void AdvanceLatest(int64_t now);
+  // Shard `shard`, or every shard when it is negative: [first, last).
+  std::pair<size_t, size_t> ShardRange(int shard) const;
+  // The rows Export writes of a shard whose lock the caller holds.
+  std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
   Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
                   const Runner& run) const;
   // Calls fn(p, row or Shard::kNoRow, slot) for shard s's keys of the batch

@@ -1,7 +1,8 @@
-// What graphmod's TensorFlow kernels share (kernels.cc: one table per op;
-// fused_kernels.cc: many tables per op): the resource holding a table, the
-// runner that spreads table work over the session's threads, errors that
-// name the table, and the reading of an apply's hyper-parameters.
+// What graphmod's TensorFlow kernels share (kernels.cc and save_kernel.cc:
+// one table per op; fused_kernels.cc: many tables per op): the resource
+// holding a table, the runner that spreads table work over the session's
+// threads, errors that name the table, the reading of an apply's
+// hyper-parameters, and the base of single-table kernels.
 #ifndef GRAPHMOD_NATIVE_TABLE_RESOURCE_H_
 #define GRAPHMOD_NATIVE_TABLE_RESOURCE_H_
 
@@ -80,6 +81,49 @@ inline ::tensorflow::Status ReadHparams(const EmbeddingTable& t,
   for (size_t i = 0; i < fields.size(); ++i) opt->*(fields[i].second) = hparams.flat<float>()(i);
   return ::tensorflow::OkStatus();
 }
+
+// Base of every kernel taking the table as input 0: looks it up, keeps a
+// reference for the duration of Compute.
+class TableKernel : public ::tensorflow::OpKernel {
+ public:
+  using ::tensorflow::OpKernel::OpKernel;
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    TableResource* resource = nullptr;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &resource));
+    ::tensorflow::core::ScopedUnref unref(resource);
+    ComputeWithTable(ctx, &resource->table);
+  }
+
+ protected:
+  virtual void ComputeWithTable(::tensorflow::OpKernelContext* ctx, EmbeddingTable* table) = 0;
+
+  // The `dim` attr the Python side built the op with must match the table.
+  static ::tensorflow::Status CheckDim(const EmbeddingTable& t, int dim) {
+    if (dim != t.config().dim)
+      return TableError(t, "the op was built for dim " + std::to_string(dim) +
+                               " but the table has dim " + std::to_string(t.config().dim));
+    return ::tensorflow::OkStatus();
+  }
+
+  // The int64 scalar input `index` (its name for the error), or an error.
+  static ::tensorflow::Status ScalarInput(::tensorflow::OpKernelContext* ctx,
+                                          const EmbeddingTable& t, int index, const char* name,
+                                          int64_t* value) {
+    const ::tensorflow::Tensor& in = ctx->input(index);
+    if (!::tensorflow::TensorShapeUtils::IsScalar(in.shape()))
+      return TableError(t, std::string("`") + name + "` must be a scalar, got shape " +
+                               in.shape().DebugString());
+    *value = in.scalar<int64_t>()();
+    return ::tensorflow::OkStatus();
+  }
+
+  static ::tensorflow::Status ScalarOutput(::tensorflow::OpKernelContext* ctx, int64_t value) {
+    ::tensorflow::Tensor* out;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, ::tensorflow::TensorShape({}), &out));
+    out->scalar<int64_t>()() = value;
+    return ::tensorflow::OkStatus();
+  }
+};
 
 }  // namespace graphmod
 

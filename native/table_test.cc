@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -674,11 +675,125 @@ void TestDeltaExport() {
   CHECK(delta_after(mark) == scan_after(mark));  // an older mark still scans correctly
 }
 
+// Exports shard by shard (what a save does, one shard's rows at a time)
+// hold, in order, what one export of the whole table holds; CountRows and
+// CountPending say beforehand how many each will write.
+void TestShardExport() {
+  TableConfig c = Config(3, 1);
+  c.num_shards = 4;
+  EmbeddingTable t(c);
+  std::vector<int64_t> keys(2000);
+  for (int64_t k = 0; k < 2000; ++k) keys[k] = k * 31 - 7000;
+  std::vector<float> values(3 * 2000), grads(3 * 2000, 0.25f);
+  Optimizer sgd;
+  sgd.lr = 0.1f;
+  // Keys seen twice get rows (threshold 2): the first 1500; the rest pend.
+  t.FindOrInsert(keys.data(), 1500, 1, 2, values.data(), nullptr, graphmod::SerialRunner);
+  t.FindOrInsert(keys.data(), 2000, 2, 2, values.data(), nullptr, graphmod::SerialRunner);
+  CHECK(t.size() == 1500 && t.counters().pending == 500);
+  CHECK(t.Apply(sgd, keys.data(), false, grads.data(), 1500, graphmod::SerialRunner).empty());
+  const int64_t mark = t.TrackRemovals();  // then 100 rows change
+  CHECK(t.Apply(sgd, keys.data(), false, grads.data(), 100, graphmod::SerialRunner).empty());
+  for (int64_t min_version : {int64_t{0}, mark + 1}) {
+    Exported all = ExportAll(t, min_version);
+    CHECK(t.CountRows(min_version) == static_cast<int64_t>(all.keys.size()));
+    Exported joined;
+    for (int s = 0; s < 4; ++s) {
+      const int64_t counted = t.CountRows(min_version, s);
+      t.Export(min_version, [&](int64_t n) {
+        CHECK(n == counted);
+        const size_t at = joined.keys.size();
+        joined.keys.resize(at + n);
+        joined.values.resize((at + n) * 3);
+        ExportBuffers b;
+        b.keys = joined.keys.data() + at;
+        b.values = joined.values.data() + at * 3;
+        return b;
+      }, s);
+    }
+    CHECK(joined.keys == all.keys && joined.values == all.values);
+    CHECK(all.keys.size() == (min_version == 0 ? 1500u : 100u));
+  }
+  std::vector<int64_t> all_pending, joined_pending;
+  auto pending = [&](int shard, std::vector<int64_t>* out) {
+    std::vector<int64_t> counts, seen;
+    t.ExportPending(0, [&](int64_t n, int64_t sketch) {
+      CHECK(sketch == 0);
+      const size_t at = out->size();
+      out->resize(at + n), counts.resize(n), seen.resize(n);
+      return graphmod::PendingBuffers{out->data() + at, counts.data(), seen.data(), nullptr};
+    }, shard);
+  };
+  pending(-1, &all_pending);
+  for (int s = 0; s < 4; ++s) {
+    const size_t before = joined_pending.size();
+    pending(s, &joined_pending);
+    CHECK(t.CountPending(0, s) == static_cast<int64_t>(joined_pending.size() - before));
+  }
+  CHECK(all_pending.size() == 500 && joined_pending == all_pending);
+  // A delta after removals whose rows new keys reuse: the removed keys are
+  // gone from it, the new ones in it, as a scan of every row finds.
+  t.Remove(keys.data() + 200, 50);
+  std::vector<int64_t> fresh(50);
+  for (int64_t k = 0; k < 50; ++k) fresh[k] = 900000 + k;
+  t.FindOrInsert(fresh.data(), 50, 3, 1, values.data(), nullptr, graphmod::SerialRunner);
+  Exported delta = ExportAll(t, mark + 1), every = ExportAll(t, 0);
+  std::set<int64_t> expected, got(delta.keys.begin(), delta.keys.end());
+  for (size_t i = 0; i < every.keys.size(); ++i)
+    if (every.versions[i] > mark) expected.insert(every.keys[i]);
+  CHECK(got == expected && got.size() == 150 && delta.keys.size() == 150);
+  for (int64_t k = 200; k < 250; ++k) CHECK(got.count(keys[k]) == 0);
+}
+
+// A save's shard-by-shard export while other threads look up, update and
+// remove (ThreadSanitizer): each shard's rows are read under its lock.
+void TestConcurrentShardExport() {
+  TableConfig c = Config(4, 1);
+  c.num_shards = 8;
+  EmbeddingTable t(c);
+  std::atomic<bool> done{false};
+  std::thread trainer([&] {
+    std::mt19937_64 rng(3);
+    Optimizer sgd;
+    sgd.lr = 0.1f;
+    std::vector<int64_t> keys(256), handles(256);
+    std::vector<float> values(256 * 4), grads(256 * 4, 0.1f);
+    for (int step = 0; step < 300; ++step) {
+      for (auto& k : keys) k = static_cast<int64_t>(rng() % 50000);
+      t.FindOrInsert(keys.data(), keys.size(), step, -1, values.data(), handles.data(),
+                     ThreadRunner);
+      t.Apply(sgd, handles.data(), true, grads.data(), keys.size(), ThreadRunner);
+      if (step % 20 == 0) t.Remove(keys.data(), 32);
+    }
+    done = true;
+  });
+  const int64_t mark = t.TrackRemovals();
+  while (!done) {
+    for (int s = 0; s < 8; ++s) {
+      for (int64_t min_version : {int64_t{0}, mark + 1}) {
+        std::vector<int64_t> keys;
+        std::vector<float> values;
+        t.CountRows(min_version, s);
+        t.Export(min_version, [&](int64_t n) {
+          keys.resize(n), values.resize(n * 4);
+          ExportBuffers b;
+          b.keys = keys.data();
+          b.values = values.data();
+          return b;
+        }, s);
+        for (int64_t k : keys) CHECK(k >= 0 && k < 50000);
+      }
+    }
+  }
+  trainer.join();
+}
+
 int main(int argc, char** argv) {
   // --concurrency: only the multi-threaded tests (the ThreadSanitizer build).
   if (argc > 1 && std::string(argv[1]) == "--concurrency") {
     for (int round = 0; round < 3; ++round) TestConcurrentUse();
     TestParallelImport();
+    TestConcurrentShardExport();
     std::printf("table_test --concurrency: %s\n", failures ? "FAILED" : "all checks passed");
     return failures != 0;
   }
@@ -698,7 +813,9 @@ int main(int argc, char** argv) {
   TestValidation();
   TestRemovalTracking();
   TestDeltaExport();
+  TestShardExport();
   TestParallelImport();
+  TestConcurrentShardExport();
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures.load());
     return 1;

@@ -15,6 +15,7 @@ import tensorflow as tf
 from hypothesis import given, settings, strategies as st
 
 import graphmod
+import graphmod.saver
 from graphmod._ops import library_path
 
 tf1 = tf.compat.v1
@@ -267,6 +268,72 @@ def test_a_checkpoint_format_this_version_cannot_read_is_refused_naming_the_tabl
             assert sess.run(size) == 1  # the row of key 7, not the checkpoint's
             saver.restore(sess, ckpt)
             assert sess.run(size) == 2
+
+
+@pytest.mark.parametrize("kind", ["exact_admission", "sketch_admission", "empty"])
+def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_path, kind):
+    """graphmod's TableSaver writes each table with GraphmodTableSave, one
+    shard at a time, as a part of the checkpoint: the entries (names, types,
+    shapes, contents) are those a plain Saver's SaveV2 writes, and restore."""
+    def build():
+        ids = tf1.placeholder(tf.int64, [None])
+        opt = graphmod.optimizers.Adagrad(0.1)
+        sketch = dict(admission_sketch_width=4096) if kind == "sketch_admission" else {}
+        if kind != "empty":
+            graphmod.use_feature_specs({"item": ids}, [graphmod.FeatureSpec(
+                "item", access_threshold=2)])
+        table = graphmod.create_table("item", 3, optimizer=opt, num_shards=4, **sketch)
+        rows = graphmod.sparse_lookup(table, ids)
+        train = opt.minimize(tf.reduce_sum(tf.sin(rows)))
+        tf1.get_variable("dense", [2], initializer=tf1.ones_initializer())
+        saver = graphmod.saver.TableSaver(sharded=True)
+        saver.build()
+        return table, ids, train, saver
+
+    with tf.Graph().as_default():
+        table, ids, train, saver = build()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            if kind != "empty":
+                sess.run(train, {ids: np.arange(200) % 150})  # 50 admitted, 100 pending
+            before = sess.run(table.export())
+            parts = saver.save(sess, str(tmp_path / "parts"))
+            plain = tf1.train.Saver().save(sess, str(tmp_path / "plain"))
+    assert len(list(tmp_path.glob("parts.data-*"))) == 2  # the table's part and the dense one
+    a, b = tf.train.load_checkpoint(plain), tf.train.load_checkpoint(parts)
+    assert a.get_variable_to_shape_map() == b.get_variable_to_shape_map()
+    assert a.get_variable_to_dtype_map() == b.get_variable_to_dtype_map()
+    rows = 0 if kind == "empty" else 50
+    assert b.get_variable_to_shape_map()["item-values"] == [rows, 3]
+    for prefix in ("item-", "item-pending_"):
+        order_a, order_b = (np.argsort(r.get_tensor(prefix + "keys")) for r in (a, b))
+        for name in a.get_variable_to_shape_map():
+            field = name[len(prefix):]
+            if not name.startswith(prefix) or field not in ("keys", "values", "slots", "counts",
+                                                            "last_seen", "versions"):
+                continue
+            np.testing.assert_array_equal(a.get_tensor(name)[order_a],
+                                          b.get_tensor(name)[order_b], err_msg=name)
+    for name in ("item-pending_sketch", "item-format", "dense"):
+        np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+    if kind == "exact_admission":
+        assert b.get_tensor("item-pending_keys").size == 100
+    if kind == "sketch_admission":
+        assert b.get_tensor("item-pending_sketch").size == 4 * 4096
+        assert b.get_tensor("item-pending_sketch").sum() > 0
+
+    with tf.Graph().as_default():
+        table, ids, train, saver = build()
+        with tf1.Session() as sess:
+            saver.restore(sess, parts)
+            after = sess.run(table.export())
+            if kind == "exact_admission":  # the restored counts admit on the next sighting
+                sess.run(train, {ids: [120]})
+                assert sess.run(table.size()) == rows + 1
+    order_b, order_a = np.argsort(before["keys"]), np.argsort(after["keys"])
+    for field in before:
+        np.testing.assert_array_equal(before[field][order_b], after[field][order_a],
+                                      err_msg=field)
 
 
 # ------------------------------------------------------------------ determinism
