@@ -91,7 +91,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         (convert=False excludes it), with those settings.
       collision_free: feed tables the full key where a hash-bucket column or
         `ids % N` squeezed it into the variable's rows (default True; reported
-        as an approximation, since ids that shared a row no longer do).
+        as an approximation, since ids that shared a row no longer do). A
+        variable adopted from a dense checkpoint keeps its buckets.
       exact: convert only what trains exactly as the dense model: variables
         under a whole-variable L2 penalty and TF1 Adam variables (both
         approximated on a table) stay dense, and hashed ids keep their buckets.

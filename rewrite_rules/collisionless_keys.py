@@ -16,6 +16,11 @@ something that reads id values: a dense variable indexed by them, a cast to
 32 bits, a comparison with anything but a non-positive constant (a range
 check against N would now fail), Max, one_hot and the like.
 
+Keeps squeezed (reported) the sources of a variable the table_saver rule
+adopts from a dense checkpoint: its trained rows are the buckets', and a
+table keyed by bucket starts from them exactly, as the dense model would go
+on (a table of full ids would have no row for a key it has not seen).
+
 When a training plan is replayed (evaluation, prediction, export, resume),
 the table gets exactly the keys training gave it: the plan's squeezing ops are
 unsqueezed (an error if this graph cannot), and no other.
@@ -144,9 +149,17 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
     (or, replaying a plan, exactly the plan's); notes each conversion's."""
     if not context.collision_free and not any(c.unsqueezed for c in conversions):
         return  # (exact=True implies collision_free=False: see the pipeline)
+    from graphmod.rewrite_rules.table_saver import held_densely
     converted = {g.op.name for c in conversions for g in c.gathers}
     replaced_ops = {op.name for c in conversions if c.update is not None for op in c.update.ops}
     decided: Dict[str, Optional[str]] = {}  # source -> refusal reason (None: unsqueezed)
+    for c in conversions:
+        if c.unsqueezed is None and held_densely(c, context):
+            for source in sources([g.op.inputs[1] for g in c.gathers]):
+                decided.setdefault(source.name, (
+                    f"'{c.variable.op.name}' is adopted from the dense checkpoint in "
+                    f"model_dir, whose trained rows are its buckets': its table is keyed by "
+                    f"bucket, so it goes on as the dense model would"))
     for c in conversions:
         found = sources([g.op.inputs[1] for g in c.gathers])
         planned = c.unsqueezed
@@ -157,19 +170,19 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
         c.unsqueezed, c.unsqueezed_types = [], []
         for source in found:
             if source.name not in decided:
-                reason = refusal(source, converted, replaced_ops)
-                decided[source.name] = reason
-                if reason is None:
+                decided[source.name] = refusal(source, converted, replaced_ops)
+                if decided[source.name] is None:
                     _unsqueeze(rw, source)
                     context.unsqueezed.append(source.name)
-                elif planned is not None:
-                    raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
-                                       f"unsqueezed ids of '{source.name}', but here {reason}")
-                else:
-                    context.squeezed_kept.append((source.name, reason))
-            if decided[source.name] is None:
+            reason = decided[source.name]
+            if reason is None:
                 c.unsqueezed.append(source.name)
                 c.unsqueezed_types.append(source.type)
+            elif planned is not None:
+                raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
+                                   f"unsqueezed ids of '{source.name}', but here {reason}")
+            elif (source.name, reason) not in context.squeezed_kept:
+                context.squeezed_kept.append((source.name, reason))
         if c.unsqueezed:
             c.approximations.append(
                 "keyed by the full ids of " + ", ".join(c.unsqueezed) + ": ids that shared a "

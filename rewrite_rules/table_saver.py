@@ -13,10 +13,12 @@ latest checkpoint (and its table's entries are not) is adopted: the
 TableSaver's restore imports its trained rows (row i as key i) and optimizer
 slots into the table, and restores everything else as usual, so the model
 right after adoption computes what the dense model did.
-Refuses (the variable stays dense, as the checkpoint holds it):
-- ids squeezed by a hash bucket or modulo while keys are collision-free: a
-  table keyed by full ids has no row for "bucket i" (collision_free=False
-  adopts it, keyed by bucket);
+Ids squeezed by a hash bucket or modulo stay squeezed for an adopted
+variable (the collisionless_keys rule keeps them): its table is keyed by
+bucket, starting from the buckets' trained rows. Refuses (the variable stays
+dense, as the checkpoint holds it):
+- a variable whose plan says its table was trained on full ids (a table
+  keyed by full ids has no row for "bucket i");
 - a part of a partitioned variable (its rows are a slice of the checkpoint's);
 - a training graph whose checkpoint lacks one of the table's optimizer slots
   (the dense model could not restore it either);
@@ -52,13 +54,6 @@ def _slot_names(conversion: Conversion) -> List[str]:
     return [checkpoint_name(s) for s in slots]
 
 
-def _squeezed(conversion: Conversion) -> bool:
-    if conversion.unsqueezed is not None:  # a replayed plan says
-        return bool(conversion.unsqueezed)
-    from graphmod.rewrite_rules.collisionless_keys import sources
-    return bool(sources([g.ids for g in conversion.gathers]))
-
-
 def check(conversion: Conversion, context: Context) -> None:
     if not held_densely(conversion, context):
         return
@@ -66,10 +61,10 @@ def check(conversion: Conversion, context: Context) -> None:
     why = " (the checkpoint in model_dir holds it densely)"
     if getattr(v, "_save_slice_info", None) is not None:
         raise Refused("adopting a part of a partitioned variable is not built" + why)
-    if context.collision_free and _squeezed(conversion):
-        raise Refused("its ids are squeezed into hash buckets and its table would hold full "
-                      "ids, which no bucket row can be adopted as (collision_free=False "
-                      "adopts it, keyed by bucket)" + why)
+    if conversion.unsqueezed:  # a replayed plan's
+        raise Refused("its table was trained on the full ids of "
+                      f"{', '.join(conversion.unsqueezed)}, which no bucket row can be "
+                      "adopted as" + why)
     missing = [n for n in _slot_names(conversion) if n not in context.checkpoint_names]
     if conversion.training and missing:
         raise Refused(f"its optimizer slots {', '.join(missing)} are not in the checkpoint" + why)

@@ -137,15 +137,31 @@ def test_evaluate_adopts_and_matches_the_dense_loss(tmp_path):
     assert got == pytest.approx(want, rel=1e-6)
 
 
-def test_hashed_ids_with_collision_free_keys_stay_dense_and_say_why(tmp_path):
-    est = estimator(tmp_path, hashed=True)
-    train(est, 3, hashed=True)
+def test_hashed_ids_are_adopted_keyed_by_bucket_and_stay_so(tmp_path):
+    """With the default collision-free keys too: an adopted variable's hash
+    buckets are kept (its trained rows are the buckets'), so it trains on as
+    the dense model, and a restart (replaying the plan) keeps them."""
+    dense_dir, hooked_dir = tmp_path / "dense", tmp_path / "hooked"
+    dense = estimator(dense_dir, hashed=True)
+    train(dense, 3, hashed=True)
+    shutil.copytree(dense_dir, hooked_dir)
+    hooked = estimator(hooked_dir, hashed=True)
     hook = graphmod.GraphModifierHook(min_rows=10)
-    losses = train(est, 3, [hook], hashed=True)  # restores the dense checkpoint as before
-    assert np.isfinite(losses).all()
-    assert hook.report.adopted == [] and not hook.report.tables
-    (skipped,) = [s for s in hook.report.skipped if s["variable"] == "emb"]
-    assert "hash buckets" in skipped["reason"] and "densely" in skipped["reason"], skipped
+    np.testing.assert_allclose(train(hooked, 3, [hook], hashed=True),
+                               train(dense, 3, hashed=True), rtol=1e-5, atol=1e-7)
+    assert hook.report.adopted == ["emb"]
+    (kept,) = hook.report.squeezed_keys_kept
+    assert "adopted" in kept["reason"] and "keyed by bucket" in kept["reason"], kept
+    assert not any("full ids" in a["what"] for a in hook.report.approximations)
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    np.testing.assert_allclose(train(hooked, 2, [hook], hashed=True),
+                               train(dense, 2, hashed=True), rtol=1e-5, atol=1e-7)
+    assert hook.report.adopted == [] and [t["variable"] for t in hook.report.tables] == ["emb"]
+    keys, values, _ = table_rows(hooked_dir)
+    np.testing.assert_array_equal(keys, np.arange(VOCAB))  # buckets, no full ids
+    np.testing.assert_allclose(values, tf.train.load_checkpoint(str(dense_dir)).get_tensor("emb"),
+                               rtol=1e-5, atol=1e-7)
 
 
 def test_hashed_ids_keyed_by_bucket_are_adopted(tmp_path):
@@ -203,3 +219,51 @@ def test_the_table_saver_refuses_a_checkpoint_holding_neither(tmp_path):
         saver = TableSaver([Adoption(table, "emb", [], 10)], sharded=True)
         with pytest.raises(ValueError, match="neither table 't'.*missing: emb"):
             saver.holds_tables_densely(path)
+
+
+@pytest.mark.slow
+def test_deepfm_with_hash_bucket_columns_is_adopted_at_the_dense_models_auc(tmp_path):
+    """DeepCTR's DeepFMEstimator over hash-bucket columns, trained densely,
+    then evaluated and trained on with GraphModifierHook() (default
+    settings) in the same model_dir: every embedding and linear weight is
+    adopted, its eval AUC right after adoption is the dense model's, and
+    after both train on it is the dense model's still."""
+    deepctr_estimator = pytest.importorskip("deepctr.estimator")
+    from graphmod import data
+    cfg = data.SyntheticCriteo(n_dense=2, n_categorical=3, vocab_sizes=(30_000, 20_000, 50),
+                               seed=3)
+    fc = tf1.feature_column
+    sparse = [fc.categorical_column_with_hash_bucket(c, n, dtype=tf.int64)
+              for c, n in zip(cfg.categorical_names, (20_000, 10_000, 100))]
+    numeric = [fc.numeric_column(c) for c in cfg.dense_names]
+    dnn = [fc.embedding_column(c, 8) for c in sparse] + numeric
+
+    def make(model_dir):
+        return deepctr_estimator.DeepFMEstimator(
+            sparse + numeric, dnn, dnn_hidden_units=(32,), model_dir=str(model_dir), seed=1,
+            dnn_optimizer=tf1.train.AdagradOptimizer(0.1),
+            config=tf.estimator.RunConfig(tf_random_seed=1))
+
+    train_fn = data.input_fn(cfg, batch_size=256, num_examples=100_000, repeat=None)
+    eval_fn = data.input_fn(cfg, batch_size=1024, num_examples=20_000, start=200_000)
+    dense = make(tmp_path / "dense")
+    dense.train(train_fn, steps=300)
+    shutil.copytree(tmp_path / "dense", tmp_path / "hooked")
+    hooked = make(tmp_path / "hooked")
+
+    auc_dense = dense.evaluate(eval_fn)["AUC"]
+    hook = graphmod.GraphModifierHook()
+    auc_adopted = hooked.evaluate(eval_fn, hooks=[hook])["AUC"]
+    assert len(hook.report.adopted) == 6, hook.report.adopted  # 3 embeddings, 3 linear weights
+    assert sorted(hook.report.adopted) == sorted(t["variable"] for t in hook.report.tables)
+    print(f"eval AUC dense {auc_dense:.4f}, right after adoption {auc_adopted:.4f}")
+    assert abs(auc_adopted - auc_dense) <= 0.002
+
+    dense.train(train_fn, steps=200)
+    hook = graphmod.GraphModifierHook()
+    hooked.train(train_fn, steps=200, hooks=[hook])
+    assert len(hook.report.adopted) == 6
+    auc_dense = dense.evaluate(eval_fn)["AUC"]
+    auc_hooked = hooked.evaluate(eval_fn, hooks=[graphmod.GraphModifierHook()])["AUC"]
+    print(f"after 200 more steps: dense {auc_dense:.4f}, adopted {auc_hooked:.4f}")
+    assert auc_hooked >= auc_dense - 0.002
