@@ -15,6 +15,7 @@ is reported, and a restore stops before it.
 """
 import json
 import os
+import re
 import uuid
 import zlib
 from typing import List
@@ -59,8 +60,12 @@ def _sync(path: str) -> None:
 
 def files(prefix: str) -> List[str]:
     """The files of the checkpoint at `prefix`: its index and data shards
-    (a table's part each, graphmod.saver)."""
-    return [prefix + ".index"] + sorted(tf.io.gfile.glob(prefix + ".data-?????-of-?????"))
+    (the tables' part and the rest's, graphmod.saver)."""
+    folder, name = os.path.split(prefix)
+    data = re.compile(re.escape(name) + r"\.data-\d{5}-of-\d{5}")
+    return [prefix + ".index"] + sorted(os.path.join(folder, f)
+                                        for f in tf.io.gfile.listdir(folder)
+                                        if data.fullmatch(f))
 
 
 def read_manifest(base: str) -> List[dict]:

@@ -9,9 +9,9 @@ collections hold) that also:
   each holds the table rows inserted or updated since the previous save, the
   keys removed since (tombstones), the admission counts that changed, and
   every other variable whole;
-- writes each table one shard at a time, as a part of its own in the
-  checkpoint (a full save or a delta takes one shard's rows of extra memory,
-  not a second copy of the table);
+- writes the tables one table shard at a time, as a part of their own in
+  the checkpoint (a full save or a delta takes a shard's rows of extra
+  memory, not a second copy of the table);
 - adopts dense checkpoints: when the hook converts variables that the
   checkpoint in model_dir holds densely (a model trained without graphmod),
   the restore imports each one's trained rows and optimizer slots into its
@@ -57,35 +57,44 @@ def _is_table(saveable) -> bool:
 
 
 def _writes_itself(saveable) -> bool:
-    """A table's saveable, full or delta (graphmod.table): it writes its
-    checkpoint entries with one op, one shard at a time."""
+    """A table's saveable, full or delta (graphmod.table): tables are written
+    by one op, one table shard at a time."""
     from graphmod.table import _TableDeltaSaveable
     return _is_table(saveable) or isinstance(saveable, _TableDeltaSaveable)
 
 
 class _PartsBuilder(saver_lib.BulkSaverBuilder):
-    """Saves every table as a part of its own in a sharded (V2) checkpoint,
-    written by the table's GraphmodTableSave one shard at a time, beside the
-    usual part per device for everything else; TensorFlow's merge makes the
-    parts one checkpoint. A SaveV2 of a table's entries would take the whole
-    table as tensors: a second copy of it in memory while it saves."""
+    """Saves a device's tables as a part of their own in a sharded (V2)
+    checkpoint, written by graphmod.table.write_tables one table shard at a
+    time, beside the usual part for everything else; TensorFlow's merge
+    makes the parts one checkpoint. A SaveV2 of a table's entries would take
+    the whole table as tensors: a second copy of it in memory while it
+    saves."""
 
     def _AddShardedSaveOpsForV2(self, checkpoint_prefix, per_device):
         parts = []
         for device, saveables in per_device:
-            others = [s for s in saveables if not _writes_itself(s)]
-            if others:
-                parts.append((device, others))
-            parts += [(device, [s]) for s in saveables if _writes_itself(s)]
+            parts += [(device, group) for group in _by_kind(saveables)]
         return super()._AddShardedSaveOpsForV2(checkpoint_prefix, parts)
 
     def _AddSaveOps(self, filename_tensor, saveables):
-        if len(saveables) == 1 and _writes_itself(saveables[0]):
-            with tf.control_dependencies([saveables[0].write(filename_tensor)]):
-                return tf.identity(filename_tensor)
-        if any(_writes_itself(s) for s in saveables):  # an unsharded Saver
+        groups = _by_kind(saveables)
+        if len(groups) > 1:  # an unsharded Saver's
             return self._AddShardedSaveOpsForV2(filename_tensor, [("", saveables)])
+        if groups and _writes_itself(groups[0][0]):
+            from graphmod.table import write_tables
+            with tf.control_dependencies([write_tables(groups[0], filename_tensor)]):
+                return tf.identity(filename_tensor)
         return super()._AddSaveOps(filename_tensor, saveables)
+
+
+def _by_kind(saveables) -> List[list]:
+    """The saveables in groups that make one part each: the tables' (one per
+    kind of table saveable) and everything else."""
+    groups: Dict[Any, list] = {}
+    for s in saveables:
+        groups.setdefault(type(s) if _writes_itself(s) else None, []).append(s)
+    return list(groups.values())
 
 
 def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
@@ -101,7 +110,8 @@ class TableSaver(tf1.train.Saver):
     and full save, advanced by save_delta."""
 
     def __init__(self, adoptions: Optional[List[Adoption]] = None, **saver_kwargs):
-        super().__init__(defer_build=True, builder=_builder(saver_kwargs), **saver_kwargs)
+        builder = saver_kwargs.pop("builder", None) or _builder(saver_kwargs)
+        super().__init__(defer_build=True, builder=builder, **saver_kwargs)
         self.adoptions = list(adoptions or [])
         self.chain: Tuple[Optional[str], int] = (None, 0)
         self.restored: Tuple[Optional[str], int] = (None, 0)  # what the last restore applied
@@ -242,7 +252,11 @@ class TableSaver(tf1.train.Saver):
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
         # What a delta after this save follows (only read while tracking).
         versions = sess.run(self._versions) if self.marks is not None else None
-        path = super().save(sess, save_path, global_step, *args, **kwargs)
+        try:
+            path = super().save(sess, save_path, global_step, *args, **kwargs)
+        except Exception:
+            _remove_parts(save_path)  # the previous checkpoints stay as they were
+            raise
         if path:
             # A checkpoint written again under its name (a resumed run saves
             # the step it restored) holds what its old deltas added.
@@ -291,6 +305,18 @@ class TableSaver(tf1.train.Saver):
         base, count = self.restored
         if base is not None:
             deltas.truncate(base, count)
+
+
+def _remove_parts(save_path: str) -> None:
+    """Removes the parts a failed sharded save left in `<checkpoint>_temp/`
+    (TensorFlow removes them only once they are merged)."""
+    folder, name = os.path.split(save_path)
+    for entry in tf.io.gfile.listdir(folder or "."):
+        entry = entry.rstrip("/")
+        path = os.path.join(folder, entry)
+        if entry.startswith(name) and entry.endswith("_temp") and tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+            logging.warning("graphmod: removed %s, left by a failed save", path)
 
 
 def _keep_dense_checkpoint(save_path: str) -> None:

@@ -177,8 +177,8 @@ class _TableSaveable(saveable_object.SaveableObject):
     ids counted towards admission as `<name>-pending_keys`, ..., and the
     format number `<name>-format`.
 
-    graphmod's TableSaver writes them with `write`, one shard at a time; any
-    other Saver exports the whole table first (a second copy of it in
+    graphmod's TableSaver writes them with `write_tables`, one shard at a
+    time; any other Saver exports the whole table first (a second copy of it in
     memory while it saves). Restoring replaces the table's contents with the
     checkpoint's.
     """
@@ -190,12 +190,9 @@ class _TableSaveable(saveable_object.SaveableObject):
         super().__init__(table.handle, _specs(table, lambda: tf.constant(0, tf.int64)),
                          table.name)
 
-    def write(self, prefix: tf.Tensor) -> tf.Operation:
-        """Writes the entries as a checkpoint at `prefix` (one part of a
-        sharded checkpoint), one shard of the table at a time."""
-        with tf1.name_scope(f"graphmod/{self.table.name}/save"):
-            return ops.graphmod_table_save(self.table.handle, prefix, tf.constant(0, tf.int64),
-                                           checkpoint_format=CHECKPOINT_FORMAT)
+    def min_version(self) -> Any:
+        """Rows and pending ids at this version and later are saved: all."""
+        return 0
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
@@ -223,18 +220,32 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
             lambda: ops.graphmod_table_export_removed(table.handle, since)))
         super().__init__(table.handle, specs, table.name)
 
-    def write(self, prefix: tf.Tensor) -> tf.Operation:
-        """As _TableSaveable.write."""
-        with tf1.name_scope(f"graphmod/{self.table.name}/delta"):
-            return ops.graphmod_table_save(self.table.handle, prefix, self.since + 1,
-                                           checkpoint_format=CHECKPOINT_FORMAT,
-                                           with_removed=True)
+    def min_version(self) -> Any:
+        """Rows and pending ids changed after the save at `since` are saved."""
+        return self.since + 1
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
         with tf1.name_scope(f"graphmod/{self.table.name}/restore_delta"):
             return _import(self.table, restored_tensors[:-1], replace=False,
                            removed=restored_tensors[-1])
+
+
+def write_tables(saveables: List[saveable_object.SaveableObject],
+                 prefix: tf.Tensor) -> tf.Operation:
+    """Writes the entries of tables' saveables (all _TableSaveable, or all
+    _TableDeltaSaveable) as one checkpoint at `prefix`, one table shard at a
+    time (a part of a sharded checkpoint: graphmod.saver)."""
+    kinds = {type(s) for s in saveables}
+    if len(kinds) != 1 or not kinds <= {_TableSaveable, _TableDeltaSaveable}:
+        raise TypeError(f"graphmod: write_tables takes saveables of one kind of table "
+                        f"saveable, got {sorted(k.__name__ for k in kinds)}")
+    delta = kinds == {_TableDeltaSaveable}
+    with tf1.name_scope("graphmod/save_delta" if delta else "graphmod/save"):
+        versions = tf.stack([tf.cast(s.min_version(), tf.int64) for s in saveables])
+        return ops.graphmod_table_save([s.table.handle for s in saveables], prefix, versions,
+                                       checkpoint_format=CHECKPOINT_FORMAT,
+                                       with_removed=delta)
 
 
 def _lazy_spec(table: Table, entry: str, dtype: tf.DType,

@@ -265,17 +265,18 @@ REGISTER_OP("GraphmodTableExportRemoved")
     .Doc("Keys removed at version >= since (noted since TrackRemovals); forgets older notes.");
 
 REGISTER_OP("GraphmodTableSave")
-    .Input("table: resource")
+    .Input("tables: N * resource")
     .Input("prefix: string")
-    .Input("min_version: int64")
+    .Input("min_versions: int64")
+    .Attr("N: int >= 1")
     .Attr("checkpoint_format: int")
     .Attr("with_removed: bool = false")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
-    .Doc("Writes a tensor bundle at `prefix` holding the entries the table's saveable "
-         "saves (rows and pending ids at version >= min_version, the sketch, the format "
-         "number, and with_removed the keys removed since min_version - 1), copying one "
-         "shard at a time.");
+    .Doc("Writes a tensor bundle at `prefix` holding, per table, the entries its saveable "
+         "saves (rows and pending ids at version >= its min_versions entry, the sketch, the "
+         "format number, and with_removed the keys removed since that version - 1), "
+         "copying one table shard at a time.");
 
 REGISTER_OP("GraphmodTableClear")
     .Input("table: resource")

@@ -1,16 +1,18 @@
-// GraphmodTableSave: writes a table's checkpoint entries as a TensorFlow
-// tensor bundle, one shard at a time.
+// GraphmodTableSave: writes tables' checkpoint entries as one TensorFlow
+// tensor bundle, one table shard at a time.
 //
 // A Saver's SaveV2 takes every tensor it writes as an input, so saving a
 // table through it first exports the whole table: a second copy of it in
-// memory. This kernel counts the rows of every shard first (the entries'
-// full shapes), then copies one shard's rows, under that shard's lock only,
-// into buffers it writes as slices of the entries and frees before the next
-// shard. Peak extra memory is one shard's rows, and a concurrent step waits
-// for one shard's copy at most. The bundle holds the entries a SaveV2 of the
-// table's saveable would (graphmod/table.py names them), so RestoreV2 reads
-// them whole, and it becomes one part of a sharded checkpoint
-// (graphmod/saver.py merges the parts).
+// memory. This kernel counts a table's rows shard by shard first (the
+// entries' full shapes), then copies one shard's rows into buffers it
+// writes as slices of the entries and frees before the next shard: peak
+// extra memory is one shard's rows. The counts must still hold when each
+// shard is copied, so a save runs between training steps (as the
+// Estimator's saver hooks run it); a step that changed a table's row or
+// admission counts meanwhile fails the save, naming the table. The bundle
+// holds the entries SaveV2s of the tables' saveables would (graphmod/table.py
+// names them), so RestoreV2 reads them whole, and it becomes one part of a
+// sharded checkpoint (graphmod/saver.py merges the parts).
 #include <set>
 #include <string>
 #include <utility>
@@ -28,6 +30,7 @@ namespace graphmod {
 using ::tensorflow::BundleWriter;
 using ::tensorflow::DataType;
 using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Status;
@@ -68,51 +71,69 @@ class SlicedEntries {
   std::set<std::string> empty_written_;
 };
 
-class SaveOp : public TableKernel {
+class SaveOp : public OpKernel {
  public:
-  explicit SaveOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+  explicit SaveOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("checkpoint_format", &format_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("with_removed", &with_removed_));
   }
 
-  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
-    const Tensor& prefix = ctx->input(1);
+  void Compute(OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs() - 2;  // tables, then prefix and min_versions
+    const Tensor& prefix = ctx->input(n);
+    const Tensor& min_versions = ctx->input(n + 1);
     OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(prefix.shape()),
-                TableError(*t, "`prefix` must be a scalar, got shape " +
-                                   prefix.shape().DebugString()));
-    int64_t min_version;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 2, "min_version", &min_version));
+                ::tensorflow::errors::InvalidArgument("graphmod: a table save's `prefix` must "
+                                                      "be a scalar, got shape ",
+                                                      prefix.shape().DebugString()));
+    OP_REQUIRES(ctx, min_versions.dims() == 1 && min_versions.NumElements() == n,
+                ::tensorflow::errors::InvalidArgument(
+                    "graphmod: a table save's `min_versions` must hold one version per "
+                    "table (", n, "), got shape ", min_versions.shape().DebugString()));
     BundleWriter writer(ctx->env(), prefix.scalar<::tensorflow::tstring>()());
     OP_REQUIRES_OK(ctx, writer.status());
-    OP_REQUIRES_OK(ctx, WriteRows(*t, min_version, &writer));
-    OP_REQUIRES_OK(ctx, WritePending(*t, min_version, &writer));
-    const std::string& name = t->config().name;
-    Tensor format(::tensorflow::DT_INT64, TensorShape({}));
-    format.scalar<int64_t>()() = format_;
-    OP_REQUIRES_OK(ctx, writer.Add(name + "-format", format));
-    if (with_removed_) {
-      // A delta's tombstones: keys removed since the save it follows, made
-      // at version min_version - 1.
-      Tensor removed;
-      t->ExportRemoved(min_version - 1, [&](int64_t n) {
-        removed = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        return removed.flat<int64_t>().data();
-      });
-      OP_REQUIRES_OK(ctx, writer.Add(name + "-removed_keys", removed));
+    for (int i = 0; i < n; ++i) {
+      TableResource* resource = nullptr;
+      OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, i), &resource));
+      ::tensorflow::core::ScopedUnref unref(resource);
+      OP_REQUIRES_OK(ctx, WriteTable(ctx, resource->table, min_versions.vec<int64_t>()(i),
+                                     &writer));
     }
     OP_REQUIRES_OK(ctx, writer.Finish());
   }
 
  private:
+  Status WriteTable(OpKernelContext* ctx, EmbeddingTable& t, int64_t min_version,
+                    BundleWriter* writer) const {
+    TF_RETURN_IF_ERROR(WriteRows(ctx, t, min_version, writer));
+    TF_RETURN_IF_ERROR(WritePending(ctx, t, min_version, writer));
+    const std::string& name = t.config().name;
+    Tensor format(::tensorflow::DT_INT64, TensorShape({}));
+    format.scalar<int64_t>()() = format_;
+    TF_RETURN_IF_ERROR(writer->Add(name + "-format", format));
+    if (!with_removed_) return ::tensorflow::OkStatus();
+    // A delta's tombstones: keys removed since the save it follows, made at
+    // version min_version - 1.
+    Tensor removed;
+    Status status;
+    t.ExportRemoved(min_version - 1, [&](int64_t k) -> int64_t* {
+      status = ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({k}), &removed);
+      return status.ok() ? removed.flat<int64_t>().data() : nullptr;
+    });
+    TF_RETURN_IF_ERROR(status);
+    return writer->Add(name + "-removed_keys", removed);
+  }
+
   static Status Changed(const EmbeddingTable& t, const char* what, int shard, int64_t counted,
                         int64_t found) {
     return TableError(t, std::string("its ") + what + " changed while it was being saved (shard " +
                              std::to_string(shard) + " had " + std::to_string(counted) +
                              " when the save began and " + std::to_string(found) +
-                             " when it was copied); save between training steps");
+                             " when it was copied): a save must run between training steps");
   }
 
-  static Status WriteRows(const EmbeddingTable& t, int64_t min_version, BundleWriter* writer) {
+  static Status WriteRows(OpKernelContext* ctx, const EmbeddingTable& t, int64_t min_version,
+                          BundleWriter* writer) {
     const int shards = t.config().num_shards;
     const int64_t d = t.config().dim, k = t.config().num_slots;
     std::vector<int64_t> counted(shards);
@@ -125,16 +146,20 @@ class SaveOp : public TableKernel {
     for (int s = 0; s < shards; ++s) {
       Tensor keys, values, slots, counts, last_seen, versions;
       int64_t found = -1;
+      Status status;
       t.Export(min_version, [&](int64_t n) {
         found = n;
         ExportBuffers out;
         if (n != counted[s]) return out;  // nothing is written
-        keys = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        values = Tensor(::tensorflow::DT_FLOAT, TensorShape({n, d}));
-        slots = Tensor(::tensorflow::DT_FLOAT, TensorShape({n, k, d}));
-        counts = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        last_seen = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        versions = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
+        const std::pair<Tensor*, TensorShape> buffers[] = {
+            {&keys, {n}}, {&values, {n, d}}, {&slots, {n, k, d}},
+            {&counts, {n}}, {&last_seen, {n}}, {&versions, {n}}};
+        for (const auto& [tensor, shape] : buffers) {
+          const DataType type = tensor == &values || tensor == &slots
+                                    ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
+          status = ctx->allocate_temp(type, shape, tensor);
+          if (!status.ok()) return out;
+        }
         out.keys = keys.flat<int64_t>().data();
         out.values = values.flat<float>().data();
         out.slots = slots.flat<float>().data();
@@ -143,6 +168,7 @@ class SaveOp : public TableKernel {
         out.versions = versions.flat<int64_t>().data();
         return out;
       }, s);
+      TF_RETURN_IF_ERROR(status);
       if (found != counted[s]) return Changed(t, "row count", s, counted[s], found);
       TF_RETURN_IF_ERROR(entries.Add("keys", keys, offset));
       TF_RETURN_IF_ERROR(entries.Add("values", values, offset));
@@ -156,7 +182,7 @@ class SaveOp : public TableKernel {
   }
 
   // Pending ids as rows are; the sketch's counters are sliced by shard too.
-  static Status WritePending(const EmbeddingTable& t, int64_t min_version,
+  static Status WritePending(OpKernelContext* ctx, const EmbeddingTable& t, int64_t min_version,
                              BundleWriter* writer) {
     const int shards = t.config().num_shards;
     std::vector<int64_t> counted(shards);
@@ -168,20 +194,24 @@ class SaveOp : public TableKernel {
     for (int s = 0; s < shards; ++s) {
       Tensor keys, counts, last_seen, sketch;
       int64_t found = -1;
+      Status status;
       t.ExportPending(min_version, [&](int64_t n, int64_t counters) {
         found = n;
         PendingBuffers out;
         if (n != counted[s]) return out;
-        keys = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        counts = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        last_seen = Tensor(::tensorflow::DT_INT64, TensorShape({n}));
-        sketch = Tensor(::tensorflow::DT_INT32, TensorShape({counters}));
+        for (Tensor* tensor : {&keys, &counts, &last_seen}) {
+          status = ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), tensor);
+          if (!status.ok()) return out;
+        }
+        status = ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({counters}), &sketch);
+        if (!status.ok()) return out;
         out.keys = keys.flat<int64_t>().data();
         out.counts = counts.flat<int64_t>().data();
         out.last_seen = last_seen.flat<int64_t>().data();
         out.sketch = sketch.flat<int32_t>().data();
         return out;
       }, s);
+      TF_RETURN_IF_ERROR(status);
       if (found != counted[s]) return Changed(t, "admission count", s, counted[s], found);
       TF_RETURN_IF_ERROR(entries.Add("pending_keys", keys, offset));
       TF_RETURN_IF_ERROR(entries.Add("pending_counts", counts, offset));

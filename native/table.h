@@ -201,8 +201,8 @@ class EmbeddingTable {
   // under the table's locks, with the number of rows to write. Once removals
   // are tracked (below), a min_version above the last delta's mark reads only
   // the rows changed since that mark. With shard >= 0 (< num_shards), reads
-  // that shard only, holding its lock only: a save copies a large table one
-  // shard at a time, so a concurrent step waits for one shard's copy at most.
+  // that shard only, holding its lock only (a save copies a large table one
+  // shard at a time).
   void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
               int shard = -1) const;
   // How many rows Export would write now.

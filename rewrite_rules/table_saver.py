@@ -15,10 +15,10 @@ slots into the table, and restores everything else as usual, so the model
 right after adoption computes what the dense model did.
 Ids squeezed by a hash bucket or modulo stay squeezed for an adopted
 variable (the collisionless_keys rule keeps them): its table is keyed by
-bucket, starting from the buckets' trained rows. Refuses (the variable stays
-dense, as the checkpoint holds it):
-- a variable whose plan says its table was trained on full ids (a table
-  keyed by full ids has no row for "bucket i");
+bucket, starting from the buckets' trained rows. (A plan saying the table
+was trained on full ids, beside a checkpoint holding the variable densely,
+is an error: a table keyed by full ids has no row for "bucket i".)
+Refuses (the variable stays dense, as the checkpoint holds it):
 - a part of a partitioned variable (its rows are a slice of the checkpoint's);
 - a training graph whose checkpoint lacks one of the table's optimizer slots
   (the dense model could not restore it either);
