@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from graphmod import features, fused
+from graphmod import distributed, features, fused
 from graphmod._ops import ops
 from graphmod.table import Lookup, Table, graph_state
 
@@ -34,8 +34,12 @@ def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool) -> tf.Tensor:
     Training lookups insert new keys (as the table's admission policy allows,
     see graphmod.features), stamp them with the graph's clock, and are
     recorded (graphmod.training_lookups) so the sparse optimizers can find
-    their gradients and row handles.
+    their gradients and row handles. Sharded across Horovod ranks
+    (graphmod.distributed), the keys' owners look them up.
     """
+    if distributed.active():
+        lookup = distributed.exchanged_find_or_insert if is_training else distributed.exchanged_find
+        return lookup([table], [keys])[0]
     if not is_training:
         return ops.graphmod_table_find(table.handle, keys, dim=table.dim)
     rows, handles = find_or_insert(table, keys)
@@ -101,7 +105,11 @@ def fused_lookup(tables: Sequence[Table], ids: Sequence[Ids], is_training: bool 
     with tf.compat.v1.name_scope(name, "graphmod_fused_lookup"):
         prepared = [_prepare(t, i, is_training, c) for t, i, c in zip(tables, ids, combiners)]
         keys = [k for k, _ in prepared]
-        if is_training:
+        if distributed.active():
+            lookup = (distributed.exchanged_find_or_insert if is_training
+                      else distributed.exchanged_find)
+            rows = lookup(tables, keys)
+        elif is_training:
             rows, handles = fused.find_or_insert(tables, keys)
             state = graph_state(tables[0].graph)
             state.lookups += [Lookup(t, k, r, h) for t, k, r, h in zip(tables, keys, rows, handles)]

@@ -43,6 +43,8 @@ class _GraphState:
         self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
         self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
         self.format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
+        # Tables whose keys are sharded across Horovod ranks (graphmod.distributed).
+        self.sharded: set = set()
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -241,11 +243,20 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
         raise TypeError(f"graphmod: write_tables takes saveables of one kind of table "
                         f"saveable, got {sorted(k.__name__ for k in kinds)}")
     delta = kinds == {_TableDeltaSaveable}
+    for s in saveables:
+        _check_not_sharded(s.table)
     with tf1.name_scope("graphmod/save_delta" if delta else "graphmod/save"):
         versions = tf.stack([tf.cast(s.min_version(), tf.int64) for s in saveables])
         return ops.graphmod_table_save([s.table.handle for s in saveables], prefix, versions,
                                        checkpoint_format=CHECKPOINT_FORMAT,
                                        with_removed=delta)
+
+
+def _check_not_sharded(table: Table) -> None:
+    if table.name in graph_state(table.graph).sharded:
+        raise ValueError(f"graphmod table '{table.name}' is sharded across Horovod ranks, and "
+                         "checkpoints of sharded tables (every rank its keys) are not built "
+                         "yet: a Saver would write this rank's keys as if they were all")
 
 
 def _lazy_spec(table: Table, entry: str, dtype: tf.DType,
@@ -268,6 +279,7 @@ def _specs(table: Table, min_version: Callable[[], tf.Tensor]) -> List[saveable_
 
     def field(kind: str, name: str) -> Callable[[], tf.Tensor]:
         def make():
+            _check_not_sharded(table)
             if not exported:
                 with tf1.name_scope(f"graphmod/{table.name}/export"):
                     version = min_version()

@@ -1,0 +1,22 @@
+"""Tables sharded by key across Horovod ranks.
+
+Each key has one owner rank (graphmod.distributed.partition). A training
+step's lookups of all tables exchange ids and rows with their owners in
+all-to-alls (graphmod.distributed.exchange); the sparse optimizers apply each
+key's gradient once, on its owner, where autodiff brings it back through
+the reverse all-to-all. Dense layers stay data-parallel (Horovod's own
+DistributedOptimizer).
+
+Sharding is opt-in for now (`enable()`): per-rank checkpoints of sharded
+tables are not built yet, and a Saver asked to save a sharded table fails
+rather than writing one rank's keys as if they were all.
+
+>>> import horovod.tensorflow as hvd, graphmod
+>>> hvd.init(); graphmod.distributed.enable()
+>>> rows = graphmod.sparse_lookup(table, ids)   # ids of this rank's batch
+"""
+from graphmod.distributed.exchange import (active, enable, exchanged_find,
+                                           exchanged_find_or_insert)
+from graphmod.distributed.partition import owner_of
+
+__all__ = ["active", "enable", "exchanged_find", "exchanged_find_or_insert", "owner_of"]

@@ -1,0 +1,211 @@
+"""The exchange of ids and rows between ranks and their keys' owners.
+
+One exchange serves the lookups of any number of tables in a step:
+1. each rank deduplicates each table's ids (counting each id's occurrences)
+   and orders them by (owner, table);
+2. one small all-to-all tells each owner how many ids of each table come
+   from each rank, and one all-to-all sends the ids with their occurrence
+   counts (all tables together);
+3. each owner deduplicates what arrives per table (two ranks may send the
+   same key: one row, one gradient sum) and looks each key up as often as
+   it occurred in the step's batches (access counts, and so admission
+   thresholds and LFU eviction, mean what they mean on one rank);
+4. one all-to-all sends the rows back, flattened so that tables of any
+   dims travel together; each rank puts them back in its ids' order.
+Every rank issues the same three collectives, named by the exchange's name
+scope, also when it has no ids for a table (Horovod matches collectives by
+name, and a collective one rank never issues hangs the others).
+
+Training exchanges record the owner's lookup (graphmod.training_lookups), so
+the sparse optimizers find each owned row's gradient there: autodiff brings
+it back through the reverse all-to-alls, summed over the ranks that read
+the row, and scaled by 1/size with combine="average", as Horovod's
+DistributedOptimizer (op=Average, its default) combines a dense variable's.
+"""
+from typing import Callable, List, Sequence
+
+import tensorflow as tf
+
+from graphmod import fused
+from graphmod.distributed.partition import owner_of
+from graphmod.table import Lookup, Table, graph_state
+
+tf1 = tf.compat.v1
+
+_enabled = False
+COMBINES = ("average", "sum")
+
+
+def enable(on: bool = True) -> None:
+    """Shards tables across Horovod ranks from now on (when Horovod is
+    initialized with more than one rank; see the package docstring)."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def _horovod():
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    return hvd
+
+
+def active() -> bool:
+    """Whether lookups exchange ids with their owners: sharding enabled and
+    Horovod initialized with more than one rank."""
+    if not _enabled:
+        return False
+    hvd = _horovod()
+    return hvd.is_initialized() and hvd.size() > 1
+
+
+def exchanged_find_or_insert(tables: Sequence[Table], keys: Sequence[tf.Tensor],
+                             combine: str = "average") -> List[tf.Tensor]:
+    """Training lookups of keys[i] (any shape) in tables[i], each key's row
+    kept by its owner: rows of shape keys[i].shape + [dim]."""
+    if combine not in COMBINES:
+        raise ValueError(f"graphmod: combine must be one of {COMBINES}, got {combine!r}")
+    scale = 1.0 / _horovod().size() if combine == "average" else 1.0
+
+    def serve(owned_tables, owned_keys):
+        rows, handles = fused.find_or_insert(owned_tables, owned_keys)
+        graph_state(owned_tables[0].graph).lookups.extend(
+            Lookup(t, k, r, h) for t, k, r, h in zip(owned_tables, owned_keys, rows, handles))
+        return [_scale_gradient(r, scale) for r in rows], handles
+
+    return _exchange(tables, keys, serve, "graphmod_exchange")
+
+
+def exchanged_find(tables: Sequence[Table], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    """Read-only lookups as exchanged_find_or_insert's (keys without a row
+    read their table's missing value, as on one rank)."""
+    return _exchange(tables, keys, lambda t, k: (fused.find(t, k), None),
+                     "graphmod_exchange_find")
+
+
+def _scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
+    if scale == 1.0:
+        return x
+
+    @tf.custom_gradient
+    def scaled(t):
+        def grad(dy):
+            if isinstance(dy, tf.IndexedSlices):
+                return tf.IndexedSlices(dy.values * scale, dy.indices, dy.dense_shape)
+            return dy * scale
+        return tf.identity(t), grad
+
+    return scaled(x)
+
+
+def _exchange(tables: Sequence[Table], keys: Sequence[tf.Tensor],
+              serve: Callable[[List[Table], List[tf.Tensor]], List[tf.Tensor]],
+              name: str) -> List[tf.Tensor]:
+    hvd = _horovod()
+    size, n_tables = hvd.size(), len(tables)
+    tables = list(tables)
+    graph_state(tables[0].graph).sharded.update(t.name for t in tables)
+    with tf1.name_scope(None, name):
+        # 1. This rank's unique ids per table, ordered by (owner, table).
+        flat = [tf.reshape(tf.convert_to_tensor(k, tf.int64), [-1]) for k in keys]
+        unique = [tf.unique_with_counts(f) for f in flat]
+        ids = tf.concat([u.y for u in unique], 0)
+        occurrences = tf.cast(tf.concat([u.count for u in unique], 0), tf.int64)
+        table_of = tf.concat([tf.fill(tf.shape(u.y), t) for t, u in enumerate(unique)], 0)
+        slot = owner_of(ids, size) * n_tables + table_of
+        order = tf.argsort(slot, stable=True)
+        counts = tf.math.bincount(slot, minlength=size * n_tables,
+                                  maxlength=size * n_tables, dtype=tf.int32)
+        splits = tf.reduce_sum(tf.reshape(counts, [size, n_tables]), 1)
+
+        # 2. How many ids of each table each rank sends here; the ids.
+        received_counts, _ = hvd.alltoall(counts, splits=tf.fill([size], n_tables),
+                                          name="counts")
+        sent = tf.gather(tf.stack([ids, occurrences], 1), order)
+        received, received_splits = hvd.alltoall(sent, splits=splits, name="ids")
+        received_table = tf.repeat(tf.tile(tf.range(n_tables), [size]), received_counts)
+
+        # 3. The owner's lookups: each table's received ids (entries: an id
+        # and how often one rank's batch holds it), deduplicated, each key
+        # looked up as often as it occurred, ranks in order (as one rank
+        # reads the global batch). A key's row is the one its last lookup
+        # read: from its admission on, lookups read the row.
+        positions = [tf.where(tf.equal(received_table, t))[:, 0] for t in range(n_tables)]
+        entries = [(tf.gather(received[:, 0], p), tf.gather(received[:, 1], p))
+                   for p in positions]
+        owned = [tf.unique(k) for k, _ in entries]
+        times = [tf.math.unsorted_segment_sum(c, o.idx, tf.size(o.y))
+                 for (_, c), o in zip(entries, owned)]
+        rows, handles = serve(tables, [tf.repeat(o.y, n) for o, n in zip(owned, times)])
+        per_entry, refused = [], []
+        for t in range(n_tables):
+            last = tf.cumsum(times[t]) - 1
+            per_entry.append(tf.reshape(tf.gather(tf.gather(rows[t], last), owned[t].idx),
+                                        [-1]))
+            if handles is not None:
+                refused.append(_refused(entries[t][1], owned[t].idx, handles[t]))
+
+        # 4. Rows back, flattened in the order the ids arrived (and, when
+        # training, how many of each entry's lookups were refused a row).
+        dims = tf.constant([t.dim for t in tables], tf.int32)
+        offsets = tf.cumsum(tf.gather(dims, received_table), exclusive=True)
+        floats = [tf.reshape(_elements(offsets, p, t.dim), [-1]) for p, t in zip(positions, tables)]
+        back = tf.dynamic_stitch(floats, per_entry)
+        back_splits = tf.reduce_sum(
+            tf.reshape(received_counts, [size, n_tables]) * dims[None, :], 1)
+        returned, _ = hvd.alltoall(back, splits=back_splits, name="rows")
+        if handles is not None:
+            returned_refused, _ = hvd.alltoall(
+                tf.dynamic_stitch([tf.cast(p, tf.int32) for p in positions], refused),
+                splits=received_splits, name="refused")
+
+        # This rank's rows, in each table's ids' order.
+        sent_offsets = tf.cumsum(tf.gather(dims, tf.gather(table_of, order)), exclusive=True)
+        sent_at = tf.math.invert_permutation(order)  # where each unique id was sent
+        starts = tf.cumsum([tf.size(u.y) for u in unique], exclusive=True)
+        out = []
+        for t, (table, u, k) in enumerate(zip(tables, unique, keys)):
+            at = tf.gather(sent_at, starts[t] + tf.range(tf.size(u.y)))
+            mine = tf.gather(returned, _elements(sent_offsets, at, table.dim))
+            rows_t = tf.gather(mine, u.idx)
+            if handles is not None:
+                rows_t = _without_refused(table, rows_t, u.idx, u.count,
+                                          tf.gather(returned_refused, at))
+            out.append(tf.reshape(rows_t, tf.concat([tf.shape(k, out_type=tf.int32),
+                                                      [table.dim]], 0)))
+        return out
+
+
+def _refused(counts: tf.Tensor, key_of: tf.Tensor, handles: tf.Tensor) -> tf.Tensor:
+    """Per entry (a rank's `counts` lookups of one key, keys `key_of`, in
+    arrival order), how many of its lookups got no row (handle -1) in the
+    owner's repeated lookups (each key's lookups together, entries in
+    arrival order)."""
+    grouped = tf.argsort(key_of, stable=True)
+    # Where each entry's lookups start: after every earlier key's and every
+    # earlier entry's of its key.
+    start = tf.gather(tf.cumsum(tf.gather(counts, grouped), exclusive=True),
+                      tf.math.invert_permutation(grouped))
+    no_row = tf.concat([[0], tf.cumsum(tf.cast(handles < 0, tf.int64))], 0)
+    return tf.cast(tf.gather(no_row, start + counts) - tf.gather(no_row, start), tf.int32)
+
+
+def _without_refused(table: Table, rows: tf.Tensor, key_of: tf.Tensor, counts: tf.Tensor,
+                     refused: tf.Tensor) -> tf.Tensor:
+    """Rows per id (ids in batch order, of unique keys key_of occurring
+    `counts` times) where the first `refused` occurrences of each key read
+    the missing value and pass no gradient, as they do on one rank."""
+    grouped = tf.argsort(key_of, stable=True)
+    first = tf.cumsum(counts, exclusive=True)  # where each key's occurrences start, grouped
+    occurrence = tf.gather(tf.range(tf.size(key_of)) - tf.gather(first, tf.gather(key_of, grouped)),
+                           tf.math.invert_permutation(grouped))
+    no_row = tf.expand_dims(occurrence < tf.gather(refused, key_of), 1)
+    # The missing value: the table's initial row (the row's value when
+    # admitted later in the step, read through the row), or its constant.
+    missing = (tf.stop_gradient(rows) if table.default_value is None
+               else tf.fill(tf.shape(rows), tf.constant(table.default_value, tf.float32)))
+    return tf.where(no_row, missing, rows)
+
+
+def _elements(offsets: tf.Tensor, positions: tf.Tensor, dim: int) -> tf.Tensor:
+    """[len(positions), dim] indices of the floats of the ids at positions,
+    each id's dim floats starting at its offset."""
+    return tf.gather(offsets, positions)[:, None] + tf.range(dim)[None, :]
