@@ -1,20 +1,21 @@
 """The exchange of ids and rows between ranks and their keys' owners.
 
-One exchange serves the lookups of any number of tables in a step:
-1. each rank deduplicates each table's ids (counting each id's occurrences)
-   and orders them by (owner, table);
-2. one small all-to-all tells each owner how many ids of each table come
-   from each rank, and one all-to-all sends the ids with their occurrence
-   counts (all tables together);
-3. each owner deduplicates what arrives per table (two ranks may send the
+One exchange serves the lookups of any number of tables in a step, in two
+all-to-alls (and autodiff's reverse of the second when training):
+1. each rank deduplicates each table's ids, counting each id's
+   occurrences, and sends them to their owners, all tables together, each
+   id with its count and its table;
+2. each owner deduplicates what arrives per table (two ranks may send the
    same key: one row, one gradient sum) and looks each key up as often as
-   it occurred in the step's batches (access counts, and so admission
-   thresholds and LFU eviction, mean what they mean on one rank);
-4. one all-to-all sends the rows back, flattened so that tables of any
-   dims travel together; each rank puts them back in its ids' order.
-Every rank issues the same three collectives, named by the exchange's name
-scope, also when it has no ids for a table (Horovod matches collectives by
-name, and a collective one rank never issues hangs the others).
+   it occurred in the step's batches, ranks in order (access counts, and so
+   admission thresholds and LFU eviction, mean what they mean on one rank);
+3. the rows go back, flattened so that tables of any dims travel together,
+   each with (when training) how many of the id's lookups admission refused
+   a row; each rank puts them back in its ids' order, the refused
+   occurrences reading the missing value with no gradient, as on one rank.
+Every rank issues the same collectives, named by the exchange's name scope,
+also when it has no ids for a table (Horovod matches collectives by name,
+and a collective one rank never issues hangs the others).
 
 Training exchanges record the owner's lookup (graphmod.training_lookups), so
 the sparse optimizers find each owned row's gradient there: autodiff brings
@@ -34,6 +35,10 @@ tf1 = tf.compat.v1
 
 _enabled = False
 COMBINES = ("average", "sum")
+# Each exchange adds the bytes this rank sends other ranks in it (ids,
+# counts, rows and refusals; its part for itself left out; an int64 scalar)
+# to this graph collection (benchmarks/horovod.py reads it).
+BYTES_SENT = "graphmod_exchange_bytes_sent"
 
 
 def enable(on: bool = True) -> None:
@@ -100,75 +105,76 @@ def _exchange(tables: Sequence[Table], keys: Sequence[tf.Tensor],
               serve: Callable[[List[Table], List[tf.Tensor]], List[tf.Tensor]],
               name: str) -> List[tf.Tensor]:
     hvd = _horovod()
-    size, n_tables = hvd.size(), len(tables)
+    size, rank = hvd.size(), hvd.rank()
     tables = list(tables)
     graph_state(tables[0].graph).sharded.update(t.name for t in tables)
     with tf1.name_scope(None, name):
-        # 1. This rank's unique ids per table, ordered by (owner, table).
+        # 1. This rank's unique ids per table (with how often each occurs),
+        # ordered by owner; one all-to-all sends them, tagged by table.
         flat = [tf.reshape(tf.convert_to_tensor(k, tf.int64), [-1]) for k in keys]
         unique = [tf.unique_with_counts(f) for f in flat]
         ids = tf.concat([u.y for u in unique], 0)
-        occurrences = tf.cast(tf.concat([u.count for u in unique], 0), tf.int64)
         table_of = tf.concat([tf.fill(tf.shape(u.y), t) for t, u in enumerate(unique)], 0)
-        slot = owner_of(ids, size) * n_tables + table_of
-        order = tf.argsort(slot, stable=True)
-        counts = tf.math.bincount(slot, minlength=size * n_tables,
-                                  maxlength=size * n_tables, dtype=tf.int32)
-        splits = tf.reduce_sum(tf.reshape(counts, [size, n_tables]), 1)
-
-        # 2. How many ids of each table each rank sends here; the ids.
-        received_counts, _ = hvd.alltoall(counts, splits=tf.fill([size], n_tables),
-                                          name="counts")
-        sent = tf.gather(tf.stack([ids, occurrences], 1), order)
+        owner = owner_of(ids, size)
+        order = tf.argsort(owner, stable=True)
+        splits = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
+        sent = tf.gather(tf.stack([ids, tf.cast(tf.concat([u.count for u in unique], 0),
+                                                tf.int64),
+                                   tf.cast(table_of, tf.int64)], 1), order)
         received, received_splits = hvd.alltoall(sent, splits=splits, name="ids")
-        received_table = tf.repeat(tf.tile(tf.range(n_tables), [size]), received_counts)
+        received_table = tf.cast(received[:, 2], tf.int32)
 
-        # 3. The owner's lookups: each table's received ids (entries: an id
+        # 2. The owner's lookups: each table's received ids (entries: an id
         # and how often one rank's batch holds it), deduplicated, each key
         # looked up as often as it occurred, ranks in order (as one rank
         # reads the global batch). A key's row is the one its last lookup
         # read: from its admission on, lookups read the row.
-        positions = [tf.where(tf.equal(received_table, t))[:, 0] for t in range(n_tables)]
+        positions = [tf.where(tf.equal(received_table, t))[:, 0] for t in range(len(tables))]
         entries = [(tf.gather(received[:, 0], p), tf.gather(received[:, 1], p))
                    for p in positions]
         owned = [tf.unique(k) for k, _ in entries]
         times = [tf.math.unsorted_segment_sum(c, o.idx, tf.size(o.y))
                  for (_, c), o in zip(entries, owned)]
         rows, handles = serve(tables, [tf.repeat(o.y, n) for o, n in zip(owned, times)])
-        per_entry, refused = [], []
-        for t in range(n_tables):
-            last = tf.cumsum(times[t]) - 1
-            per_entry.append(tf.reshape(tf.gather(tf.gather(rows[t], last), owned[t].idx),
-                                        [-1]))
-            if handles is not None:
-                refused.append(_refused(entries[t][1], owned[t].idx, handles[t]))
+        # Per entry, its key's row and, when training, how many of the
+        # entry's lookups were refused a row (a float column: exact below 2^24).
+        extra = 0 if handles is None else 1
+        per_entry = []
+        for t in range(len(tables)):
+            row = tf.gather(tf.gather(rows[t], tf.cumsum(times[t]) - 1), owned[t].idx)
+            if extra:
+                refused = _refused(entries[t][1], owned[t].idx, handles[t])
+                row = tf.concat([row, tf.cast(refused, tf.float32)[:, None]], 1)
+            per_entry.append(tf.reshape(row, [-1]))
 
-        # 4. Rows back, flattened in the order the ids arrived (and, when
-        # training, how many of each entry's lookups were refused a row).
-        dims = tf.constant([t.dim for t in tables], tf.int32)
-        offsets = tf.cumsum(tf.gather(dims, received_table), exclusive=True)
-        floats = [tf.reshape(_elements(offsets, p, t.dim), [-1]) for p, t in zip(positions, tables)]
-        back = tf.dynamic_stitch(floats, per_entry)
-        back_splits = tf.reduce_sum(
-            tf.reshape(received_counts, [size, n_tables]) * dims[None, :], 1)
+        # 3. Rows back, flattened (tables of any dims together) in the order
+        # the ids arrived.
+        widths = tf.constant([t.dim + extra for t in tables], tf.int32)
+        received_widths = tf.gather(widths, received_table)
+        offsets = tf.cumsum(received_widths, exclusive=True)
+        back = tf.dynamic_stitch(
+            [tf.reshape(_elements(offsets, p, t.dim + extra), [-1])
+             for p, t in zip(positions, tables)], per_entry)
+        back_splits = tf.math.unsorted_segment_sum(
+            received_widths, tf.repeat(tf.range(size), received_splits), size)
         returned, _ = hvd.alltoall(back, splits=back_splits, name="rows")
-        if handles is not None:
-            returned_refused, _ = hvd.alltoall(
-                tf.dynamic_stitch([tf.cast(p, tf.int32) for p in positions], refused),
-                splits=received_splits, name="refused")
+        # What this rank sends the others: 3 int64 per id, 4 bytes per float.
+        tf1.add_to_collection(BYTES_SENT, tf.cast(
+            24 * (tf.reduce_sum(splits) - splits[rank])
+            + 4 * (tf.reduce_sum(back_splits) - back_splits[rank]), tf.int64))
 
         # This rank's rows, in each table's ids' order.
-        sent_offsets = tf.cumsum(tf.gather(dims, tf.gather(table_of, order)), exclusive=True)
+        sent_offsets = tf.cumsum(tf.gather(widths, tf.gather(table_of, order)), exclusive=True)
         sent_at = tf.math.invert_permutation(order)  # where each unique id was sent
         starts = tf.cumsum([tf.size(u.y) for u in unique], exclusive=True)
         out = []
         for t, (table, u, k) in enumerate(zip(tables, unique, keys)):
             at = tf.gather(sent_at, starts[t] + tf.range(tf.size(u.y)))
-            mine = tf.gather(returned, _elements(sent_offsets, at, table.dim))
-            rows_t = tf.gather(mine, u.idx)
-            if handles is not None:
+            mine = tf.gather(returned, _elements(sent_offsets, at, table.dim + extra))
+            rows_t = tf.gather(mine[:, :table.dim], u.idx)
+            if extra:
                 rows_t = _without_refused(table, rows_t, u.idx, u.count,
-                                          tf.gather(returned_refused, at))
+                                          tf.cast(mine[:, table.dim], tf.int32))
             out.append(tf.reshape(rows_t, tf.concat([tf.shape(k, out_type=tf.int32),
                                                       [table.dim]], 0)))
         return out
