@@ -55,6 +55,9 @@ SCRIPT = textwrap.dedent("""
                                            t.export_pending().items() if k != "sketch"})
               for t in (user, item)}
     owners = {t: graphmod.distributed.owner_of(x["keys"], size) for t, x in tables.items()}
+    # Read-only lookups (evaluation): each rank's own ids, seen and unseen.
+    probe = tf1.placeholder(tf.int64, [None])
+    read = graphmod.sparse_lookup(item, probe, is_training=False)
     losses = []
     with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
@@ -63,6 +66,9 @@ SCRIPT = textwrap.dedent("""
             loss_value, _ = sess.run([global_loss, train], {ids: x[part], labels: y[part]})
             losses.append(loss_value)
         got, own, w_value = sess.run([tables, owners, w])
+        # Some with rows, some without; one rank reads them all.
+        probe_ids = np.arange(30, 50) + 3 * rank if size > 1 else np.arange(30, 56)
+        read_value = sess.run(read, {probe: probe_ids})
     refused = ""
     if size > 1:
         try:
@@ -70,6 +76,7 @@ SCRIPT = textwrap.dedent("""
         except ValueError as e:
             refused = str(e)
     np.savez(f"{out}/rank{rank}.npz", losses=np.array(losses), w=w_value,
+             probe_ids=probe_ids, read=read_value,
              refused=np.array(refused),
              **{f"{t}/{f}": v for t, d in got.items() for f, v in d.items()},
              **{f"{t}/owner": v for t, v in own.items()})
@@ -120,5 +127,14 @@ def test_ranks_train_as_one_rank_on_the_same_global_batch(tmp_path, ranks):
                                            err_msg=f"{table} {prefix}{f}")
         assert len(merged(many, table)[0]) > 20  # rows on every rank, not a trivial table
     assert len(merged(many, "item", "pending_")[0]) > 0  # admission had ids waiting
+    # Read-only lookups on each rank read what one rank reads: the rows of
+    # ids with one, the missing value (here the initial row) of the others.
+    one_read = dict(zip(one["probe_ids"].tolist(), one["read"]))
+    rows = set(one["item/keys"].tolist())
+    for r in many:
+        probes = r["probe_ids"].tolist()
+        assert any(k in rows for k in probes) and any(k not in rows for k in probes)
+        np.testing.assert_allclose(r["read"], [one_read[k] for k in probes], rtol=1e-5,
+                                   atol=1e-6)
     for r in many:  # a Saver would write one rank's keys as if they were all: refused
         assert "sharded across Horovod ranks" in str(r["refused"])
