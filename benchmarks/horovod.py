@@ -10,10 +10,11 @@ each rank's table trained on its own gradients: what graphmod did before
 sharding); two ranks sharing sharded tables. Per run: examples/s
 over the steps after warm-up (all ranks together), process CPU-seconds per
 million examples (all ranks), and per step and rank the bytes the exchange
-sends other ranks, beside what it would send without deduplication (every
-id, 8 bytes, and its row, 64 bytes, computed from the same batches). Runs
-alternate 1 rank and 2 ranks (ABAB), each in fresh processes; figures are
-medians (min-max) over the rounds. On this 2-core machine 2 ranks share the
+sends other ranks (ids, rows served, gradients returned), beside what it
+would send without deduplication (every id, 8 bytes, its row and its
+gradient, 64 bytes each, computed from the same batches). Each round runs
+the three in turn, each in fresh processes; figures are medians (min-max)
+over the rounds. On this 2-core machine 2 ranks share the
 cores that 1 rank's threads use: the step times show the collectives' cost,
 not a speed-up. Horovod's defaults (HOROVOD_CYCLE_TIME etc.) apply.
 
@@ -91,10 +92,11 @@ def one_run(steps: int, shard: bool) -> None:
             if i >= WARMUP:
                 times.append(time.perf_counter() - t)
                 sent_bytes.append(int(b))
-                # Without deduplication: every id to its owner and its row back,
-                # those this rank owns itself left out (as for the real bytes).
+                # Without deduplication: every id to its owner, its row back and
+                # its gradient to the owner again; ids this rank owns left out
+                # (as for the real bytes).
                 mine = graphmod_owners(x.reshape(-1), size) == rank
-                undeduplicated.append(int((~mine).sum()) * (8 + 4 * D) if shard else 0)
+                undeduplicated.append(int((~mine).sum()) * (8 + 2 * 4 * D) if shard else 0)
         wall = time.perf_counter() - start
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps(dict(rank=rank, size=size, wall=wall, examples=steps * B,

@@ -43,8 +43,6 @@ class _GraphState:
         self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
         self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
         self.format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
-        # Tables whose keys are sharded across Horovod ranks (graphmod.distributed).
-        self.sharded: set = set()
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -243,20 +241,30 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
         raise TypeError(f"graphmod: write_tables takes saveables of one kind of table "
                         f"saveable, got {sorted(k.__name__ for k in kinds)}")
     delta = kinds == {_TableDeltaSaveable}
-    for s in saveables:
-        _check_not_sharded(s.table)
-    with tf1.name_scope("graphmod/save_delta" if delta else "graphmod/save"):
+    refusals = [op for s in saveables for op in _unless_sharded(s.table)]
+    with tf1.name_scope("graphmod/save_delta" if delta else "graphmod/save"), \
+            tf.control_dependencies(refusals):
         versions = tf.stack([tf.cast(s.min_version(), tf.int64) for s in saveables])
         return ops.graphmod_table_save([s.table.handle for s in saveables], prefix, versions,
                                        checkpoint_format=CHECKPOINT_FORMAT,
                                        with_removed=delta)
 
 
-def _check_not_sharded(table: Table) -> None:
-    if table.name in graph_state(table.graph).sharded:
-        raise ValueError(f"graphmod table '{table.name}' is sharded across Horovod ranks, and "
-                         "checkpoints of sharded tables (every rank its keys) are not built "
-                         "yet: a Saver would write this rank's keys as if they were all")
+def _unless_sharded(table: Table) -> List[tf.Operation]:
+    """Control inputs for a table's save or restore: an op that fails it,
+    naming the table, while tables are sharded across Horovod ranks
+    (graphmod.distributed), since checkpoints of sharded tables (every rank
+    its keys) are not built yet; none otherwise. A failure when the save or
+    restore runs, not when the Saver is built: MonitoredTrainingSession
+    builds one for every graph."""
+    from graphmod import distributed  # pylint: disable=import-outside-toplevel
+    if not distributed.active():
+        return []
+    return [tf.debugging.Assert(
+        False, [f"graphmod table '{table.name}' is sharded across Horovod ranks, and "
+                "checkpoints of sharded tables (every rank its keys) are not built yet: this "
+                "rank would save or restore its keys as if they were all"],
+        name=f"graphmod/{table.name}/sharded")]
 
 
 def _lazy_spec(table: Table, entry: str, dtype: tf.DType,
@@ -279,9 +287,9 @@ def _specs(table: Table, min_version: Callable[[], tf.Tensor]) -> List[saveable_
 
     def field(kind: str, name: str) -> Callable[[], tf.Tensor]:
         def make():
-            _check_not_sharded(table)
             if not exported:
-                with tf1.name_scope(f"graphmod/{table.name}/export"):
+                with tf1.name_scope(f"graphmod/{table.name}/export"), \
+                        tf.control_dependencies(_unless_sharded(table)):
                     version = min_version()
                     exported.update(rows=table.export(version),
                                     pending=table.export_pending(version))
@@ -302,7 +310,7 @@ def _import(table: Table, restored: List[tf.Tensor], replace: bool,
     n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
     keys, values, slots, counts, last_seen, versions = restored[:n]
     pending, checkpoint_format = restored[n:n + p], restored[n + p]
-    first = [_check_format(table, checkpoint_format)]
+    first = [_check_format(table, checkpoint_format)] + _unless_sharded(table)
     if removed is not None:
         with tf.control_dependencies(first):
             first = [ops.graphmod_table_remove(table.handle, removed)]

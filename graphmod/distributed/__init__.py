@@ -8,8 +8,10 @@ the reverse all-to-all. Dense layers stay data-parallel (Horovod's own
 DistributedOptimizer).
 
 Sharding is opt-in for now (`enable()`): per-rank checkpoints of sharded
-tables are not built yet, and a Saver asked to save a sharded table fails
-rather than writing one rank's keys as if they were all.
+tables are not built yet, and saving or restoring a sharded table fails
+when it runs, naming it, rather than treat one rank's keys as all of them.
+Every rank must run every fetch that reads a sharded table (a lookup is a
+collective).
 
 >>> import horovod.tensorflow as hvd, graphmod
 >>> hvd.init(); graphmod.distributed.enable()

@@ -27,7 +27,7 @@ from typing import Callable, List, Sequence
 
 import tensorflow as tf
 
-from graphmod import fused
+from graphmod import features, fused
 from graphmod.distributed.partition import owner_of
 from graphmod.table import Lookup, Table, graph_state
 
@@ -68,6 +68,14 @@ def exchanged_find_or_insert(tables: Sequence[Table], keys: Sequence[tf.Tensor],
     kept by its owner: rows of shape keys[i].shape + [dim]."""
     if combine not in COMBINES:
         raise ValueError(f"graphmod: combine must be one of {COMBINES}, got {combine!r}")
+    for t in tables:
+        policy = features.policy_of(t)
+        if policy.eviction_unit == "seconds" and graph_state(t.graph).timestamp is not None:
+            # The owner would stamp rows with its own batch's newest timestamp
+            # (none at all when its batch is empty), not the sender's.
+            raise ValueError(f"graphmod table '{t.name}': a clock from the batch's timestamp "
+                             "is not built for tables sharded across Horovod ranks yet (use "
+                             "eviction_unit='steps')")
     scale = 1.0 / _horovod().size() if combine == "average" else 1.0
 
     def serve(owned_tables, owned_keys):
@@ -107,8 +115,7 @@ def _exchange(tables: Sequence[Table], keys: Sequence[tf.Tensor],
     hvd = _horovod()
     size, rank = hvd.size(), hvd.rank()
     tables = list(tables)
-    graph_state(tables[0].graph).sharded.update(t.name for t in tables)
-    with tf1.name_scope(None, name):
+    with tf1.name_scope(None, name) as scope:
         # 1. This rank's unique ids per table (with how often each occurs),
         # ordered by owner; one all-to-all sends them, tagged by table.
         flat = [tf.reshape(tf.convert_to_tensor(k, tf.int64), [-1]) for k in keys]
@@ -157,11 +164,16 @@ def _exchange(tables: Sequence[Table], keys: Sequence[tf.Tensor],
              for p, t in zip(positions, tables)], per_entry)
         back_splits = tf.math.unsorted_segment_sum(
             received_widths, tf.repeat(tf.range(size), received_splits), size)
-        returned, _ = hvd.alltoall(back, splits=back_splits, name="rows")
-        # What this rank sends the others: 3 int64 per id, 4 bytes per float.
-        tf1.add_to_collection(BYTES_SENT, tf.cast(
-            24 * (tf.reduce_sum(splits) - splits[rank])
-            + 4 * (tf.reduce_sum(back_splits) - back_splits[rank]), tf.int64))
+        returned, returned_splits = _rows_alltoall(hvd, back, back_splits, scope)
+        # What this rank sends the others: 3 int64 per id, 4 bytes per float
+        # of the rows it serves and (training) of their gradients it returns.
+        def others(s):
+            s = tf.cast(s, tf.int64)
+            return tf.reduce_sum(s) - s[rank]
+        sent_bytes = 24 * others(splits) + 4 * others(back_splits)
+        if extra:
+            sent_bytes += 4 * others(returned_splits)
+        tf1.add_to_collection(BYTES_SENT, sent_bytes)
 
         # This rank's rows, in each table's ids' order.
         sent_offsets = tf.cumsum(tf.gather(widths, tf.gather(table_of, order)), exclusive=True)
@@ -178,6 +190,29 @@ def _exchange(tables: Sequence[Table], keys: Sequence[tf.Tensor],
             out.append(tf.reshape(rows_t, tf.concat([tf.shape(k, out_type=tf.int32),
                                                       [table.dim]], 0)))
         return out
+
+
+def _rows_alltoall(hvd, back: tf.Tensor, splits: tf.Tensor, scope: str):
+    """hvd.alltoall of the rows, whose gradient (the reverse all-to-all) is
+    named after the exchange: Horovod matches collectives across ranks by
+    name, and the name autodiff would give it depends on every op built
+    before it in the gradients' scope (a gradient one rank alone builds
+    would shift it, and every rank would wait forever)."""
+    received_splits = []
+
+    @tf.custom_gradient
+    def exchange_rows(x):
+        out, got = hvd.alltoall(x, splits=splits, name="rows")
+        received_splits.append(got)
+
+        def grad(dy):
+            dy = tf.convert_to_tensor(dy)
+            return hvd.alltoall(dy, splits=got, name=scope + "rows_grad",
+                                ignore_name_scope=True)[0]
+        return out, grad
+
+    returned = exchange_rows(back)
+    return returned, received_splits[0]
 
 
 def _refused(counts: tf.Tensor, key_of: tf.Tensor, handles: tf.Tensor) -> tf.Tensor:
