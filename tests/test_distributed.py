@@ -139,3 +139,18 @@ def test_ranks_train_as_one_rank_on_the_same_global_batch(tmp_path, ranks):
     for r in many:  # a save would write one rank's keys as if they were all: refused
         assert "sharded across Horovod ranks" in str(r["refused"])
     assert str(one["refused"]) == ""  # one rank saves as usual
+
+
+def test_the_example_runs_on_two_ranks():
+    """The README's command: 26 sharded tables in one exchange per step."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                           os.path.join(here, "examples", "horovod_sharded.py"), "--steps", "20"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ends = [line for line in done.stdout.splitlines() if "all owned by this rank" in line]
+    assert len(ends) == 2 and all(line.endswith("True") for line in ends), done.stdout[-2000:]
+    losses = {line.split("global loss ")[1] for line in done.stdout.splitlines()
+              if "step 19: global loss" in line}
+    assert len(losses) == 1, done.stdout[-2000:]  # both ranks report the same global loss

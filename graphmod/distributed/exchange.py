@@ -20,8 +20,9 @@ and a collective one rank never issues hangs the others).
 Training exchanges record the owner's lookup (graphmod.training_lookups), so
 the sparse optimizers find each owned row's gradient there: autodiff brings
 it back through the reverse all-to-alls, summed over the ranks that read
-the row, and scaled by 1/size with combine="average", as Horovod's
-DistributedOptimizer (op=Average, its default) combines a dense variable's.
+the row, and scaled by 1/size with combine="average" (sparse_lookup's and
+fused_lookup's), as Horovod's DistributedOptimizer (op=Average, its
+default) combines a dense variable's.
 """
 from typing import Callable, List, Sequence
 
@@ -35,9 +36,10 @@ tf1 = tf.compat.v1
 
 _enabled = False
 COMBINES = ("average", "sum")
-# Each exchange adds the bytes this rank sends other ranks in it (ids,
-# counts, rows and refusals; its part for itself left out; an int64 scalar)
-# to this graph collection (benchmarks/horovod.py reads it).
+# Each exchange adds the bytes this rank sends other ranks in it (ids, the
+# rows it serves and, training, the gradients it returns; its part for
+# itself left out; an int64 scalar) to this graph collection
+# (benchmarks/horovod.py reads it).
 BYTES_SENT = "graphmod_exchange_bytes_sent"
 
 
