@@ -97,6 +97,11 @@ def _by_kind(saveables) -> List[list]:
     return list(groups.values())
 
 
+def _sharded() -> bool:
+    from graphmod import distributed  # pylint: disable=import-outside-toplevel
+    return distributed.enabled()
+
+
 def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
     """Tables are saved one shard at a time in V2 checkpoints (the default
     format); a V1 Saver keeps TensorFlow's builder."""
@@ -126,18 +131,25 @@ class TableSaver(tf1.train.Saver):
         self._since: Dict[str, tf.Tensor] = {}
         self._versions: Dict[str, tf.Tensor] = {}
         self._track: Dict[str, tf.Tensor] = {}
+        self._sharded_tables = None  # graphmod.distributed.checkpoints.ShardedTables
 
     # ---------------------------------------------------------------- build
 
     def _build(self, checkpoint_path, build_save, build_restore):
         built = self._is_built
-        super()._build(checkpoint_path, build_save, build_restore)
-        if built or self._is_empty:
-            return
-        # Built beside the ordinary save and restore, before the graph is finalized.
         saveables = list(self._var_list or tf_variables._all_saveable_objects())  # pylint: disable=protected-access
         tables = [x for x in saveables if _is_table(x)]
         dense = [x for x in saveables if not _is_table(x)]
+        if not built and tables and _sharded():
+            # Every rank saves the keys it owns (graphmod.distributed.checkpoints);
+            # the ordinary save and restore hold the rest.
+            from graphmod.distributed.checkpoints import ShardedTables
+            self._var_list = dense
+            self._sharded_tables = ShardedTables(tables)
+        super()._build(checkpoint_path, build_save, build_restore)
+        if built or self._is_empty or self._sharded_tables is not None:
+            return  # (no deltas or adoption of sharded tables yet)
+        # Built beside the ordinary save and restore, before the graph is finalized.
         if tables:
             self._build_deltas(tables, dense)
         if self.adoptions and build_restore:
@@ -213,6 +225,14 @@ class TableSaver(tf1.train.Saver):
     def restore(self, sess, save_path):
         if self.saver_def is None:
             self.build()  # an export restores without finalizing a Scaffold
+        if self._sharded_tables is not None:
+            if not self._is_empty:
+                super().restore(sess, save_path)
+            parts = self._sharded_tables.restore(sess, save_path)
+            logging.info("graphmod: restored the sharded tables' keys of rank %d of %d from %s",
+                         self._sharded_tables.rank, self._sharded_tables.size, ", ".join(parts))
+            self.chain = self.restored = (save_path, 0)
+            return
         if self.adoptions and save_path is not None and self.holds_tables_densely(save_path):
             self._adopt(sess, save_path)
         else:
@@ -250,6 +270,8 @@ class TableSaver(tf1.train.Saver):
     # ---------------------------------------------------------------- save
 
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
+        if self._sharded_tables is not None:
+            return self._save_sharded(sess, save_path, global_step, *args, **kwargs)
         # What a delta after this save follows (only read while tracking).
         versions = sess.run(self._versions) if self.marks is not None else None
         try:
@@ -266,6 +288,32 @@ class TableSaver(tf1.train.Saver):
                 self.marks = versions
             for name in deltas.remove_orphans(os.path.dirname(path)):
                 logging.info("graphmod: removed the deltas of %s with it", name)
+        return path
+
+    @property
+    def sharded(self) -> bool:
+        """Whether it saves tables sharded across Horovod ranks (no deltas yet)."""
+        return self._sharded_tables is not None
+
+    def _save_sharded(self, sess, save_path, global_step, *args, **kwargs):
+        """Every rank writes its tables' part, rank 0 commits their manifest
+        and then saves the rest (and the `checkpoint` state file) as usual.
+        Every rank must call it at the same step."""
+        if self.saver_def is None:
+            self.build()
+        checkpoint = save_path
+        if global_step is not None:
+            step = global_step if isinstance(global_step, int) else int(
+                tf1.train.global_step(sess, global_step))
+            checkpoint = f"{save_path}-{step}"
+        self._sharded_tables.save(sess, checkpoint)
+        if self._sharded_tables.rank != 0:
+            return checkpoint
+        if self._is_empty:  # nothing dense to save: tables alone
+            return checkpoint
+        path = super().save(sess, save_path, global_step, *args, **kwargs)
+        self._sharded_tables.remove_orphans(os.path.dirname(path))
+        self.chain = (path, 0)
         return path
 
     def start_tracking(self, sess) -> None:

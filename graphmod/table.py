@@ -232,16 +232,17 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
 
 
 def write_tables(saveables: List[saveable_object.SaveableObject],
-                 prefix: tf.Tensor) -> tf.Operation:
+                 prefix: tf.Tensor, part: bool = False) -> tf.Operation:
     """Writes the entries of tables' saveables (all _TableSaveable, or all
     _TableDeltaSaveable) as one checkpoint at `prefix`, one table shard at a
-    time (a part of a sharded checkpoint: graphmod.saver)."""
+    time (a part of a sharded checkpoint: graphmod.saver). part: the keys
+    this rank owns of sharded tables (graphmod.distributed.checkpoints)."""
     kinds = {type(s) for s in saveables}
     if len(kinds) != 1 or not kinds <= {_TableSaveable, _TableDeltaSaveable}:
         raise TypeError(f"graphmod: write_tables takes saveables of one kind of table "
                         f"saveable, got {sorted(k.__name__ for k in kinds)}")
     delta = kinds == {_TableDeltaSaveable}
-    refusals = [op for s in saveables for op in _unless_sharded(s.table)]
+    refusals = [] if part else [op for s in saveables for op in _unless_sharded(s.table)]
     with tf1.name_scope("graphmod/save_delta" if delta else "graphmod/save"), \
             tf.control_dependencies(refusals):
         versions = tf.stack([tf.cast(s.min_version(), tf.int64) for s in saveables])
@@ -251,19 +252,22 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
 
 
 def _unless_sharded(table: Table) -> List[tf.Operation]:
-    """Control inputs for a table's save or restore: an op that fails it,
-    naming the table, while tables are sharded across Horovod ranks
-    (graphmod.distributed), since checkpoints of sharded tables (every rank
-    its keys) are not built yet; none otherwise. A failure when the save or
-    restore runs, not when the Saver is built: MonitoredTrainingSession
-    builds one for every graph."""
+    """Control inputs for a table's save or restore by a Saver other than
+    graphmod's TableSaver: an op that fails it, naming the table, while
+    tables are sharded across Horovod ranks (graphmod.distributed), since
+    that Saver would treat this rank's keys as all of them; none otherwise.
+    A failure when the save or restore runs, not when the Saver is built:
+    MonitoredTrainingSession builds one for every graph."""
     from graphmod import distributed  # pylint: disable=import-outside-toplevel
     if not distributed.active():
         return []
+    # Not a constant condition: TensorFlow would fail the graph's building.
+    never = tf1.placeholder_with_default(False, [], name=f"graphmod/{table.name}/unsharded")
     return [tf.debugging.Assert(
-        False, [f"graphmod table '{table.name}' is sharded across Horovod ranks, and "
-                "checkpoints of sharded tables (every rank its keys) are not built yet: this "
-                "rank would save or restore its keys as if they were all"],
+        never, [f"graphmod table '{table.name}' is sharded across Horovod ranks: save and "
+                "restore it with graphmod.saver.TableSaver on every rank (e.g. "
+                "Scaffold(saver=graphmod.saver.TableSaver(...))), which writes every rank's "
+                "keys; this Saver would treat this rank's keys as all of them"],
         name=f"graphmod/{table.name}/sharded")]
 
 
@@ -304,13 +308,26 @@ def _specs(table: Table, min_version: Callable[[], tf.Tensor]) -> List[saveable_
 
 
 def _import(table: Table, restored: List[tf.Tensor], replace: bool,
-            removed: Optional[tf.Tensor] = None) -> tf.Operation:
+            removed: Optional[tf.Tensor] = None, part: bool = False,
+            keep=None) -> tf.Operation:
     """Imports entries as _specs wrote them, after checking their format (and
-    removing `removed` keys first): nothing changes before the check passes."""
+    removing `removed` keys first): nothing changes before the check passes.
+    part: the entries are a sharded table's part of a checkpoint
+    (graphmod.distributed.checkpoints), read by a rank that owns its keys,
+    or those keep(keys) (a bool mask) says; then only those rows and pending
+    ids are imported, and not the admission sketch."""
     n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
     keys, values, slots, counts, last_seen, versions = restored[:n]
     pending, checkpoint_format = restored[n:n + p], restored[n + p]
-    first = [_check_format(table, checkpoint_format)] + _unless_sharded(table)
+    first = [_check_format(table, checkpoint_format)]
+    if not part:
+        first += _unless_sharded(table)
+    if keep is not None:
+        kept = tf.where(keep(tf.reshape(keys, [-1])))[:, 0]
+        keys, values, slots, counts, last_seen, versions = (
+            tf.gather(x, kept) for x in (keys, values, slots, counts, last_seen, versions))
+        kept = tf.where(keep(tf.reshape(pending[0], [-1])))[:, 0]
+        pending = [tf.gather(x, kept) for x in pending[:3]] + [tf.zeros([0], tf.int32)]
     if removed is not None:
         with tf.control_dependencies(first):
             first = [ops.graphmod_table_remove(table.handle, removed)]

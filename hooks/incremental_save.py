@@ -72,6 +72,11 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             "has no graphmod tables, or its Saver is the model's own (a "
                             "Scaffold's, or already built), not graphmod's TableSaver")
             return
+        if savers[0].sharded:
+            logging.warning("graphmod: IncrementalSaveHook: no deltas are written: deltas of "
+                            "tables sharded across Horovod ranks are not built yet (full "
+                            "checkpoints are)")
+            return
         self.saver = savers[0]
         # Tables note removals from here on; what follows the deltas this
         # session restored (a torn one, stray files) is dropped.

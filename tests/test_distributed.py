@@ -154,3 +154,90 @@ def test_the_example_runs_on_two_ranks():
     losses = {line.split("global loss ")[1] for line in done.stdout.splitlines()
               if "step 19: global loss" in line}
     assert len(losses) == 1, done.stdout[-2000:]  # both ranks report the same global loss
+
+
+CHECKPOINT_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.saver
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    mode, folder, out = sys.argv[1:4]
+    hvd.init()
+    graphmod.distributed.enable()
+    size, rank = hvd.size(), hvd.rank()
+    ids = tf1.placeholder(tf.int64, [None, 2])
+    step = tf1.train.get_or_create_global_step()
+    graphmod.use_feature_specs({"item": ids[:, 1]}, [graphmod.FeatureSpec(
+        "item", access_threshold=2)])
+    opt = graphmod.optimizers.Adagrad(0.2)
+    user = graphmod.create_table("user", 4, optimizer=opt, seed=1)
+    item = graphmod.create_table("item", 3, optimizer=opt, seed=2)
+    u, i = graphmod.fused_lookup([user, item], [ids[:, 0], ids[:, 1]])
+    w = tf1.get_variable("w", [7, 1], initializer=tf1.ones_initializer())
+    loss = tf.reduce_mean(tf.matmul(tf.concat([u, i], 1), w) ** 2)
+    dense = tf1.train.GradientDescentOptimizer(0.1)
+    if size > 1:
+        dense = hvd.DistributedOptimizer(dense)
+    train = tf.group(opt.minimize(loss), dense.minimize(loss, var_list=[w]), step.assign_add(1))
+    saver = graphmod.saver.TableSaver(sharded=True, max_to_keep=2)
+    saver.build()
+    tables = {t.name: dict(t.export(), **{"pending_" + k: v for k, v in
+                                           t.export_pending().items() if k != "sketch"})
+              for t in (user, item)}
+    owners = {t: graphmod.distributed.owner_of(x["keys"], size) for t, x in tables.items()}
+    rng = np.random.default_rng(rank)
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        if mode == "train":
+            for s in range(6):
+                sess.run(train, {ids: rng.integers(0, 300, size=(16, 2))})
+                if s % 2 == 1:
+                    path = saver.save(sess, folder + "/model.ckpt", global_step=step)
+        else:
+            saver.restore(sess, tf.train.latest_checkpoint(folder))
+        got, own, w_value = sess.run([tables, owners, w])
+    np.savez(f"{out}/rank{rank}.npz", w=w_value,
+             **{f"{t}/{f}": v for t, d in got.items() for f, v in d.items()},
+             **{f"{t}/owner": v for t, v in own.items()})
+""")
+
+
+def run_checkpoint_script(tmp_path, mode, ranks, folder):
+    out = tmp_path / f"{mode}{ranks}"
+    out.mkdir()
+    script = tmp_path / "checkpoint.py"
+    script.write_text(CHECKPOINT_SCRIPT)
+    command = [sys.executable, str(script), mode, str(folder), str(out)]
+    if ranks > 1:
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] + command
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [dict(np.load(out / f"rank{r}.npz")) for r in range(ranks)]
+
+
+def test_a_checkpoint_of_two_ranks_restores_on_one_two_and_three(tmp_path):
+    """Every rank saves the keys it owns as a part of the checkpoint, rank 0
+    commits the manifest and the rest; restored on 1, 2 or 3 ranks, every
+    rank holds exactly the keys it owns, with the saved rows, slots, counts
+    and pending ids, and the dense weights."""
+    folder = tmp_path / "model"
+    saved = run_checkpoint_script(tmp_path, "train", 2, folder)
+    files = sorted(os.listdir(folder))
+    assert "model.ckpt-6.tables.json" in files and "model.ckpt-6.tables-00001-of-00002.index" in files
+    assert not any(f.startswith("model.ckpt-2.") for f in files)  # max_to_keep took its parts
+    for ranks in (1, 2, 3):
+        restored = run_checkpoint_script(tmp_path, "restore", ranks, folder)
+        np.testing.assert_array_equal(restored[0]["w"], saved[0]["w"])
+        for table in ("user", "item"):
+            for rank, r in enumerate(restored):
+                assert (r[f"{table}/owner"] == rank).all(), (ranks, table, rank)
+            for prefix in ("", "pending_"):
+                keys, fields = merged(restored, table, prefix)
+                want_keys, want = merged(saved, table, prefix)
+                np.testing.assert_array_equal(keys, want_keys, err_msg=f"{ranks} {table}")
+                for f in fields:
+                    np.testing.assert_array_equal(fields[f], want[f],
+                                                  err_msg=f"{ranks} ranks {table} {prefix}{f}")
+            assert len(merged(saved, table)[0]) > 20
+        assert len(merged(saved, "item", "pending_")[0]) > 0

@@ -7,18 +7,20 @@ key's gradient once, on its owner, where autodiff brings it back through
 the reverse all-to-all. Dense layers stay data-parallel (Horovod's own
 DistributedOptimizer).
 
-Sharding is opt-in for now (`enable()`): per-rank checkpoints of sharded
-tables are not built yet, and saving or restoring a sharded table fails
-when it runs, naming it, rather than treat one rank's keys as all of them.
-Every rank must run every fetch that reads a sharded table (a lookup is a
-collective).
+Sharding is opt-in for now (`enable()`). Checkpoints of sharded tables are
+written by graphmod.saver.TableSaver on every rank at the same steps (each
+rank its keys, graphmod.distributed.checkpoints) and restore on any number
+of ranks; another Saver's save or restore of a sharded table fails when it
+runs, naming it. Every rank must run every fetch that reads a sharded table
+(a lookup is a collective).
 
 >>> import horovod.tensorflow as hvd, graphmod
 >>> hvd.init(); graphmod.distributed.enable()
 >>> rows = graphmod.sparse_lookup(table, ids)   # ids of this rank's batch
 """
-from graphmod.distributed.exchange import (active, enable, exchanged_find,
+from graphmod.distributed.exchange import (active, enable, enabled, exchanged_find,
                                            exchanged_find_or_insert)
 from graphmod.distributed.partition import owner_of
 
-__all__ = ["active", "enable", "exchanged_find", "exchanged_find_or_insert", "owner_of"]
+__all__ = ["active", "enable", "enabled", "exchanged_find", "exchanged_find_or_insert",
+           "owner_of"]

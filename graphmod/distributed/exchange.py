@@ -55,6 +55,12 @@ def _horovod():
     return hvd
 
 
+def enabled() -> bool:
+    """Whether tables are sharded: enable() called and Horovod initialized
+    (with one rank too: checkpoints are then written in parts, of one)."""
+    return _enabled and _horovod().is_initialized()
+
+
 def active() -> bool:
     """Whether lookups exchange ids with their owners: sharding enabled and
     Horovod initialized with more than one rank."""

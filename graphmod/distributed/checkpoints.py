@@ -1,0 +1,118 @@
+"""Checkpoints of tables sharded across Horovod ranks.
+
+A save runs on every rank at once (graphmod.saver.TableSaver under
+sharding): rank r writes the keys it owns as a part of the checkpoint,
+`<checkpoint>.tables-0000r-of-0000N` (the tables' usual entries, written
+one table shard at a time), all ranks meet in an allreduce once their parts
+are written, and rank 0 then commits `<checkpoint>.tables.json` (the number
+of ranks and the parts' files) before its Saver writes the dense variables
+and the `checkpoint` state file. A checkpoint without its manifest was never
+complete: TableSaver's restore refuses it, naming it.
+
+A restore on M ranks (any M, one included) has rank m read only the parts
+whose hash ranges (graphmod.distributed.partition) overlap its own and
+import the keys it owns: with M == N exactly its own part. A checkpoint
+written without sharding (tables in the checkpoint itself) restores as one
+part. Admission sketches are restored when M == N only (each rank's counted
+its own keys).
+"""
+import json
+import os
+from typing import List
+
+import tensorflow as tf
+
+from graphmod.distributed.partition import owner_of
+from graphmod.table import _import, _TableSaveable, write_tables
+
+tf1 = tf.compat.v1
+
+
+def part_prefix(checkpoint: str, rank: int, size: int) -> str:
+    return f"{checkpoint}.tables-{rank:05d}-of-{size:05d}"
+
+
+def manifest_path(checkpoint: str) -> str:
+    return f"{checkpoint}.tables.json"
+
+
+def overlapping(old_size: int, rank: int, size: int) -> List[int]:
+    """The old ranks (of old_size) whose hash ranges overlap rank's (of size)."""
+    return [j for j in range(old_size) if j * size < (rank + 1) * old_size
+            and rank * old_size < (j + 1) * size]
+
+
+class ShardedTables:
+    """The save and restore ops of sharded tables (see the module docstring)."""
+
+    def __init__(self, saveables: List[_TableSaveable]):
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+        self.rank, self.size = hvd.rank(), hvd.size()
+        with tf1.name_scope("graphmod_sharded_checkpoint"):
+            self._part = tf1.placeholder(tf.string, [], name="part")
+            with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
+                # Returns on every rank once every rank's part is written.
+                self._written = hvd.allreduce(tf.constant(1, tf.int32), op=hvd.Sum,
+                                              name="graphmod_tables_written")
+            self._clear = tf.group([s.table.clear() for s in saveables])
+            self._read = tf1.placeholder(tf.string, [], name="read")
+            # A part this rank owns all of (same number of ranks), and one
+            # whose keys other ranks own some of.
+            self._import_own = tf.group([self._import(s, None) for s in saveables])
+            rank, size = self.rank, self.size
+            self._import_mine = tf.group([self._import(
+                s, lambda keys: tf.equal(owner_of(keys, size), rank)) for s in saveables])
+
+    def _import(self, saveable: _TableSaveable, keep) -> tf.Operation:
+        specs = saveable.specs
+        restored = tf.raw_ops.RestoreV2(prefix=self._read, tensor_names=[s.name for s in specs],
+                                        shape_and_slices=[""] * len(specs),
+                                        dtypes=[s.dtype for s in specs])
+        return _import(saveable.table, restored, replace=False, part=True, keep=keep)
+
+    def save(self, sess, checkpoint: str) -> None:
+        """Writes this rank's part; rank 0 commits the manifest once all are."""
+        sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
+        if self.rank == 0:
+            folder = os.path.dirname(checkpoint)
+            parts = [os.path.basename(part_prefix(checkpoint, r, self.size))
+                     for r in range(self.size)]
+            files = sorted(f for f in tf.io.gfile.listdir(folder or ".")
+                           if any(f.startswith(p + ".") for p in parts))
+            tmp = manifest_path(checkpoint) + ".tmp"
+            with tf.io.gfile.GFile(tmp, "w") as f:
+                json.dump(dict(format=1, ranks=self.size, files=files), f, indent=1)
+            tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
+
+    def restore(self, sess, checkpoint: str) -> List[str]:
+        """Replaces the tables' contents with the keys this rank owns in the
+        checkpoint; returns the parts read."""
+        path = manifest_path(checkpoint)
+        old = 1
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as f:
+                old = json.load(f)["ranks"]
+            parts = [part_prefix(checkpoint, j, old)
+                     for j in overlapping(old, self.rank, self.size)]
+        else:
+            folder, name = os.path.split(checkpoint)
+            if any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or ".")):
+                raise ValueError(f"graphmod: checkpoint {checkpoint} has parts of sharded "
+                                 f"tables but no {os.path.basename(path)}: its save never "
+                                 "completed")
+            parts = [checkpoint]  # written by one rank: the tables are in the checkpoint
+        sess.run(self._clear)
+        imports = self._import_own if old == self.size else self._import_mine
+        for part in parts:
+            sess.run(imports, {self._read: part})
+        return parts
+
+    @staticmethod
+    def remove_orphans(folder: str) -> None:
+        """Removes the parts and manifests of checkpoints the Saver deleted."""
+        for name in tf.io.gfile.listdir(folder or "."):
+            if ".tables" not in name:
+                continue
+            checkpoint = name[:name.index(".tables")]
+            if not tf.io.gfile.exists(os.path.join(folder, checkpoint + ".index")):
+                tf.io.gfile.remove(os.path.join(folder, name))
