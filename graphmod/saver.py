@@ -305,7 +305,9 @@ class TableSaver(tf1.train.Saver):
         if global_step is not None:
             step = global_step if isinstance(global_step, int) else int(
                 tf1.train.global_step(sess, global_step))
-            checkpoint = f"{save_path}-{step}"
+            # As the Saver names it.
+            checkpoint = (f"{save_path}-{step:08d}" if self._pad_step_number  # pylint: disable=protected-access
+                          else f"{save_path}-{step}")
         self._sharded_tables.save(sess, checkpoint)
         if self._sharded_tables.rank != 0:
             return checkpoint
