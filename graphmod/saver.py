@@ -145,6 +145,7 @@ class TableSaver(tf1.train.Saver):
             # the ordinary save and restore hold the rest.
             from graphmod.distributed.checkpoints import ShardedTables
             self._var_list = dense
+            self._allow_empty = self._allow_empty or not dense  # the tables are saved
             self._sharded_tables = ShardedTables(tables)
         super()._build(checkpoint_path, build_save, build_restore)
         if built or self._is_empty or self._sharded_tables is not None:

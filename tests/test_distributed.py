@@ -241,3 +241,38 @@ def test_a_checkpoint_of_two_ranks_restores_on_one_two_and_three(tmp_path):
                                                   err_msg=f"{ranks} ranks {table} {prefix}{f}")
             assert len(merged(saved, table)[0]) > 20
         assert len(merged(saved, "item", "pending_")[0]) > 0
+
+
+MISMATCH_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.saver
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    hvd.init()
+    graphmod.distributed.enable()
+    ids = tf1.placeholder(tf.int64, [None])
+    table = graphmod.create_table("user", 4)
+    rows = graphmod.sparse_lookup(table, ids)
+    saver = graphmod.saver.TableSaver(sharded=True)
+    saver.build()
+    with tf1.Session() as sess:
+        sess.run(rows, {ids: [1, 2, 3]})
+        try:  # each rank its own folder, as Horovod's examples set model_dir
+            saver.save(sess, f"{sys.argv[1]}/rank{hvd.rank()}/model.ckpt")
+        except ValueError as e:
+            print("refused:", e, flush=True)
+""")
+
+
+def test_ranks_saving_to_different_checkpoints_are_refused(tmp_path):
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH_SCRIPT)
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
+                           sys.executable, str(script), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    refusals = [line for line in done.stdout.splitlines() if "refused:" in line]
+    assert len(refusals) == 2 and all("same model_dir" in line for line in refusals), \
+        done.stdout[-2000:]
+    assert not list(tmp_path.rglob("*.tables-*"))  # nothing written

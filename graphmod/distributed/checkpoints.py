@@ -16,6 +16,7 @@ written without sharding (tables in the checkpoint itself) restores as one
 part. Admission sketches are restored when M == N only (each rank's counted
 its own keys).
 """
+import hashlib
 import json
 import os
 from typing import List
@@ -49,6 +50,9 @@ class ShardedTables:
         import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
         self.rank, self.size = hvd.rank(), hvd.size()
         with tf1.name_scope("graphmod_sharded_checkpoint"):
+            # Every rank must write to the same checkpoint: compared first.
+            self._path = tf1.placeholder(tf.int64, [1], name="path_fingerprint")
+            self._paths = hvd.allgather(self._path, name="graphmod_checkpoint_paths")
             self._part = tf1.placeholder(tf.string, [], name="part")
             with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
                 # Returns on every rank once every rank's part is written.
@@ -72,6 +76,17 @@ class ShardedTables:
 
     def save(self, sess, checkpoint: str) -> None:
         """Writes this rank's part; rank 0 commits the manifest once all are."""
+        fingerprint = int.from_bytes(hashlib.sha256(
+            os.path.abspath(checkpoint).encode()).digest()[:8], "little", signed=True)
+        paths = sess.run(self._paths, {self._path: [fingerprint]})
+        if len(set(paths.tolist())) != 1:
+            # Every rank sees the same fingerprints, so every rank stops here.
+            differ = [r for r, p in enumerate(paths.tolist()) if p != paths[0]]
+            raise ValueError(
+                f"graphmod: ranks {differ} save sharded tables to another checkpoint than rank 0 "
+                f"(this rank: {checkpoint}): every rank writes its keys as a part of one "
+                "checkpoint, so give every rank the same model_dir (a shared file system) and "
+                "the same save steps")
         sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
         if self.rank == 0:
             folder = os.path.dirname(checkpoint)
