@@ -19,6 +19,7 @@ its own keys).
 import hashlib
 import json
 import os
+import re
 from typing import List
 
 import tensorflow as tf
@@ -126,8 +127,11 @@ class ShardedTables:
     def remove_orphans(folder: str) -> None:
         """Removes the parts and manifests of checkpoints the Saver deleted."""
         for name in tf.io.gfile.listdir(folder or "."):
-            if ".tables" not in name:
-                continue
-            checkpoint = name[:name.index(".tables")]
-            if not tf.io.gfile.exists(os.path.join(folder, checkpoint + ".index")):
+            match = _PART_FILE.fullmatch(name)
+            if match and not tf.io.gfile.exists(os.path.join(folder, match[1] + ".index")):
                 tf.io.gfile.remove(os.path.join(folder, name))
+
+
+# A file of a checkpoint's sharded tables: group 1 is the checkpoint's name.
+_PART_FILE = re.compile(r"(.+)\.tables(?:-\d{5}-of-\d{5}\.(?:index|data-\d{5}-of-\d{5})"
+                        r"|\.json(?:\.tmp)?)")
