@@ -12,6 +12,7 @@ import time
 from typing import List, Optional
 
 import tensorflow as tf
+from tensorflow.python.training import training_util
 from absl import logging
 
 from graphmod import features
@@ -74,7 +75,10 @@ class EvictHook(tf1.train.SessionRunHook):
             # Evaluation and prediction graphs only read tables: never evict there.
             logging.info("EvictHook: no training lookup in this graph; eviction is off")
             self.enabled = False
-        self._step = tf1.train.get_global_step(graph)
+        # The Estimator's read of the step, which its train op waits for: a
+        # read of the variable fetched beside the train op may see the step
+        # before or after the increment (then eviction would shift a step).
+        self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
         if self.enabled and self.step_interval is not None and self._step is None:
             raise ValueError("EvictHook: evict_step_interval needs a global step in the graph")
         with tf1.name_scope("graphmod/evict"):

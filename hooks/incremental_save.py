@@ -18,6 +18,7 @@ import time
 from typing import Optional
 
 import tensorflow as tf
+from tensorflow.python.training import training_util
 from absl import logging
 
 from graphmod import deltas
@@ -51,7 +52,8 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
     def begin(self) -> None:
         graph = tf1.get_default_graph()
         self.saver = None
-        self._step = tf1.train.get_global_step()
+        # As EvictHook's: the step read the Estimator's train op waits for.
+        self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
         if self._step is None:
             raise ValueError("IncrementalSaveHook: the graph has no global step")
         savers = graph.get_collection(tf1.GraphKeys.SAVERS)
