@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
-    out, steps = sys.argv[1], int(sys.argv[2])
+    steps, out = int(sys.argv[1]), sys.argv[2]
     hvd.init()
     graphmod.distributed.enable()
     size, rank = hvd.size(), hvd.rank()
@@ -85,18 +85,30 @@ SCRIPT = textwrap.dedent("""
 FIELDS = ("values", "slots", "counts", "last_seen", "versions")
 
 
-def run(tmp_path, ranks, steps=4):
-    out = tmp_path / f"ranks{ranks}"
-    out.mkdir()
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    command = [sys.executable, str(script), str(out), str(steps)]
+def launch(ranks, *args):
+    """Runs python with args on `ranks` Horovod ranks (plainly for one);
+    returns the finished process, checked to have succeeded."""
+    command = [sys.executable, *map(str, args)]
     if ranks > 1:
         horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] + command
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def run_script(tmp_path, text, name, ranks, *args):
+    """Runs a script writing rank{r}.npz into a fresh folder; their contents."""
+    out = tmp_path / name
+    out.mkdir()
+    script = tmp_path / f"{name}.py"
+    script.write_text(text)
+    launch(ranks, script, *args, out)
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(ranks)]
+
+
+def run(tmp_path, ranks, steps=4):
+    return run_script(tmp_path, SCRIPT, f"ranks{ranks}", ranks, steps)
 
 
 def merged(ranks, table, prefix=""):
@@ -144,11 +156,7 @@ def test_ranks_train_as_one_rank_on_the_same_global_batch(tmp_path, ranks):
 def test_the_example_runs_on_two_ranks():
     """The README's command: 26 sharded tables in one exchange per step."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-                           os.path.join(here, "examples", "horovod_sharded.py"), "--steps", "20"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = launch(2, os.path.join(here, "examples", "horovod_sharded.py"), "--steps", "20")
     ends = [line for line in done.stdout.splitlines() if "all owned by this rank" in line]
     assert len(ends) == 2 and all(line.endswith("True") for line in ends), done.stdout[-2000:]
     losses = {line.split("global loss ")[1] for line in done.stdout.splitlines()
@@ -161,7 +169,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent("""
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.saver
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
-    mode, folder, out = sys.argv[1:4]
+    mode, folder, out = sys.argv[1:4]  # out last, as run_script passes it
     hvd.init()
     graphmod.distributed.enable()
     size, rank = hvd.size(), hvd.rank()
@@ -203,17 +211,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent("""
 
 
 def run_checkpoint_script(tmp_path, mode, ranks, folder):
-    out = tmp_path / f"{mode}{ranks}"
-    out.mkdir()
-    script = tmp_path / "checkpoint.py"
-    script.write_text(CHECKPOINT_SCRIPT)
-    command = [sys.executable, str(script), mode, str(folder), str(out)]
-    if ranks > 1:
-        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-        command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] + command
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [dict(np.load(out / f"rank{r}.npz")) for r in range(ranks)]
+    return run_script(tmp_path, CHECKPOINT_SCRIPT, f"{mode}{ranks}", ranks, mode, folder)
 
 
 def test_a_checkpoint_of_two_ranks_restores_on_one_two_and_three(tmp_path):
@@ -267,11 +265,7 @@ MISMATCH_SCRIPT = textwrap.dedent("""
 def test_ranks_saving_to_different_checkpoints_are_refused(tmp_path):
     script = tmp_path / "mismatch.py"
     script.write_text(MISMATCH_SCRIPT)
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-                           sys.executable, str(script), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = launch(2, script, tmp_path)
     refusals = [line for line in done.stdout.splitlines() if "refused:" in line]
     assert len(refusals) == 2 and all("same model_dir" in line for line in refusals), \
         done.stdout[-2000:]
