@@ -27,6 +27,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from graphmod import fused
+from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
@@ -41,10 +42,11 @@ def rewrite(rw, conversions, context: Context) -> None:
     handles = {c.table.handle.name for c in conversions if c.table is not None}
     candidates = [op for op in rw.graph.get_operations()
                   if op.type in fused.FUSES and op.inputs[0].name in handles
-                  and op._control_flow_context is None]  # pylint: disable=protected-access
+                  and op._control_flow_context is None  # pylint: disable=protected-access
+                  and _live(op)]
     if len(candidates) < 2:
         return
-    levels, sources = _levels_and_sources(candidates)
+    levels, sources = levels_and_sources(candidates)
     groups: Dict[tuple, List[tf.Operation]] = collections.defaultdict(list)
     for op in candidates:
         apply = op.type == "GraphmodTableApply"
@@ -78,47 +80,8 @@ def rewrite(rw, conversions, context: Context) -> None:
             c.apply = fused_of.get(c.apply.name, c.apply)
 
 
-# Ops whose values come from outside the graph, step by step.
-_SOURCES = ("Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync",
-            "IteratorGetNextAsOptional", "QueueDequeueV2", "QueueDequeueManyV2",
-            "QueueDequeueUpToV2")
-
-
-def _levels_and_sources(candidates: List[tf.Operation]):
-    """Per candidate: its level, 1 + the highest level among the candidates
-    it depends on (through data or control edges; 0 when none), and the set
-    of input sources (placeholders, iterators) it reads. A v1 loop's back
-    edge (NextIteration -> Merge) is followed until it closes the cycle, so
-    a value that reaches a loop's exit only through the loop body still
-    counts."""
-    chosen = set(candidates)
-    reach: Dict[tf.Operation, int] = {}  # highest candidate level at or above an op (-1: none)
-    feeds: Dict[tf.Operation, frozenset] = {}
-    levels: Dict[tf.Operation, int] = {}
-    on_path = set()
-    for root in candidates:
-        stack = [(root, False)]
-        while stack:
-            op, expanded = stack.pop()
-            if op in reach:
-                continue
-            parents = [t.op for t in op.inputs] + list(op.control_inputs)
-            if not expanded:
-                if op in on_path:
-                    continue
-                on_path.add(op)
-                stack.append((op, True))
-                # A parent still on the path closes a loop's cycle: not followed.
-                stack.extend((p, False) for p in parents if p not in reach and p not in on_path)
-                continue
-            on_path.discard(op)
-            done = [p for p in parents if p in reach]
-            above = max((reach[p] for p in done), default=-1)
-            feeds[op] = frozenset().union(*(feeds[p] for p in done)) | (
-                {op.name} if op.type in _SOURCES else set())
-            if op in chosen:
-                levels[op] = above + 1
-                reach[op] = levels[op]
-            else:
-                reach[op] = above
-    return levels, {op: feeds[op] for op in candidates}
+def _live(op: tf.Operation) -> bool:
+    """Something reads or waits for op: an op an earlier rule replaced
+    (shard_exchange's single-rank lookups) must not join a live fused op."""
+    return bool(op._control_outputs) or any(  # pylint: disable=protected-access
+        t.consumers() for t in op.outputs)

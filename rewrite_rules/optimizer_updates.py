@@ -12,7 +12,10 @@ Builds one table apply per variable from the gradient the update consumes
 (the IndexedSlices after everything the model did to it: clipping, loss
 scaling, multipliers, tower averaging), keyed by its indices (the ids, or
 the unsqueezed keys when collisionless_keys fed the table those), duplicates
-summed; whatever waited for the old update waits for the apply.
+summed; whatever waited for the old update waits for the apply. A gradient
+Horovod combined across ranks is taken before the collective, as this
+rank's share of the combination (rewrite_rules.shard_exchange sums the
+shares at each key's owner).
 Refuses (the variable then stays dense): centered RMSProp, Keras momentum and
 Adam forms, TF1 Adam when exact=True (a table's Adam is lazy: rows outside
 the batch keep their moments, which the report states otherwise), and
@@ -24,7 +27,7 @@ import tensorflow as tf
 
 from graphmod import folding, optimizers
 from graphmod._ops import ops
-from graphmod.rewrite.plan import Conversion, Update
+from graphmod.rewrite.plan import Combined, Conversion, Update
 from graphmod.rewrite.rule import Context, Refused
 
 NAME = "optimizer_updates"
@@ -231,12 +234,29 @@ def _hparam_vector(translation: Translation, cache: dict) -> tf.Tensor:
     return cache[key]
 
 
+def _as_combined(grads: tf.Tensor, combined: Combined) -> tf.Tensor:
+    """This rank's gradient rows as Horovod's combination counts them (times
+    1/size for an average) and as the model then scaled the combination, so
+    that their sum over ranks at each key's owner (rewrite_rules.shard_exchange)
+    is the gradient the dense variable's update consumed."""
+    factor = combined.collective.factor if combined.collective.runs else 1.0
+    if factor != 1.0:
+        grads = grads * factor
+    for scalar, divides in combined.scales:
+        scalar = tf.cast(scalar, tf.float32)
+        grads = grads / scalar if divides else grads * scalar
+    return grads
+
+
 def _rewrite_one(rw, conversion: Conversion, hparams: dict) -> None:
     """The table apply of the gradient the update consumes; swapped in for the update."""
     table, update, translation = conversion.table, conversion.update, conversion.translation
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
-        keys = _concat([_as_rows(i, [-1], tf.int64) for _, i in update.gradients])
-        grads = _concat([_as_rows(v, [-1, table.dim], tf.float32) for v, _ in update.gradients])
+        parts = update.local_gradients
+        keys = _concat([_as_rows(i, [-1], tf.int64) for _, i in parts])
+        grads = _concat([_as_rows(v, [-1, table.dim], tf.float32) for v, _ in parts])
+        if update.combined is not None:
+            grads = _as_combined(grads, update.combined)
         apply = ops.graphmod_table_apply(table.handle, keys, grads,
                                          _hparam_vector(translation, hparams),
                                          optimizer=translation.kind, by_address=False,

@@ -19,8 +19,9 @@ runs, naming it. Every rank must run every fetch that reads a sharded table
 >>> rows = graphmod.sparse_lookup(table, ids)   # ids of this rank's batch
 """
 from graphmod.distributed.exchange import (active, enable, enabled, exchanged_find,
-                                           exchanged_find_or_insert)
+                                           exchanged_find_or_insert, exchanged_gradients,
+                                           horovod_ranks)
 from graphmod.distributed.partition import owner_of
 
 __all__ = ["active", "enable", "enabled", "exchanged_find", "exchanged_find_or_insert",
-           "owner_of"]
+           "exchanged_gradients", "horovod_ranks", "owner_of"]

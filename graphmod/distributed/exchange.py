@@ -24,7 +24,7 @@ the row, and scaled by 1/size with combine="average" (sparse_lookup's and
 fused_lookup's), as Horovod's DistributedOptimizer (op=Average, its
 default) combines a dense variable's.
 """
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -59,6 +59,14 @@ def enabled() -> bool:
     """Whether tables are sharded: enable() called and Horovod initialized
     (with one rank too: checkpoints are then written in parts, of one)."""
     return _enabled and _horovod().is_initialized()
+
+
+def horovod_ranks() -> int:
+    """How many ranks Horovod runs, 1 when this process has not imported or
+    initialized it (the hook shards tables when a model runs on several)."""
+    import sys  # pylint: disable=import-outside-toplevel
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd.size() if hvd is not None and hvd.is_initialized() else 1
 
 
 def active() -> bool:
@@ -100,6 +108,61 @@ def exchanged_find(tables: Sequence[Table], keys: Sequence[tf.Tensor]) -> List[t
     read their table's missing value, as on one rank)."""
     return _exchange(tables, keys, lambda t, k: (fused.find(t, k), None),
                      "graphmod_exchange_find")
+
+
+def exchanged_gradients(tables: Sequence[Table], keys: Sequence[tf.Tensor],
+                        grads: Sequence[tf.Tensor]) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """Gradient rows sent to their keys' owners, for applies there: this
+    rank's rows grads[i] ([n, dim]) of keys[i] ([n] int64) of tables[i]
+    (each summed per key first) go to each key's owner in two all-to-alls
+    for all tables (keys with their tables, and the rows flattened across
+    dims). Returns, per table, the (keys, gradient rows) this rank owns, from
+    every rank: a key read on several ranks comes once from each, for the
+    keyed apply to sum.
+
+    The hook's sharded tables take this path: their gradients were computed
+    before the rewrite (autodiff cannot run through the rows' exchange), so
+    they travel keyed, as the dense variable's allgather sent them.
+    """
+    hvd = _horovod()
+    size, rank = hvd.size(), hvd.rank()
+    tables = list(tables)
+    with tf1.name_scope(None, "graphmod_gradient_exchange"):
+        summed = []
+        for k, g, t in zip(keys, grads, tables):
+            u = tf.unique(tf.reshape(k, [-1]))
+            summed.append((u.y, tf.math.unsorted_segment_sum(
+                tf.reshape(g, [-1, t.dim]), u.idx, tf.size(u.y))))
+        ids = tf.concat([k for k, _ in summed], 0)
+        table_of = tf.concat([tf.fill(tf.shape(k), tf.constant(i, tf.int64))
+                              for i, (k, _) in enumerate(summed)], 0)
+        widths = tf.constant([t.dim for t in tables], tf.int32)
+        width = tf.gather(widths, tf.cast(table_of, tf.int32))
+        flat = tf.concat([tf.reshape(g, [-1]) for _, g in summed], 0)
+        owner = owner_of(ids, size)
+        order = tf.argsort(owner, stable=True)
+        splits = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
+        float_splits = tf.math.unsorted_segment_sum(width, owner, size)
+        starts = tf.cumsum(width, exclusive=True)
+        at = tf.gather(starts, order)
+        floats = tf.gather(flat, tf.ragged.range(at, at + tf.gather(width, order)).flat_values)
+        received, _ = hvd.alltoall(tf.gather(tf.stack([ids, table_of], 1), order),
+                                   splits=splits, name="ids")
+        received_rows, _ = hvd.alltoall(floats, splits=float_splits, name="rows")
+
+        def others(s):
+            s = tf.cast(s, tf.int64)
+            return tf.reduce_sum(s) - s[rank]
+        tf1.add_to_collection(BYTES_SENT, 16 * others(splits) + 4 * others(float_splits))
+
+        received_table = tf.cast(received[:, 1], tf.int32)
+        offsets = tf.cumsum(tf.gather(widths, received_table), exclusive=True)
+        out = []
+        for i, t in enumerate(tables):
+            p = tf.where(tf.equal(received_table, i))[:, 0]
+            out.append((tf.gather(received[:, 0], p),
+                        tf.gather(received_rows, _elements(offsets, p, t.dim))))
+        return out
 
 
 def _scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:

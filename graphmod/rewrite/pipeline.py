@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from graphmod import features
+from graphmod import distributed, features
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, plan, trains_anything
 from graphmod.rewrite.report import RewriteReport
@@ -62,7 +62,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
     context = Context(graph, training, settings.collision_free and not settings.exact,
-                      settings.exact, checkpoint_names=names, scaffold_saver=scaffold_saver)
+                      settings.exact, ranks=distributed.horovod_ranks(),
+                      checkpoint_names=names, scaffold_saver=scaffold_saver)
     ready = []
     for c in conversions:
         name = c.variable.op.name
@@ -80,7 +81,12 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     rw = Rewriter(graph)
     state = graph_state(graph)
     clocks, old_timestamp = dict(state.clocks), state.timestamp
+    was_sharded = distributed.enabled()
     try:
+        if ready and context.ranks > 1:
+            # The tables are sharded across the ranks: lookups exchange ids
+            # with the keys' owners, every rank saves the keys it owns.
+            distributed.enable()
         if training and timestamp is not None:
             features.set_timestamp(timestamp, timestamp_name, graph)
         for c in ready:
@@ -103,6 +109,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             _save_plan(model_dir, replay, ready)
     except Exception:
         rw.undo()
+        distributed.enable(was_sharded)
         # So that the rewrite can run again on this graph:
         state.clocks, state.timestamp = clocks, old_timestamp
         for c in ready:
@@ -120,7 +127,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
                      optimizer=c.translation.kind if c.translation else None,
                      initializer=dataclasses.asdict(c.table.initializer),
                      unsqueezed=c.unsqueezed, dense_reads=len(c.dense_reads),
-                     warm_started=c.warm_start is not None)
+                     warm_started=c.warm_start is not None,
+                     ranks_combine=_ranks_combine(c))
                 for c in ready],
         skipped=[dict(variable=v, reason=r) for v, r in skipped],
         approximations=[dict(variable=c.variable.op.name, what=a)
@@ -129,9 +137,17 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
         replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
-        warm_started=warm_started,
+        warm_started=warm_started, sharded_ranks=context.ranks if ready else 1,
         counters=context.counters)
     return report
+
+
+def _ranks_combine(c) -> str:
+    """How Horovod combines the variable's gradient over ranks ("average",
+    "sum"), as its table's owners then do; "" when it does not."""
+    combined = c.update.combined if c.update is not None else None
+    return combined.collective.combine if combined is not None and \
+        combined.collective.runs else ""
 
 
 def _save_plan(model_dir: str, replay, ready: List) -> None:

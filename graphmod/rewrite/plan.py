@@ -37,7 +37,7 @@ import tensorflow as tf
 from graphmod.features import TablePolicy, check_policy
 from graphmod.initializers import (TableInitializer, Unreadable, default_initializer,
                                    from_variable, to_table_initializer)
-from graphmod.rewrite import gradients
+from graphmod.rewrite import collectives, gradients
 from graphmod.rewrite.ids import squeezed_ids
 from graphmod.rewrite.view import GraphView
 
@@ -136,6 +136,24 @@ class Update:
     # Scalars g of the L2 penalties' gradient terms (x * g over the whole
     # variable) in a dense gradient; the rule adds rows * g for the rows read.
     penalty_grads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    # Set when Horovod's DistributedOptimizer combined the gradient across
+    # ranks before the update consumed it (graphmod.rewrite.collectives).
+    combined: Optional["Combined"] = None
+
+    @property
+    def local_gradients(self) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+        """This rank's own gradient parts (the consumed ones without Horovod)."""
+        return self.combined.parts if self.combined is not None else self.gradients
+
+
+@dataclasses.dataclass
+class Combined:
+    """A gradient Horovod combined across ranks: this rank's parts, the
+    collective, and the scalars the model applied after it (clipping,
+    multipliers), as (scalar, divides) in order."""
+    collective: collectives.Collective
+    parts: List[Tuple[tf.Tensor, tf.Tensor]]
+    scales: List[Tuple[tf.Tensor, bool]]
 
 
 @dataclasses.dataclass
@@ -193,7 +211,7 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     """gathers / updates / shapes / plumbing / other (ops) and values (the
     tensors holding the whole value that `other` ops read) of v."""
     out = {"gathers": [], "updates": [], "shapes": [], "plumbing": [], "other": [],
-           "values": [], "penalties": [], "penalty_grads": []}
+           "values": [], "penalties": [], "penalty_grads": [], "broadcasts": []}
     handle = _variable_tensor(v)
     init = _initializer_op(v)
     # The variable's original initializer, left behind when another replaced
@@ -212,6 +230,8 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
     for op in view.consumers(handle):
         if op is init or op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
             out["plumbing"].append(op)
+        elif _broadcast(op):
+            out["broadcasts"].append(op)
         elif op.type == "ResourceGather" and op.inputs[0] is handle:
             out["gathers"].append(op)
         elif op.name == original and op is not init and dead(op) and \
@@ -229,6 +249,8 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
             for c in view.consumers(value):
                 if reads_rows(c, value):
                     out["gathers"].append(c)
+                elif c.type == "HorovodBroadcast":
+                    out["broadcasts"].append(c)
                 elif c.type in _SHAPE_READS:
                     out["shapes"].append(c.outputs[0])
                 elif c.type == "L2Loss":
@@ -247,6 +269,15 @@ def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
             out["penalty_grads"].append(op)
     out["other"] = [op for op in out["other"] if op not in out["penalty_grads"]]
     return out
+
+
+def _broadcast(op: tf.Operation) -> bool:
+    """Horovod's broadcast of the variable from rank 0 (BroadcastGlobalVariablesHook,
+    broadcast_global_variables): it reads the variable and assigns it; the
+    rule horovod_broadcast takes converted variables out of it."""
+    return op.type == "HorovodBroadcast" or (
+        op.type in ("AssignVariableOp", "Assign") and len(op.inputs) == 2 and
+        op.inputs[1].op.type == "HorovodBroadcast")
 
 
 def _is_slot(uses: Dict[str, list]) -> bool:
@@ -294,11 +325,53 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
             if s is not None and s is not v and s not in slots:
                 slots.append(s)
     values, indices, why = gradients.consumed_gradient(ops, int(v.shape[1]))
-    parts, penalty_grads = ([(values, indices)] if values is not None else []), []
-    if values is None and why.startswith(gradients.DENSE):
-        parts, penalty_grads, why = gradients.split_dense_gradient(
-            gradients.dense_gradient(ops), v)
-    return Update(scope, update_op, ops, in_scope_writes, slots, parts, penalty_grads), why
+    parts, penalty_grads, combined = ([(values, indices)] if values is not None else []), [], None
+    if values is not None:
+        combined, why = _combined_sparse(values, indices)
+    elif why.startswith(gradients.DENSE):
+        dense = gradients.dense_gradient(ops)
+        combined, why = _combined_dense(dense, v)
+        if combined is None and not why:
+            parts, penalty_grads, why = gradients.split_dense_gradient(dense, v)
+    return Update(scope, update_op, ops, in_scope_writes, slots, parts, penalty_grads,
+                  combined), why
+
+
+def _combined_sparse(values: tf.Tensor, indices: tf.Tensor) -> Tuple[Optional[Combined], str]:
+    """How Horovod combined an IndexedSlices gradient (None when it did not)."""
+    index_end, index_scales, _ = collectives.scale_chain(indices, collectives.is_combined)
+    if not collectives.is_combined(index_end) or index_scales:
+        return None, ""
+    end, scales, why = collectives.scale_chain(values, collectives.is_combined)
+    if why or end.op is not index_end.op:
+        return None, ("its gradient is changed after Horovod combined it across ranks ("
+                      + (why or "values and indices from different conds") + "): only "
+                      "scaling by scalars can be applied at each key's owner")
+    local_values, collective, why = collectives.through_collective(end)
+    if why:
+        return None, f"its gradient's Horovod collective is not understood: {why}"
+    local_indices, _, why = collectives.through_collective(index_end)
+    if why:
+        return None, f"its gradient's Horovod collective is not understood: {why}"
+    return Combined(collective, [(local_values, local_indices)], scales), ""
+
+
+def _combined_dense(dense: tf.Tensor, v: tf.Variable) -> Tuple[Optional[Combined], str]:
+    """How Horovod combined a dense gradient (sparse_as_dense=True): None, ""
+    when it did not."""
+    end, scales, why = collectives.scale_chain(dense, collectives.is_combined)
+    if not collectives.is_combined(end):
+        return None, ""
+    local, collective, why = collectives.through_collective(end)
+    if why:
+        return None, f"its gradient's Horovod collective is not understood: {why}"
+    parts, penalties, why = gradients.split_dense_gradient(local, v)
+    if why:
+        return None, why
+    if penalties:
+        return None, ("its whole-variable L2 penalty's gradient is combined by Horovod: "
+                      "not built for tables yet")
+    return Combined(collective, parts, scales), ""
 
 
 def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
@@ -501,7 +574,7 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
         if uses["updates"]:  # also outside training: its slots leave the Saver
             update, why = _update_of(view, scopes, v, uses["updates"], by_op)
             if trains and not why:
-                why = gradients.from_lookups(update.gradients, uses["gathers"])
+                why = gradients.from_lookups(update.local_gradients, uses["gathers"])
             if not trains:
                 why = ""  # the update never runs in this graph
         ends = {op.name for op in update.ops} if update is not None else set()

@@ -28,6 +28,8 @@ class RewriteReport:
     adopted: List[str] = dataclasses.field(default_factory=list)
     # tables and variables graphmod.WarmStartSettings starts from other models
     warm_started: List[str] = dataclasses.field(default_factory=list)
+    # Horovod ranks the tables are sharded across (1: not sharded)
+    sharded_ranks: int = 1
     # {table: {counter: scalar tensor}} of a training graph's tables, for
     # logging; not part of the JSON report.
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(
@@ -39,10 +41,14 @@ class RewriteReport:
                      len(self.tables), self.seconds, self.graph,
                      ", as the model's plan says" if self.replayed_plan else "",
                      self.dense_bytes_freed / 1e6)
+        if self.sharded_ranks > 1:
+            logging.info("graphmod: tables sharded by key across %d Horovod ranks",
+                         self.sharded_ranks)
         for t in self.tables:
-            logging.info("graphmod:   %s [%d x %d] -> table '%s' (%d lookup(s), optimizer %s)",
+            logging.info("graphmod:   %s [%d x %d] -> table '%s' (%d lookup(s), optimizer %s%s)",
                          t["variable"], t["rows"], t["dim"], t["table"], t["lookups"],
-                         t["optimizer"])
+                         t["optimizer"], f", gradients' {t['ranks_combine']} over ranks"
+                         if t.get("ranks_combine") else "")
         for s in self.skipped:
             logging.warning("graphmod: '%s' stays a dense variable: %s", s["variable"],
                             s["reason"])

@@ -28,6 +28,9 @@ class Context:
     training: bool
     collision_free: bool
     exact: bool
+    # Horovod ranks the model runs on: above 1, tables are sharded across
+    # them (rewrite_rules.shard_exchange).
+    ranks: int = 1
     unsqueezed: List[str] = dataclasses.field(default_factory=list)
     squeezed_kept: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     # Names in model_dir's latest checkpoint (empty: none), which the Saver
