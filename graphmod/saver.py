@@ -26,6 +26,7 @@ import os
 import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 from tensorflow.core.protobuf import saver_pb2
@@ -304,7 +305,8 @@ class TableSaver(tf1.train.Saver):
             self.build()
         checkpoint = save_path
         if global_step is not None:
-            step = global_step if isinstance(global_step, int) else int(
+            # CheckpointSaverHook passes the step it fetched (a numpy integer).
+            step = int(global_step) if isinstance(global_step, (int, np.integer)) else int(
                 tf1.train.global_step(sess, global_step))
             # As the Saver names it.
             checkpoint = (f"{save_path}-{step:08d}" if self._pad_step_number  # pylint: disable=protected-access

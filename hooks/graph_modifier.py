@@ -38,17 +38,33 @@ from graphmod.table import tables as graphmod_tables
 tf1 = tf.compat.v1
 
 
-def _estimator_call() -> Tuple[Optional[str], Optional[str]]:
-    """(model_dir, method) of the Estimator call building this graph, if any:
+def _estimator_call() -> Tuple[Optional[tf.compat.v1.estimator.Estimator], Optional[str]]:
+    """(Estimator, method) of the Estimator call building this graph, if any:
     hooks are not told either, but the Estimator is on the call stack."""
     frame = inspect.currentframe()
     found = (None, None)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, tf.compat.v1.estimator.Estimator):  # V2 subclasses it
-            found = (owner.model_dir, frame.f_code.co_name)  # the outermost call wins
+            found = (owner, frame.f_code.co_name)  # the outermost call wins
         frame = frame.f_back
     return found
+
+
+def _check_sharded_training(estimator, ranks: int) -> None:
+    """Every rank saves the keys it owns, together (a save is a collective):
+    the ranks need one model_dir and saves at the same steps. Time-based
+    saves come at a different step on each rank, and one rank's save would
+    then wait forever for the others."""
+    secs = estimator.config.save_checkpoints_secs
+    if secs is not None:
+        raise ValueError(
+            f"graphmod: the tables are sharded across {ranks} Horovod ranks, and every rank "
+            f"saves its keys at the same steps: RunConfig(save_checkpoints_secs={secs}) would "
+            "save at a different step on each rank; give every rank "
+            "RunConfig(save_checkpoints_steps=N) and the same model_dir")
+    from graphmod.distributed.checkpoints import check_same_model_dir  # pylint: disable=import-outside-toplevel
+    check_same_model_dir(estimator.model_dir)
 
 
 def _input_feature(name: str) -> tf.Tensor:
@@ -169,7 +185,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
-        estimator_dir, method = _estimator_call()
+        estimator, method = _estimator_call()
+        estimator_dir = estimator.model_dir if estimator is not None else None
         # The plan lives beside the checkpoints it describes (the Estimator's
         # model_dir); model_dir= only redirects the reports and graph dumps.
         model_dir = estimator_dir or self.model_dir
@@ -188,6 +205,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
+        if self.report.sharded_ranks > 1 and method == "train":
+            _check_sharded_training(estimator, self.report.sharded_ranks)
         if out_dir:
             out = os.path.join(out_dir, "graphmod")
             self.report.write(out)

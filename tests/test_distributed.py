@@ -8,6 +8,7 @@ pending admission), every key kept by exactly its owner. The model has two
 tables of different dims read in one fused lookup, keys that repeat within
 and across ranks, and admission by count on one table.
 """
+import json
 import os
 import subprocess
 import sys
@@ -270,3 +271,127 @@ def test_ranks_saving_to_different_checkpoints_are_refused(tmp_path):
     assert len(refusals) == 2 and all("same model_dir" in line for line in refusals), \
         done.stdout[-2000:]
     assert not list(tmp_path.rglob("*.tables-*"))  # nothing written
+
+
+# Hook mode: an unchanged Horovod Estimator (DistributedOptimizer and
+# BroadcastGlobalVariablesHook) with GraphModifierHook, against the same
+# model trained densely on one rank on the same global batches. The rows
+# start from a constant (a table's random rows cannot equal the variable's,
+# only follow its distribution), so every difference is the training's.
+ESTIMATOR_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
+    tf1 = tf.compat.v1
+    mode, order, combine, model_dir, out = sys.argv[1:6]
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    B, STEPS, FIRST = 24, 8, 5
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 60, size=(STEPS, B, 2)).astype(np.int64)
+    labels = rng.integers(0, 2, size=(STEPS, B)).astype(np.float32)
+    part = slice(rank * B // size, (rank + 1) * B // size)
+
+    def input_fn(skip):
+        return lambda: tf.data.Dataset.from_tensor_slices(
+            ({"ids": ids[:, part]}, labels[:, part])).skip(skip)
+
+    class Recorder(tf1.train.SessionRunHook):
+        def __init__(self, loss):
+            self.loss, self.losses = loss, []
+        def before_run(self, run_context):
+            return tf1.train.SessionRunArgs(self.loss)
+        def after_run(self, run_context, run_values):
+            self.losses.append(float(run_values.results))
+
+    recorders = []
+
+    def model_fn(features, labels, mode):
+        emb = tf1.get_variable("emb", [20000, 4], initializer=tf1.constant_initializer(0.1))
+        w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 8, dtype=np.float32)
+                             .reshape(8, 1))
+        logits = tf.squeeze(tf.matmul(tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]),
+                                                 [-1, 8]), w), 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits))
+        global_loss = hvd.allreduce(loss, op=hvd.Average, name="global_loss")
+        if mode == tf.estimator.ModeKeys.EVAL:
+            return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+                "global_loss": tf1.metrics.mean(global_loss)})
+        opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3),
+                                       op=hvd.Average if combine == "average" else hvd.Sum)
+        train = opt.minimize(loss, global_step=tf1.train.get_or_create_global_step())
+        recorders.append(Recorder(global_loss))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train,
+                                          training_hooks=[recorders[-1]])
+
+    estimator = tf.estimator.Estimator(model_fn, config=tf.estimator.RunConfig(
+        model_dir=model_dir, save_checkpoints_steps=3, tf_random_seed=1))
+
+    def hooks():
+        broadcast = [hvd.BroadcastGlobalVariablesHook(0)]
+        if mode == "dense":
+            return broadcast
+        modifier = graphmod.GraphModifierHook(model_dir=None)
+        return broadcast + [modifier] if order == "after" else [modifier] + broadcast
+
+    class Rows(tf1.train.SessionRunHook):
+        def begin(self):
+            tables = graphmod.tables()
+            named = {v.op.name: v for v in tf1.global_variables()}
+            self.fetch = tables[0].export() if tables else {
+                "emb": named["emb"].read_value(), "accum": named["emb/Adagrad"].read_value()}
+        def end(self, session):
+            self.rows = session.run(self.fetch)
+
+    estimator.train(input_fn(0), steps=FIRST, hooks=hooks())
+    rows = Rows()  # the second call restores the checkpoint of step 5
+    estimator.train(input_fn(FIRST), steps=STEPS - FIRST, hooks=hooks() + [rows])
+    evaluation = estimator.evaluate(input_fn(0), steps=3, hooks=[
+        h for h in hooks() if isinstance(h, graphmod.GraphModifierHook)])
+    if "keys" in rows.rows:
+        got = {int(k): (v.tolist(), s.reshape(-1).tolist())
+               for k, v, s in zip(rows.rows["keys"], rows.rows["values"], rows.rows["slots"])}
+    else:
+        used = np.unique(ids)
+        got = {int(k): (rows.rows["emb"][k].tolist(), rows.rows["accum"][k].tolist()) for k in used}
+    json.dump(dict(losses=[l for r in recorders for l in r.losses], rows=got,
+                   eval=float(evaluation["global_loss"]), w=estimator.get_variable_value("w").tolist()),
+              open(f"{out}/rank{rank}.json", "w"))
+""")
+
+
+def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average"):
+    out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
+    out.mkdir()
+    script = tmp_path / f"{name}.py"
+    script.write_text(ESTIMATOR_SCRIPT)
+    launch(ranks, script, mode, order, combine, model_dir, out)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], model_dir
+
+
+def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model(tmp_path):
+    """Both hook orders around BroadcastGlobalVariablesHook, 2 ranks, against
+    one dense rank: the same losses (5 steps, a restore from the sharded
+    checkpoint of step 5, 3 more), evaluation, dense weights, and every
+    row and Adagrad accumulator, each key kept by one rank only."""
+    (dense,), _ = run_estimator(tmp_path, "dense", 1, "dense")
+    for order in ("after", "before"):
+        ranks, model_dir = run_estimator(tmp_path, f"hooked_{order}", 2, "hooked", order)
+        for r in ranks:
+            np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
+            assert len(r["losses"]) == 8
+            np.testing.assert_allclose(r["eval"], dense["eval"], rtol=1e-5)
+            np.testing.assert_allclose(r["w"], dense["w"], rtol=1e-5, atol=1e-7)
+        owned = [set(r["rows"]) for r in ranks]
+        assert owned[0] and owned[1] and not owned[0] & owned[1]  # sharded, not copied
+        rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
+        assert set(rows) == set(dense["rows"])
+        for key, (values, accum) in dense["rows"].items():
+            np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
+        # Both ranks wrote their part of every checkpoint; rank 0 the manifest.
+        names = os.listdir(model_dir)
+        for step in (0, 3, 5, 8):
+            assert f"model.ckpt-{step}.tables.json" in names, names
+            for r in range(2):
+                assert f"model.ckpt-{step}.tables-0000{r}-of-00002.index" in names

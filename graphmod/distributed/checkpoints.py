@@ -38,6 +38,37 @@ def manifest_path(checkpoint: str) -> str:
     return f"{checkpoint}.tables.json"
 
 
+def _fingerprint(path: str) -> int:
+    return int.from_bytes(hashlib.sha256(os.path.abspath(path).encode()).digest()[:8],
+                          "little", signed=True)
+
+
+def _refuse_differing(fingerprints, what: str, path: str) -> None:
+    """Raises, on every rank alike (all see the same fingerprints), when
+    some rank's path differs from rank 0's."""
+    fingerprints = list(fingerprints)
+    differ = [r for r, p in enumerate(fingerprints) if p != fingerprints[0]]
+    if differ:
+        raise ValueError(
+            f"graphmod: ranks {differ} save sharded tables to another {what} than rank 0 "
+            f"(this rank: {path}): every rank writes its keys as a part of one checkpoint, "
+            "so give every rank the same model_dir (a shared file system) and the same save "
+            "steps")
+
+
+def check_same_model_dir(model_dir: str) -> None:
+    """Refuses, on every rank, ranks training into different model_dirs (as
+    Horovod's examples give rank 0 alone the model_dir): found when the
+    graph is built, not at the first save. A collective, in a graph of its own."""
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    with tf.Graph().as_default() as graph:
+        mine = tf1.placeholder(tf.int64, [1])
+        every = hvd.allgather(mine, name="graphmod_model_dir_check")
+        with tf1.Session(graph=graph) as sess:
+            fingerprints = sess.run(every, {mine: [_fingerprint(model_dir)]})
+    _refuse_differing(fingerprints.tolist(), "model_dir", model_dir)
+
+
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
     """The old ranks (of old_size) whose hash ranges overlap rank's (of size)."""
     return [j for j in range(old_size) if j * size < (rank + 1) * old_size
@@ -77,17 +108,8 @@ class ShardedTables:
 
     def save(self, sess, checkpoint: str) -> None:
         """Writes this rank's part; rank 0 commits the manifest once all are."""
-        fingerprint = int.from_bytes(hashlib.sha256(
-            os.path.abspath(checkpoint).encode()).digest()[:8], "little", signed=True)
-        paths = sess.run(self._paths, {self._path: [fingerprint]})
-        if len(set(paths.tolist())) != 1:
-            # Every rank sees the same fingerprints, so every rank stops here.
-            differ = [r for r, p in enumerate(paths.tolist()) if p != paths[0]]
-            raise ValueError(
-                f"graphmod: ranks {differ} save sharded tables to another checkpoint than rank 0 "
-                f"(this rank: {checkpoint}): every rank writes its keys as a part of one "
-                "checkpoint, so give every rank the same model_dir (a shared file system) and "
-                "the same save steps")
+        _refuse_differing(sess.run(self._paths, {self._path: [_fingerprint(checkpoint)]}),
+                          "checkpoint", checkpoint)
         sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
         if self.rank == 0:
             folder = os.path.dirname(checkpoint)
