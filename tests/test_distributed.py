@@ -395,3 +395,134 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
             assert f"model.ckpt-{step}.tables.json" in names, names
             for r in range(2):
                 assert f"model.ckpt-{step}.tables-0000{r}-of-00002.index" in names
+
+
+# A MonitoredTrainingSession model: Horovod's Sum, the gradients clipped by
+# their global norm after the collective (a scalar the owners apply too), a
+# variable each rank trains on its own (no DistributedOptimizer: it must
+# stay dense), and an Estimator-less hook.
+SESSION_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    mode, out = sys.argv[1:3]
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    B = 24
+    rng = np.random.default_rng(1)
+    batches = [(rng.integers(0, 50, size=(B, 2)).astype(np.int64),
+                rng.integers(0, 2, size=B).astype(np.float32)) for _ in range(5)]
+    ids = tf1.placeholder(tf.int64, [None, 2])
+    labels = tf1.placeholder(tf.float32, [None])
+    step = tf1.train.get_or_create_global_step()
+    emb = tf1.get_variable("emb", [20000, 4], initializer=tf1.constant_initializer(0.1))
+    own = tf1.get_variable("own", [20000, 2], initializer=tf1.constant_initializer(0.2))
+    w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 12, dtype=np.float32)
+                         .reshape(12, 1))
+    x = tf.concat([tf.reshape(tf.nn.embedding_lookup(emb, ids), [-1, 8]),
+                   tf.reshape(tf.nn.embedding_lookup(own, ids), [-1, 4])], 1)
+    logits = tf.squeeze(tf.matmul(x, w), 1)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3), op=hvd.Sum)
+    grads, variables = zip(*opt.compute_gradients(loss, var_list=[emb, w]))
+    grads, _ = tf.clip_by_global_norm(list(grads), 0.05)
+    local = tf1.train.GradientDescentOptimizer(0.1)  # each rank its own copy of `own`
+    train = tf.group(opt.apply_gradients(zip(grads, variables), global_step=step),
+                     local.minimize(loss, var_list=[own]))
+    global_loss = hvd.allreduce(loss, op=hvd.Average, name="global_loss")
+    hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+    modifier = graphmod.GraphModifierHook() if mode == "hooked" else None
+
+    class Rows(tf1.train.SessionRunHook):
+        def begin(self):
+            tables = graphmod.tables()
+            self.fetch = tables[0].export() if tables else {"emb": emb.read_value()}
+    rows = Rows()
+    hooks += [modifier, rows] if modifier else [rows]
+    losses = []
+    with tf1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+        for xb, yb in batches:
+            part = slice(rank * B // size, (rank + 1) * B // size)
+            losses.append(float(sess.run([global_loss, train], {ids: xb[part],
+                                                               labels: yb[part]})[0]))
+        got = sess.run(rows.fetch)
+    if "keys" in got:
+        got = {int(k): v.tolist() for k, v in zip(got["keys"], got["values"])}
+    else:
+        got = {int(k): got["emb"][k].tolist() for k in np.unique([b[0] for b in batches])}
+    report = dict(skipped=modifier.report.skipped, tables=modifier.report.tables,
+                  ranks=modifier.report.sharded_ranks) if modifier else {}
+    json.dump(dict(losses=losses, rows=got, report=report), open(f"{out}/rank{rank}.json", "w"))
+""")
+
+
+def test_sum_clipping_and_a_variable_each_rank_trains_alone(tmp_path):
+    """Horovod's Sum and a global-norm clip after the collective train the
+    table as the dense variable; a variable trained without Horovod (each
+    rank its own copy) stays dense, and the report says why."""
+    def run_mode(mode):
+        out = tmp_path / mode
+        out.mkdir()
+        script = tmp_path / f"{mode}.py"
+        script.write_text(SESSION_SCRIPT)
+        launch(2, script, mode, out)
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    dense, hooked = run_mode("dense"), run_mode("hooked")
+    report = hooked[0]["report"]
+    assert report["ranks"] == 2
+    assert [(t["variable"], t["ranks_combine"]) for t in report["tables"]] == [("emb", "sum")]
+    (skipped,) = [s for s in report["skipped"] if s["variable"] == "own"]
+    assert "trains its own copy" in skipped["reason"]
+    for r in hooked:
+        np.testing.assert_allclose(r["losses"], dense[0]["losses"], rtol=1e-5)
+    rows = {**hooked[0]["rows"], **hooked[1]["rows"]}
+    assert not set(hooked[0]["rows"]) & set(hooked[1]["rows"])
+    assert set(rows) == set(dense[0]["rows"])
+    for key, values in dense[0]["rows"].items():
+        np.testing.assert_allclose(rows[key], values, rtol=1e-5, atol=1e-7)
+
+
+REFUSED_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
+    tf1 = tf.compat.v1
+    case, model_dir, out = sys.argv[1:4]
+    hvd.init()
+
+    def model_fn(features, labels, mode):
+        emb = tf1.get_variable("emb", [20000, 4])
+        loss = tf.reduce_mean(tf.nn.embedding_lookup(emb, features["ids"]) ** 2)
+        opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+            loss, global_step=tf1.train.get_or_create_global_step()))
+
+    if case == "seconds":  # the RunConfig default: every 600 s
+        config = tf.estimator.RunConfig(model_dir=model_dir)
+    else:  # Horovod's examples: rank 0 alone has the model_dir
+        config = tf.estimator.RunConfig(model_dir=model_dir if hvd.rank() == 0 else None,
+                                        save_checkpoints_steps=2)
+    estimator = tf.estimator.Estimator(model_fn, config=config)
+    data = lambda: tf.data.Dataset.from_tensor_slices({"ids": np.arange(8)[:, None]}).batch(2)
+    try:
+        estimator.train(lambda: data().map(lambda f: (f, 0.0)), steps=2, hooks=[
+            hvd.BroadcastGlobalVariablesHook(0), graphmod.GraphModifierHook()])
+        message = "trained"
+    except Exception as e:  # pylint: disable=broad-except
+        message = str(e)
+    open(f"{out}/rank{hvd.rank()}.txt", "w").write(message)
+""")
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("seconds", "save_checkpoints_secs=600) would save at a different step on each rank"),
+    ("model_dirs", "ranks [1] save sharded tables to another model_dir than rank 0")])
+def test_save_settings_sharded_tables_cannot_use_are_refused_before_training(tmp_path, case, expected):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "refused.py"
+    script.write_text(REFUSED_SCRIPT)
+    launch(2, script, case, tmp_path / "model", out)
+    for r in range(2):
+        assert expected in (out / f"rank{r}.txt").read_text()
+    assert not any(".tables" in n for n in os.listdir(tmp_path / "model"))  # nothing saved
