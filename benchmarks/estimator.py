@@ -141,7 +141,9 @@ def make_deepctr_estimator(kind, model_dir, config):
                            model_dir=model_dir, config=config)
 
 
-def make_model_fn(kind):
+def make_model_fn(kind, wrap_optimizer=None):
+    """wrap_optimizer: applied to the optimizer (benchmarks/horovod.py passes
+    hvd.DistributedOptimizer)."""
     def model_fn(features, labels, mode):
         ids = tf.concat([features[f"C{f}"] for f in range(N_CAT)], 1)  # [B, F]
         if kind == "tfra":
@@ -170,6 +172,9 @@ def make_model_fn(kind):
         logits = tf.squeeze(tf1.layers.dense(h, 1), 1) + fm + lin
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
             labels=tf.squeeze(labels, 1), logits=logits))
+        tf1.add_to_collection("benchmark_keys", ids)
+        if wrap_optimizer is not None:
+            opt = wrap_optimizer(opt)
         return tf.estimator.EstimatorSpec(
             mode, loss=loss, train_op=opt.minimize(loss, tf1.train.get_global_step()))
     return model_fn
