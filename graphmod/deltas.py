@@ -18,7 +18,7 @@ import os
 import re
 import uuid
 import zlib
-from typing import List
+from typing import List, Optional
 
 import tensorflow as tf
 from absl import logging
@@ -123,9 +123,20 @@ def temp_prefix(base: str, index: int) -> str:
     return os.path.join(folder, f".tmp-{delta_name(index)}-{uuid.uuid4().hex[:8]}")
 
 
-def publish(base: str, tmp: str, index: int, step: int) -> str:
+def part_files(prefix: str) -> List[str]:
+    """The files of the parts of sharded tables' delta at `prefix`
+    (graphmod.distributed.checkpoints), every rank's."""
+    folder, name = os.path.split(prefix)
+    part = re.compile(re.escape(name) + r"\.tables-\d{5}-of-\d{5}\.(index|data-\d{5}-of-\d{5})")
+    return sorted(os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
+                  if part.fullmatch(f))
+
+
+def publish(base: str, tmp: Optional[str], index: int, step: int) -> str:
     """Renames the delta written at prefix `tmp` to delta `index` of `base`
-    and commits it in the manifest; returns its prefix."""
+    and commits it in the manifest, with the sharded tables' parts already
+    written under its name (part_files); returns its prefix. tmp None: the
+    delta is those parts alone."""
     folder = directory(base)
     entries = read_manifest(base)
     if len(entries) != index - 1:
@@ -133,11 +144,14 @@ def publish(base: str, tmp: str, index: int, step: int) -> str:
                            f"committed deltas")
     name = delta_name(index)
     crcs = {}
-    for path in files(tmp):
+    for path in files(tmp) if tmp is not None else []:
         target = name + path[len(tmp):]
         _sync(path)
         crcs[target] = _crc(path)
         tf.io.gfile.rename(path, os.path.join(folder, target), overwrite=True)
+    for path in part_files(os.path.join(folder, name)):
+        _sync(path)
+        crcs[os.path.basename(path)] = _crc(path)
     _write_manifest(base, entries + [dict(name=name, step=int(step), files=crcs)])
     return os.path.join(folder, name)
 

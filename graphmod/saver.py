@@ -149,15 +149,23 @@ class TableSaver(tf1.train.Saver):
             self._allow_empty = self._allow_empty or not dense  # the tables are saved
             self._sharded_tables = ShardedTables(tables)
         super()._build(checkpoint_path, build_save, build_restore)
-        if built or self._is_empty or self._sharded_tables is not None:
-            return  # (no deltas or adoption of sharded tables yet)
+        if built:
+            return
         # Built beside the ordinary save and restore, before the graph is finalized.
+        if self._sharded_tables is not None:
+            self._build_deltas(tables, dense)
+            return  # (no adoption of sharded tables yet)
+        if self._is_empty:
+            return
         if tables:
             self._build_deltas(tables, dense)
         if self.adoptions and build_restore:
             self._build_adoption(saveables)
 
     def _build_deltas(self, tables, dense) -> None:
+        """The delta's save and restore: a Saver of the dense variables and
+        the tables' changes, or, with sharded tables, of the dense variables
+        alone (None when there are none) beside the tables' parts."""
         from graphmod.table import _TableDeltaSaveable
         with tf1.name_scope("graphmod_delta"):
             parts = []
@@ -167,8 +175,12 @@ class TableSaver(tf1.train.Saver):
                 self._versions[name] = t.table.info()["version"]
                 self._track[name] = ops.graphmod_table_track_removals(t.table.handle)
                 parts.append(_TableDeltaSaveable(t.table, self._since[name]))
-            self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
-                                                allow_empty=True, builder=_PartsBuilder())
+            if self._sharded_tables is not None:
+                self._sharded_tables.build_deltas(parts)
+                parts = []
+            if dense or parts:
+                self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
+                                                    allow_empty=True, builder=_PartsBuilder())
 
     def _build_adoption(self, saveables) -> None:
         adopted = {a.table.name for a in self.adoptions}
@@ -228,12 +240,7 @@ class TableSaver(tf1.train.Saver):
         if self.saver_def is None:
             self.build()  # an export restores without finalizing a Scaffold
         if self._sharded_tables is not None:
-            if not self._is_empty:
-                super().restore(sess, save_path)
-            parts = self._sharded_tables.restore(sess, save_path)
-            logging.info("graphmod: restored the sharded tables' keys of rank %d of %d from %s",
-                         self._sharded_tables.rank, self._sharded_tables.size, ", ".join(parts))
-            self.chain = self.restored = (save_path, 0)
+            self._restore_sharded(sess, save_path)
             return
         if self.adoptions and save_path is not None and self.holds_tables_densely(save_path):
             self._adopt(sess, save_path)
@@ -242,14 +249,36 @@ class TableSaver(tf1.train.Saver):
         applied = 0
         if self._delta_saver is not None and save_path is not None:
             for prefix in deltas.committed(save_path):
-                sess.run(self._delta_saver.saver_def.restore_op_name,
-                         {self._delta_saver.saver_def.filename_tensor_name: prefix})
+                self._restore_delta(sess, prefix)
                 applied += 1
             if applied:
                 logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
                              applied)
         self.chain = self.restored = (save_path, applied)
         self.marks = None  # this session's tables track nothing yet
+
+    def _restore_sharded(self, sess, save_path: str) -> None:
+        """The full checkpoint's dense variables and this rank's keys, then
+        each committed delta's."""
+        if not self._is_empty:
+            super().restore(sess, save_path)
+        parts = self._sharded_tables.restore(sess, save_path)
+        logging.info("graphmod: restored the sharded tables' keys of rank %d of %d from %s",
+                     self._sharded_tables.rank, self._sharded_tables.size, ", ".join(parts))
+        applied = 0
+        for prefix in deltas.committed(save_path):
+            if self._delta_saver is not None:
+                self._restore_delta(sess, prefix)
+            self._sharded_tables.restore_delta(sess, prefix)
+            applied += 1
+        if applied:
+            logging.info("graphmod: restored %s and its %d delta(s) after it", save_path, applied)
+        self.chain = self.restored = (save_path, applied)
+        self.marks = None  # this session's tables track nothing yet
+
+    def _restore_delta(self, sess, prefix: str) -> None:
+        sess.run(self._delta_saver.saver_def.restore_op_name,
+                 {self._delta_saver.saver_def.filename_tensor_name: prefix})
 
     def _adopt(self, sess, save_path: str) -> None:
         _keep_dense_checkpoint(save_path)
@@ -294,7 +323,8 @@ class TableSaver(tf1.train.Saver):
 
     @property
     def sharded(self) -> bool:
-        """Whether it saves tables sharded across Horovod ranks (no deltas yet)."""
+        """Whether it saves tables sharded across Horovod ranks: every rank
+        must then save, and write deltas, at the same steps."""
         return self._sharded_tables is not None
 
     def _save_sharded(self, sess, save_path, global_step, *args, **kwargs):
@@ -311,14 +341,22 @@ class TableSaver(tf1.train.Saver):
             # As the Saver names it.
             checkpoint = (f"{save_path}-{step:08d}" if self._pad_step_number  # pylint: disable=protected-access
                           else f"{save_path}-{step}")
+        versions = sess.run(self._versions) if self.marks is not None else None
+        if self._sharded_tables.rank == 0:
+            # See save(). Before the parts are written: once they are, other
+            # ranks may write their parts of this checkpoint's first delta.
+            deltas.drop(checkpoint)
         self._sharded_tables.save(sess, checkpoint)
-        if self._sharded_tables.rank != 0:
-            return checkpoint
-        if self._is_empty:  # nothing dense to save: tables alone
-            return checkpoint
-        path = super().save(sess, save_path, global_step, *args, **kwargs)
-        self._sharded_tables.remove_orphans(os.path.dirname(path))
+        path = checkpoint
+        if self._sharded_tables.rank == 0:
+            if not self._is_empty:  # else nothing dense to save: tables alone
+                path = super().save(sess, save_path, global_step, *args, **kwargs)
+            self._sharded_tables.remove_orphans(os.path.dirname(path))
+            for name in deltas.remove_orphans(os.path.dirname(path)):
+                logging.info("graphmod: removed the deltas of %s with it", name)
         self.chain = (path, 0)
+        if self.marks is not None:
+            self.marks = versions
         return path
 
     def start_tracking(self, sess) -> None:
@@ -334,13 +372,20 @@ class TableSaver(tf1.train.Saver):
         checkpoint; returns its prefix (None when there is no full
         checkpoint yet to follow)."""
         base, count = self.chain
-        if base is None or self._delta_saver is None:
+        if base is None or not self._versions:
             return None
         if self.marks is None:
             self.start_tracking(sess)
         versions = sess.run(self._versions)  # what the delta will reflect
-        tmp = deltas.temp_prefix(base, count + 1)
         feed = {self._since[name]: mark for name, mark in self.marks.items()}
+        if self._sharded_tables is not None:
+            saver = self._delta_saver
+            prefix = self._sharded_tables.save_delta(
+                sess, base, count + 1, step, feed, None if saver is None else lambda tmp: sess.run(
+                    saver.saver_def.save_tensor_name, {saver.saver_def.filename_tensor_name: tmp}))
+            self.chain, self.marks = (base, count + 1), versions
+            return prefix
+        tmp = deltas.temp_prefix(base, count + 1)
         feed[self._delta_saver.saver_def.filename_tensor_name] = tmp
         try:
             sess.run(self._delta_saver.saver_def.save_tensor_name, feed)
@@ -356,8 +401,9 @@ class TableSaver(tf1.train.Saver):
         delta, or uncommitted files): a delta written after them must not
         be read after those."""
         base, count = self.restored
-        if base is not None:
-            deltas.truncate(base, count)
+        if base is not None and (self._sharded_tables is None or
+                                 self._sharded_tables.rank == 0):
+            deltas.truncate(base, count)  # (one rank does it for all)
 
 
 def _remove_parts(save_path: str) -> None:

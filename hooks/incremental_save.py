@@ -74,11 +74,12 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             "has no graphmod tables, or its Saver is the model's own (a "
                             "Scaffold's, or already built), not graphmod's TableSaver")
             return
-        if savers[0].sharded:
-            logging.warning("graphmod: IncrementalSaveHook: no deltas are written: deltas of "
-                            "tables sharded across Horovod ranks are not built yet (full "
-                            "checkpoints are)")
-            return
+        if savers[0].sharded and self.every_secs is not None:
+            # Every rank writes its part of a delta at the same step.
+            raise ValueError("IncrementalSaveHook: the tables are sharded across Horovod ranks, "
+                             "whose deltas must be written at the same steps: every_secs "
+                             "would write them at different steps on each rank (use "
+                             "every_steps)")
         self.saver = savers[0]
         # Tables note removals from here on; what follows the deltas this
         # session restored (a torn one, stray files) is dropped.
@@ -110,6 +111,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             step)
             return
         self.deltas_written += 1
-        size = sum(tf.io.gfile.stat(f).length for f in deltas.files(prefix))
+        size = sum(tf.io.gfile.stat(f).length for f in deltas.files(prefix) + deltas.part_files(prefix)
+                   if tf.io.gfile.exists(f))
         logging.info("graphmod: delta %d after %s at step %d: %.1f KB in %.2fs",
                      self.saver.chain[1], base, step, size / 1024, time.time() - start)

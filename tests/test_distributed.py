@@ -536,7 +536,8 @@ FAILURE_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
     tf1 = tf.compat.v1
-    phase, model_dir, out = sys.argv[1:4]
+    phase, every, model_dir, out = sys.argv[1:5]
+    every = int(every) or None  # steps between deltas
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     B, STEPS = 16, 8
@@ -546,6 +547,8 @@ FAILURE_SCRIPT = textwrap.dedent("""
     part = slice(rank * B // size, (rank + 1) * B // size)
     latest = tf.train.latest_checkpoint(model_dir)
     start = int(latest.rsplit("-", 1)[1]) if latest else 0
+    chain = graphmod.deltas.read_manifest(latest) if latest else []
+    start = chain[-1]["step"] if chain else start  # the restore applies the deltas too
 
     class Steps(tf1.train.SessionRunHook):
         losses = []
@@ -586,13 +589,20 @@ FAILURE_SCRIPT = textwrap.dedent("""
                                                        labels[:, part])).skip(start)
     rows = Rows()
     estimator.train(data, max_steps=STEPS, hooks=[
-        hvd.BroadcastGlobalVariablesHook(0), graphmod.GraphModifierHook(), Steps(), rows])
+        hvd.BroadcastGlobalVariablesHook(0),
+        graphmod.GraphModifierHook(incremental_every_steps=every), Steps(), rows])
     json.dump(dict(start=start, losses=Steps.losses, rows=rows.rows),
               open(f"{out}/rank{rank}.json", "w"))
 """)
 
 
-def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path):
+@pytest.mark.parametrize("every, resume_ranks", [(0, 2), (1, 1)])
+def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path, every,
+                                                                   resume_ranks):
+    """Full checkpoints every 2 steps; rank 1 dies after step 5. Without
+    deltas the restart on 2 ranks resumes at the full checkpoint of step 4;
+    with a delta every step (each rank writing its keys' changes) it resumes
+    at step 5, on 1 rank (the parts of 2 ranks read by one)."""
     script = tmp_path / "failure.py"
     script.write_text(FAILURE_SCRIPT)
     runs = {}
@@ -602,19 +612,24 @@ def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path):
         if name == "crash":
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
             done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-                                   sys.executable, str(script), name, model, tmp_path / name],
+                                   sys.executable, str(script), name, str(every), model,
+                                   tmp_path / name],
                                   capture_output=True, text=True, timeout=300)
             # Fails, within the timeout, naming the rank that died.
             assert done.returncode != 0
             assert "Process 1 exit with status code 3" in done.stdout + done.stderr
             continue
-        launch(2, script, name, model, tmp_path / name)
+        ranks = resume_ranks if name == "resume" else 2
+        launch(ranks, script, name, every, model, tmp_path / name)
         runs[name] = [json.loads((tmp_path / name / f"rank{r}.json").read_text())
-                      for r in range(2)]
+                      for r in range(ranks)]
     whole, resume = runs["whole"], runs["resume"]
-    assert resume[0]["start"] == 4  # the last complete checkpoint before the death
-    for w, r in zip(whole, resume):
-        np.testing.assert_allclose(r["losses"], w["losses"][4:], rtol=1e-5)
-        assert set(r["rows"]) == set(w["rows"])
-        for key, values in w["rows"].items():
-            np.testing.assert_allclose(r["rows"][key], values, rtol=1e-5, atol=1e-7)
+    start = 5 if every else 4  # what the last complete save before the death holds
+    assert all(r["start"] == start for r in resume)
+    for r in resume:
+        np.testing.assert_allclose(r["losses"], whole[0]["losses"][start:], rtol=1e-5)
+    rows = {k: v for r in resume for k, v in r["rows"].items()}
+    expected = {k: v for w in whole for k, v in w["rows"].items()}
+    assert set(rows) == set(expected)
+    for key, values in expected.items():
+        np.testing.assert_allclose(rows[key], values, rtol=1e-5, atol=1e-7)

@@ -25,7 +25,8 @@ from typing import List
 import tensorflow as tf
 
 from graphmod.distributed.partition import owner_of
-from graphmod.table import _import, _TableSaveable, write_tables
+from graphmod import deltas
+from graphmod.table import _import, _TableDeltaSaveable, _TableSaveable, write_tables
 
 tf1 = tf.compat.v1
 
@@ -36,6 +37,13 @@ def part_prefix(checkpoint: str, rank: int, size: int) -> str:
 
 def manifest_path(checkpoint: str) -> str:
     return f"{checkpoint}.tables.json"
+
+
+def _barrier_input(part: tf.Tensor) -> tf.Tensor:
+    """What a barrier's allreduce sums: computed from the fed part name, so
+    that Grappler cannot fold the allreduce into a constant (Horovod's ops
+    are not stateful), which would leave the ranks unsynchronised."""
+    return tf.strings.length(part)
 
 
 def _fingerprint(path: str) -> int:
@@ -81,6 +89,9 @@ class ShardedTables:
     def __init__(self, saveables: List[_TableSaveable]):
         import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
         self.rank, self.size = hvd.rank(), hvd.size()
+        # The ranks that wrote the checkpoint last restored, and whether it
+        # was sharded (its deltas were written alike).
+        self._restored_size, self._restored_sharded = self.size, True
         with tf1.name_scope("graphmod_sharded_checkpoint"):
             # Every rank must write to the same checkpoint: compared first.
             self._path = tf1.placeholder(tf.int64, [1], name="path_fingerprint")
@@ -88,7 +99,7 @@ class ShardedTables:
             self._part = tf1.placeholder(tf.string, [], name="part")
             with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
                 # Returns on every rank once every rank's part is written.
-                self._written = hvd.allreduce(tf.constant(1, tf.int32), op=hvd.Sum,
+                self._written = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                               name="graphmod_tables_written")
             self._clear = tf.group([s.table.clear() for s in saveables])
             self._read = tf1.placeholder(tf.string, [], name="read")
@@ -99,12 +110,75 @@ class ShardedTables:
             self._import_mine = tf.group([self._import(
                 s, lambda keys: tf.equal(owner_of(keys, size), rank)) for s in saveables])
 
-    def _import(self, saveable: _TableSaveable, keep) -> tf.Operation:
+    def _import(self, saveable, keep) -> tf.Operation:
+        """The import of a part (full or delta) read from self._read."""
         specs = saveable.specs
         restored = tf.raw_ops.RestoreV2(prefix=self._read, tensor_names=[s.name for s in specs],
                                         shape_and_slices=[""] * len(specs),
                                         dtypes=[s.dtype for s in specs])
+        if isinstance(saveable, _TableDeltaSaveable):
+            # Removals name keys of the part's old rank only: a rank that
+            # does not hold them removes nothing.
+            return _import(saveable.table, restored[:-1], replace=False, removed=restored[-1],
+                           part=True, keep=keep)
         return _import(saveable.table, restored, replace=False, part=True, keep=keep)
+
+    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
+        """The ops of deltas (graphmod.deltas): this rank writes the changes
+        to the keys it owns as a part of the delta, all ranks meet once all
+        parts are written; a restore imports the parts as the full ones."""
+        with tf1.name_scope("graphmod_sharded_delta"):
+            self._delta_part = tf1.placeholder(tf.string, [], name="part")
+            with tf.control_dependencies([write_tables(saveables, self._delta_part, part=True)]):
+                import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+                self._delta_written = hvd.allreduce(_barrier_input(self._delta_part),
+                                                    op=hvd.Sum,
+                                                    name="graphmod_table_deltas_written")
+            rank, size = self.rank, self.size
+            self._delta_own = tf.group([self._import(s, None) for s in saveables])
+            self._delta_mine = tf.group([self._import(
+                s, lambda keys: tf.equal(owner_of(keys, size), rank)) for s in saveables])
+
+    def save_delta(self, sess, base: str, index: int, step: int, feed: dict, save_dense
+                   ) -> str:
+        """Writes this rank's part of delta `index` after the full
+        checkpoint `base`; rank 0 then writes the dense variables' part with
+        save_dense(prefix) (None: there are none) and commits the delta in
+        the chain's manifest. Every rank calls it at the same step."""
+        prefix = os.path.join(deltas.directory(base), deltas.delta_name(index))
+        tf.io.gfile.makedirs(os.path.dirname(prefix))
+        sess.run(self._delta_written, {**feed,
+                                       self._delta_part: part_prefix(prefix, self.rank,
+                                                                     self.size)})
+        if self.rank != 0:
+            return prefix
+        missing = [r for r in range(self.size) if not tf.io.gfile.exists(
+            part_prefix(prefix, r, self.size) + ".index")]
+        if missing:
+            raise RuntimeError(f"graphmod: the parts of ranks {missing} of delta {prefix} are "
+                               "missing after every rank wrote its part (is model_dir a file "
+                               "system every rank shares?)")
+        tmp = None
+        if save_dense is not None:
+            tmp = deltas.temp_prefix(base, index)
+            try:
+                save_dense(tmp)
+            except Exception:
+                deltas.discard(tmp)
+                raise
+        return deltas.publish(base, tmp, index, step)
+
+    def restore_delta(self, sess, prefix: str) -> List[str]:
+        """Applies this rank's keys of a delta of the full checkpoint last
+        restored (the ranks that wrote it wrote its deltas); returns the
+        parts read."""
+        old = self._restored_size
+        parts = ([part_prefix(prefix, j, old) for j in overlapping(old, self.rank, self.size)]
+                 if self._restored_sharded else [prefix])
+        imports = self._delta_own if old == self.size else self._delta_mine
+        for part in parts:
+            sess.run(imports, {self._read: part})
+        return parts
 
     def save(self, sess, checkpoint: str) -> None:
         """Writes this rank's part; rank 0 commits the manifest once all are."""
@@ -139,6 +213,7 @@ class ShardedTables:
                                  f"tables but no {os.path.basename(path)}: its save never "
                                  "completed")
             parts = [checkpoint]  # written by one rank: the tables are in the checkpoint
+        self._restored_size, self._restored_sharded = old, tf.io.gfile.exists(path)
         sess.run(self._clear)
         imports = self._import_own if old == self.size else self._import_mine
         for part in parts:
