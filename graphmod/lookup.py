@@ -37,7 +37,7 @@ def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool) -> tf.Tensor:
     their gradients and row handles. Sharded across Horovod ranks
     (graphmod.distributed), the keys' owners look them up.
     """
-    if distributed.active():
+    if distributed.active(table.graph):
         lookup = distributed.exchanged_find_or_insert if is_training else distributed.exchanged_find
         return lookup([table], [keys])[0]
     if not is_training:
@@ -105,7 +105,7 @@ def fused_lookup(tables: Sequence[Table], ids: Sequence[Ids], is_training: bool 
     with tf.compat.v1.name_scope(name, "graphmod_fused_lookup"):
         prepared = [_prepare(t, i, is_training, c) for t, i, c in zip(tables, ids, combiners)]
         keys = [k for k, _ in prepared]
-        if distributed.active():
+        if distributed.active(tables[0].graph):
             lookup = (distributed.exchanged_find_or_insert if is_training
                       else distributed.exchanged_find)
             rows = lookup(tables, keys)

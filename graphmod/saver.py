@@ -100,7 +100,7 @@ def _by_kind(saveables) -> List[list]:
 
 def _sharded() -> bool:
     from graphmod import distributed  # pylint: disable=import-outside-toplevel
-    return distributed.enabled()
+    return distributed.enabled(tf1.get_default_graph())
 
 
 def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
@@ -133,6 +133,8 @@ class TableSaver(tf1.train.Saver):
         self._versions: Dict[str, tf.Tensor] = {}
         self._track: Dict[str, tf.Tensor] = {}
         self._sharded_tables = None  # graphmod.distributed.checkpoints.ShardedTables
+        self._parts = None  # a TableParts, when the tables are not sharded
+        self._dense_reader: Optional[tf1.train.Saver] = None  # the dense variables alone
 
     # ---------------------------------------------------------------- build
 
@@ -154,10 +156,18 @@ class TableSaver(tf1.train.Saver):
         # Built beside the ordinary save and restore, before the graph is finalized.
         if self._sharded_tables is not None:
             self._build_deltas(tables, dense)
+            self._dense_reader = self._delta_saver
             return  # (no adoption of sharded tables yet)
         if self._is_empty:
             return
         if tables:
+            # Checkpoints of sharded tables (graphmod.distributed.checkpoints)
+            # restore into these tables, which then hold every rank's keys.
+            from graphmod.distributed.checkpoints import TableParts
+            self._parts = TableParts(tables)
+            if dense:
+                self._dense_reader = tf1.train.Saver(var_list=dense, sharded=False,
+                                                     allow_empty=True)
             self._build_deltas(tables, dense)
         if self.adoptions and build_restore:
             self._build_adoption(saveables)
@@ -178,6 +188,8 @@ class TableSaver(tf1.train.Saver):
             if self._sharded_tables is not None:
                 self._sharded_tables.build_deltas(parts)
                 parts = []
+            else:
+                self._parts.build_deltas(parts)
             if dense or parts:
                 self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
                                                     allow_empty=True, builder=_PartsBuilder())
@@ -240,7 +252,11 @@ class TableSaver(tf1.train.Saver):
         if self.saver_def is None:
             self.build()  # an export restores without finalizing a Scaffold
         if self._sharded_tables is not None:
-            self._restore_sharded(sess, save_path)
+            self._restore_parts(sess, save_path, self._sharded_tables)
+            return
+        if self._parts is not None and save_path is not None and \
+                self._parts.is_sharded(save_path):
+            self._restore_parts(sess, save_path, self._parts)
             return
         if self.adoptions and save_path is not None and self.holds_tables_densely(save_path):
             self._adopt(sess, save_path)
@@ -257,28 +273,29 @@ class TableSaver(tf1.train.Saver):
         self.chain = self.restored = (save_path, applied)
         self.marks = None  # this session's tables track nothing yet
 
-    def _restore_sharded(self, sess, save_path: str) -> None:
-        """The full checkpoint's dense variables and this rank's keys, then
-        each committed delta's."""
-        if not self._is_empty:
-            super().restore(sess, save_path)
-        parts = self._sharded_tables.restore(sess, save_path)
-        logging.info("graphmod: restored the sharded tables' keys of rank %d of %d from %s",
-                     self._sharded_tables.rank, self._sharded_tables.size, ", ".join(parts))
+    def _restore_parts(self, sess, save_path: str, parts) -> None:
+        """The dense variables and, from the tables' parts, this rank's keys
+        (every key when the tables are not sharded) of a checkpoint and its
+        committed deltas."""
+        if self._dense_reader is not None:
+            self._restore_delta(sess, save_path, self._dense_reader)
+        read = parts.restore(sess, save_path)
+        logging.info("graphmod: restored the keys of rank %d of %d from %s", parts.rank,
+                     parts.size, ", ".join(read))
         applied = 0
         for prefix in deltas.committed(save_path):
-            if self._delta_saver is not None:
-                self._restore_delta(sess, prefix)
-            self._sharded_tables.restore_delta(sess, prefix)
+            if self._dense_reader is not None and tf.io.gfile.exists(prefix + ".index"):
+                self._restore_delta(sess, prefix, self._dense_reader)
+            parts.restore_delta(sess, prefix)
             applied += 1
         if applied:
             logging.info("graphmod: restored %s and its %d delta(s) after it", save_path, applied)
         self.chain = self.restored = (save_path, applied)
         self.marks = None  # this session's tables track nothing yet
 
-    def _restore_delta(self, sess, prefix: str) -> None:
-        sess.run(self._delta_saver.saver_def.restore_op_name,
-                 {self._delta_saver.saver_def.filename_tensor_name: prefix})
+    def _restore_delta(self, sess, prefix: str, saver=None) -> None:
+        saver = saver or self._delta_saver
+        sess.run(saver.saver_def.restore_op_name, {saver.saver_def.filename_tensor_name: prefix})
 
     def _adopt(self, sess, save_path: str) -> None:
         _keep_dense_checkpoint(save_path)

@@ -43,6 +43,9 @@ class _GraphState:
         self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
         self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
         self.format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
+        # Whether this graph's tables are sharded across Horovod ranks, as
+        # GraphModifierHook's rewrite decided (None: graphmod.distributed.enable()'s)
+        self.sharded: Optional[bool] = None
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -259,7 +262,7 @@ def _unless_sharded(table: Table) -> List[tf.Operation]:
     A failure when the save or restore runs, not when the Saver is built:
     MonitoredTrainingSession builds one for every graph."""
     from graphmod import distributed  # pylint: disable=import-outside-toplevel
-    if not distributed.active():
+    if not distributed.active(table.graph):
         return []
     # Not a constant condition: TensorFlow would fail the graph's building.
     never = tf1.placeholder_with_default(False, [], name=f"graphmod/{table.name}/unsharded")

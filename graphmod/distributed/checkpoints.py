@@ -83,32 +83,29 @@ def overlapping(old_size: int, rank: int, size: int) -> List[int]:
             and rank * old_size < (j + 1) * size]
 
 
-class ShardedTables:
-    """The save and restore ops of sharded tables (see the module docstring)."""
+class TableParts:
+    """Reads the parts of sharded tables' checkpoints and deltas into this
+    rank's tables, keeping the keys rank (of size) owns: all of them for
+    tables that are not sharded (rank 0 of 1: an export, a prediction, a
+    restart on one rank). Needs no Horovod."""
 
-    def __init__(self, saveables: List[_TableSaveable]):
-        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-        self.rank, self.size = hvd.rank(), hvd.size()
+    def __init__(self, saveables: List[_TableSaveable], rank: int = 0, size: int = 1):
+        self.rank, self.size = rank, size
         # The ranks that wrote the checkpoint last restored, and whether it
         # was sharded (its deltas were written alike).
         self._restored_size, self._restored_sharded = self.size, True
-        with tf1.name_scope("graphmod_sharded_checkpoint"):
-            # Every rank must write to the same checkpoint: compared first.
-            self._path = tf1.placeholder(tf.int64, [1], name="path_fingerprint")
-            self._paths = hvd.allgather(self._path, name="graphmod_checkpoint_paths")
-            self._part = tf1.placeholder(tf.string, [], name="part")
-            with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
-                # Returns on every rank once every rank's part is written.
-                self._written = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
-                                              name="graphmod_tables_written")
+        with tf1.name_scope("graphmod_table_parts"):
             self._clear = tf.group([s.table.clear() for s in saveables])
             self._read = tf1.placeholder(tf.string, [], name="read")
-            # A part this rank owns all of (same number of ranks), and one
-            # whose keys other ranks own some of.
-            self._import_own = tf.group([self._import(s, None) for s in saveables])
-            rank, size = self.rank, self.size
-            self._import_mine = tf.group([self._import(
-                s, lambda keys: tf.equal(owner_of(keys, size), rank)) for s in saveables])
+            self._import_own, self._import_mine = self._imports(saveables)
+
+    def _imports(self, saveables):
+        """(import of a part this rank owns all of (as many ranks wrote it),
+        import of one whose keys other ranks own some of)."""
+        rank, size = self.rank, self.size
+        return (tf.group([self._import(s, None) for s in saveables]),
+                tf.group([self._import(s, lambda keys: tf.equal(owner_of(keys, size), rank))
+                          for s in saveables]))
 
     def _import(self, saveable, keep) -> tf.Operation:
         """The import of a part (full or delta) read from self._read."""
@@ -124,9 +121,73 @@ class ShardedTables:
         return _import(saveable.table, restored, replace=False, part=True, keep=keep)
 
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
+        """The imports of deltas' parts (graphmod.deltas)."""
+        with tf1.name_scope("graphmod_table_parts"):
+            self._delta_own, self._delta_mine = self._imports(saveables)
+
+    @staticmethod
+    def is_sharded(checkpoint: str) -> bool:
+        """Whether the checkpoint's tables were saved in parts."""
+        return tf.io.gfile.exists(manifest_path(checkpoint))
+
+    def restore(self, sess, checkpoint: str) -> List[str]:
+        """Replaces the tables' contents with the keys this rank owns in the
+        checkpoint; returns the parts read."""
+        path = manifest_path(checkpoint)
+        old = 1
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as f:
+                old = json.load(f)["ranks"]
+            parts = [part_prefix(checkpoint, j, old)
+                     for j in overlapping(old, self.rank, self.size)]
+        else:
+            folder, name = os.path.split(checkpoint)
+            if any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or ".")):
+                raise ValueError(f"graphmod: checkpoint {checkpoint} has parts of sharded "
+                                 f"tables but no {os.path.basename(path)}: its save never "
+                                 "completed")
+            parts = [checkpoint]  # written by one rank: the tables are in the checkpoint
+        self._restored_size, self._restored_sharded = old, tf.io.gfile.exists(path)
+        sess.run(self._clear)
+        imports = self._import_own if old == self.size else self._import_mine
+        for part in parts:
+            sess.run(imports, {self._read: part})
+        return parts
+
+    def restore_delta(self, sess, prefix: str) -> List[str]:
+        """Applies this rank's keys of a delta of the full checkpoint last
+        restored (the ranks that wrote it wrote its deltas); returns the
+        parts read."""
+        old = self._restored_size
+        parts = ([part_prefix(prefix, j, old) for j in overlapping(old, self.rank, self.size)]
+                 if self._restored_sharded else [prefix])
+        imports = self._delta_own if old == self.size else self._delta_mine
+        for part in parts:
+            sess.run(imports, {self._read: part})
+        return parts
+
+
+class ShardedTables(TableParts):
+    """The save and restore ops of sharded tables (see the module docstring)."""
+
+    def __init__(self, saveables: List[_TableSaveable]):
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+        super().__init__(saveables, hvd.rank(), hvd.size())
+        with tf1.name_scope("graphmod_sharded_checkpoint"):
+            # Every rank must write to the same checkpoint: compared first.
+            self._path = tf1.placeholder(tf.int64, [1], name="path_fingerprint")
+            self._paths = hvd.allgather(self._path, name="graphmod_checkpoint_paths")
+            self._part = tf1.placeholder(tf.string, [], name="part")
+            with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
+                # Returns on every rank once every rank's part is written.
+                self._written = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
+                                              name="graphmod_tables_written")
+
+    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
         """The ops of deltas (graphmod.deltas): this rank writes the changes
         to the keys it owns as a part of the delta, all ranks meet once all
         parts are written; a restore imports the parts as the full ones."""
+        super().build_deltas(saveables)
         with tf1.name_scope("graphmod_sharded_delta"):
             self._delta_part = tf1.placeholder(tf.string, [], name="part")
             with tf.control_dependencies([write_tables(saveables, self._delta_part, part=True)]):
@@ -134,10 +195,28 @@ class ShardedTables:
                 self._delta_written = hvd.allreduce(_barrier_input(self._delta_part),
                                                     op=hvd.Sum,
                                                     name="graphmod_table_deltas_written")
-            rank, size = self.rank, self.size
-            self._delta_own = tf.group([self._import(s, None) for s in saveables])
-            self._delta_mine = tf.group([self._import(
-                s, lambda keys: tf.equal(owner_of(keys, size), rank)) for s in saveables])
+
+    def save(self, sess, checkpoint: str) -> None:
+        """Writes this rank's part; rank 0 commits the manifest once all are."""
+        _refuse_differing(sess.run(self._paths, {self._path: [_fingerprint(checkpoint)]}),
+                          "checkpoint", checkpoint)
+        sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
+        if self.rank == 0:
+            folder = os.path.dirname(checkpoint)
+            parts = [os.path.basename(part_prefix(checkpoint, r, self.size))
+                     for r in range(self.size)]
+            missing = [r for r, p in enumerate(parts)
+                       if not tf.io.gfile.exists(os.path.join(folder, p + ".index"))]
+            if missing:
+                raise RuntimeError(f"graphmod: the parts of ranks {missing} of {checkpoint} "
+                                   "are missing after every rank wrote its part (is model_dir "
+                                   "a file system every rank shares?)")
+            files = sorted(f for f in tf.io.gfile.listdir(folder or ".")
+                           if any(f.startswith(p + ".") for p in parts))
+            tmp = manifest_path(checkpoint) + ".tmp"
+            with tf.io.gfile.GFile(tmp, "w") as f:
+                json.dump(dict(format=1, ranks=self.size, files=files), f, indent=1)
+            tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
 
     def save_delta(self, sess, base: str, index: int, step: int, feed: dict, save_dense
                    ) -> str:
@@ -167,58 +246,6 @@ class ShardedTables:
                 deltas.discard(tmp)
                 raise
         return deltas.publish(base, tmp, index, step)
-
-    def restore_delta(self, sess, prefix: str) -> List[str]:
-        """Applies this rank's keys of a delta of the full checkpoint last
-        restored (the ranks that wrote it wrote its deltas); returns the
-        parts read."""
-        old = self._restored_size
-        parts = ([part_prefix(prefix, j, old) for j in overlapping(old, self.rank, self.size)]
-                 if self._restored_sharded else [prefix])
-        imports = self._delta_own if old == self.size else self._delta_mine
-        for part in parts:
-            sess.run(imports, {self._read: part})
-        return parts
-
-    def save(self, sess, checkpoint: str) -> None:
-        """Writes this rank's part; rank 0 commits the manifest once all are."""
-        _refuse_differing(sess.run(self._paths, {self._path: [_fingerprint(checkpoint)]}),
-                          "checkpoint", checkpoint)
-        sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
-        if self.rank == 0:
-            folder = os.path.dirname(checkpoint)
-            parts = [os.path.basename(part_prefix(checkpoint, r, self.size))
-                     for r in range(self.size)]
-            files = sorted(f for f in tf.io.gfile.listdir(folder or ".")
-                           if any(f.startswith(p + ".") for p in parts))
-            tmp = manifest_path(checkpoint) + ".tmp"
-            with tf.io.gfile.GFile(tmp, "w") as f:
-                json.dump(dict(format=1, ranks=self.size, files=files), f, indent=1)
-            tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
-
-    def restore(self, sess, checkpoint: str) -> List[str]:
-        """Replaces the tables' contents with the keys this rank owns in the
-        checkpoint; returns the parts read."""
-        path = manifest_path(checkpoint)
-        old = 1
-        if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                old = json.load(f)["ranks"]
-            parts = [part_prefix(checkpoint, j, old)
-                     for j in overlapping(old, self.rank, self.size)]
-        else:
-            folder, name = os.path.split(checkpoint)
-            if any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or ".")):
-                raise ValueError(f"graphmod: checkpoint {checkpoint} has parts of sharded "
-                                 f"tables but no {os.path.basename(path)}: its save never "
-                                 "completed")
-            parts = [checkpoint]  # written by one rank: the tables are in the checkpoint
-        self._restored_size, self._restored_sharded = old, tf.io.gfile.exists(path)
-        sess.run(self._clear)
-        imports = self._import_own if old == self.size else self._import_mine
-        for part in parts:
-            sess.run(imports, {self._read: part})
-        return parts
 
     @staticmethod
     def remove_orphans(folder: str) -> None:

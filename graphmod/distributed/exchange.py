@@ -24,7 +24,7 @@ the row, and scaled by 1/size with combine="average" (sparse_lookup's and
 fused_lookup's), as Horovod's DistributedOptimizer (op=Average, its
 default) combines a dense variable's.
 """
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -55,10 +55,18 @@ def _horovod():
     return hvd
 
 
-def enabled() -> bool:
-    """Whether tables are sharded: enable() called and Horovod initialized
-    (with one rank too: checkpoints are then written in parts, of one)."""
-    return _enabled and _horovod().is_initialized()
+def _decided(graph: Optional[tf.Graph]) -> bool:
+    """The graph's own decision (GraphModifierHook's rewrite sets it), else enable()'s."""
+    sharded = graph_state(graph).sharded
+    return _enabled if sharded is None else sharded
+
+
+def enabled(graph: Optional[tf.Graph] = None) -> bool:
+    """Whether graph's tables (default: the default graph's) are sharded:
+    enable() called, or the hook's rewrite decided so, and Horovod
+    initialized (with one rank too: checkpoints are then written in parts,
+    of one)."""
+    return _decided(graph) and _horovod().is_initialized()
 
 
 def horovod_ranks() -> int:
@@ -69,10 +77,10 @@ def horovod_ranks() -> int:
     return hvd.size() if hvd is not None and hvd.is_initialized() else 1
 
 
-def active() -> bool:
-    """Whether lookups exchange ids with their owners: sharding enabled and
-    Horovod initialized with more than one rank."""
-    if not _enabled:
+def active(graph: Optional[tf.Graph] = None) -> bool:
+    """Whether lookups in graph exchange ids with their owners: sharding
+    enabled (see enabled) and Horovod initialized with more than one rank."""
+    if not _decided(graph):
         return False
     hvd = _horovod()
     return hvd.is_initialized() and hvd.size() > 1

@@ -62,7 +62,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
     context = Context(graph, training, settings.collision_free and not settings.exact,
-                      settings.exact, ranks=distributed.horovod_ranks(),
+                      settings.exact,
+                      ranks=distributed.horovod_ranks() if mode != "predict" else 1,
                       checkpoint_names=names, scaffold_saver=scaffold_saver)
     ready = []
     for c in conversions:
@@ -81,12 +82,14 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     rw = Rewriter(graph)
     state = graph_state(graph)
     clocks, old_timestamp = dict(state.clocks), state.timestamp
-    was_sharded = distributed.enabled()
+    was_sharded = state.sharded
     try:
-        if ready and context.ranks > 1:
-            # The tables are sharded across the ranks: lookups exchange ids
-            # with the keys' owners, every rank saves the keys it owns.
-            distributed.enable()
+        if ready and distributed.horovod_ranks() > 1:
+            # Under Horovod, training and evaluation shard the tables across
+            # the ranks (lookups exchange ids with the keys' owners, every
+            # rank saves the keys it owns); a prediction or export graph
+            # holds every key (its restore reads every rank's part).
+            state.sharded = context.ranks > 1
         if training and timestamp is not None:
             features.set_timestamp(timestamp, timestamp_name, graph)
         for c in ready:
@@ -109,7 +112,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             _save_plan(model_dir, replay, ready)
     except Exception:
         rw.undo()
-        distributed.enable(was_sharded)
+        state.sharded = was_sharded
         # So that the rewrite can run again on this graph:
         state.clocks, state.timestamp = clocks, old_timestamp
         for c in ready:
