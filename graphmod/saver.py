@@ -396,10 +396,12 @@ class TableSaver(tf1.train.Saver):
         versions = sess.run(self._versions)  # what the delta will reflect
         feed = {self._since[name]: mark for name, mark in self.marks.items()}
         if self._sharded_tables is not None:
-            saver = self._delta_saver
+            def save_dense(tmp):
+                sess.run(self._delta_saver.saver_def.save_tensor_name,
+                         {self._delta_saver.saver_def.filename_tensor_name: tmp})
             prefix = self._sharded_tables.save_delta(
-                sess, base, count + 1, step, feed, None if saver is None else lambda tmp: sess.run(
-                    saver.saver_def.save_tensor_name, {saver.saver_def.filename_tensor_name: tmp}))
+                sess, base, count + 1, step, feed,
+                save_dense if self._delta_saver is not None else None)
             self.chain, self.marks = (base, count + 1), versions
             return prefix
         tmp = deltas.temp_prefix(base, count + 1)

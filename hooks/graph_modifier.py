@@ -18,6 +18,12 @@ summaries of each table's counters and logs them at the end. The rewrite also
 makes the graph's Saver graphmod's TableSaver (incremental deltas, adoption
 of dense checkpoints) and, when asked, builds a warm start from other models
 into the variables' initialization.
+
+Under Horovod (several ranks, hvd.DistributedOptimizer), the tables are
+sharded by key across the ranks (graphmod.distributed): every rank must then
+train with the same model_dir and save at the same steps
+(RunConfig(save_checkpoints_steps=N), incremental_every_steps), which begin()
+checks, and evaluate with the hook too.
 """
 import inspect
 import os

@@ -311,6 +311,8 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
                              .reshape(8, 1))
         logits = tf.squeeze(tf.matmul(tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]),
                                                  [-1, 8]), w), 1)
+        if mode == tf.estimator.ModeKeys.PREDICT:
+            return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
         global_loss = hvd.allreduce(loss, op=hvd.Average, name="global_loss")
@@ -346,8 +348,12 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
     estimator.train(input_fn(0), steps=FIRST, hooks=hooks())
     rows = Rows()  # the second call restores the checkpoint of step 5
     estimator.train(input_fn(FIRST), steps=STEPS - FIRST, hooks=hooks() + [rows])
-    evaluation = estimator.evaluate(input_fn(0), steps=3, hooks=[
-        h for h in hooks() if isinstance(h, graphmod.GraphModifierHook)])
+    modifier = [h for h in hooks() if isinstance(h, graphmod.GraphModifierHook)]
+    evaluation = estimator.evaluate(input_fn(0), steps=3, hooks=modifier)
+    # Prediction holds every key (it reads every rank's part): any rank, any ids.
+    logits = [p["logits"] for p in estimator.predict(
+        lambda: tf.data.Dataset.from_tensor_slices({"ids": ids[0]}).batch(B),
+        hooks=modifier)]
     if "keys" in rows.rows:
         got = {int(k): (v.tolist(), s.reshape(-1).tolist())
                for k, v, s in zip(rows.rows["keys"], rows.rows["values"], rows.rows["slots"])}
@@ -355,6 +361,7 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         used = np.unique(ids)
         got = {int(k): (rows.rows["emb"][k].tolist(), rows.rows["accum"][k].tolist()) for k in used}
     json.dump(dict(losses=[l for r in recorders for l in r.losses], rows=got,
+                   logits=np.array(logits).tolist(),
                    eval=float(evaluation["global_loss"]), w=estimator.get_variable_value("w").tolist()),
               open(f"{out}/rank{rank}.json", "w"))
 """)
@@ -372,8 +379,9 @@ def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average")
 def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model(tmp_path):
     """Both hook orders around BroadcastGlobalVariablesHook, 2 ranks, against
     one dense rank: the same losses (5 steps, a restore from the sharded
-    checkpoint of step 5, 3 more), evaluation, dense weights, and every
-    row and Adagrad accumulator, each key kept by one rank only."""
+    checkpoint of step 5, 3 more), evaluation (sharded), predictions (each
+    rank holding every key), dense weights, and every row and Adagrad
+    accumulator, each key kept by one rank only."""
     (dense,), _ = run_estimator(tmp_path, "dense", 1, "dense")
     for order in ("after", "before"):
         ranks, model_dir = run_estimator(tmp_path, f"hooked_{order}", 2, "hooked", order)
@@ -382,6 +390,7 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
             assert len(r["losses"]) == 8
             np.testing.assert_allclose(r["eval"], dense["eval"], rtol=1e-5)
             np.testing.assert_allclose(r["w"], dense["w"], rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(r["logits"], dense["logits"], rtol=1e-5, atol=1e-6)
         owned = [set(r["rows"]) for r in ranks]
         assert owned[0] and owned[1] and not owned[0] & owned[1]  # sharded, not copied
         rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
@@ -397,8 +406,9 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
                 assert f"model.ckpt-{step}.tables-0000{r}-of-00002.index" in names
 
 
-# A MonitoredTrainingSession model: Horovod's Sum, the gradients clipped by
-# their global norm after the collective (a scalar the owners apply too), a
+# A MonitoredTrainingSession model: Horovod's Sum over gradients made dense
+# (sparse_as_dense), clipped by their global norm after the collective (a
+# scalar the owners apply too), a
 # variable each rank trains on its own (no DistributedOptimizer: it must
 # stay dense), and an Estimator-less hook.
 SESSION_SCRIPT = textwrap.dedent("""
@@ -424,7 +434,8 @@ SESSION_SCRIPT = textwrap.dedent("""
                    tf.reshape(tf.nn.embedding_lookup(own, ids), [-1, 4])], 1)
     logits = tf.squeeze(tf.matmul(x, w), 1)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3), op=hvd.Sum)
+    opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3), op=hvd.Sum,
+                                   sparse_as_dense=True)  # an allreduce of dense gradients
     grads, variables = zip(*opt.compute_gradients(loss, var_list=[emb, w]))
     grads, _ = tf.clip_by_global_norm(list(grads), 0.05)
     local = tf1.train.GradientDescentOptimizer(0.1)  # each rank its own copy of `own`
@@ -458,8 +469,9 @@ SESSION_SCRIPT = textwrap.dedent("""
 
 
 def test_sum_clipping_and_a_variable_each_rank_trains_alone(tmp_path):
-    """Horovod's Sum and a global-norm clip after the collective train the
-    table as the dense variable; a variable trained without Horovod (each
+    """Horovod's Sum of dense gradients (an allreduce, not the allgathers of
+    the Estimator test) and a global-norm clip after it train the table as
+    the dense variable; a variable trained without Horovod (each
     rank its own copy) stays dense, and the report says why."""
     def run_mode(mode):
         out = tmp_path / mode

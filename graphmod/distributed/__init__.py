@@ -2,15 +2,26 @@
 
 Each key has one owner rank (graphmod.distributed.partition). A training
 step's lookups of all tables exchange ids and rows with their owners in
-all-to-alls (graphmod.distributed.exchange); the sparse optimizers apply each
-key's gradient once, on its owner, where autodiff brings it back through
-the reverse all-to-all. Dense layers stay data-parallel (Horovod's own
-DistributedOptimizer).
+all-to-alls (graphmod.distributed.exchange), and the sparse optimizers apply
+each key's gradient once, on its owner. Dense layers stay data-parallel
+(Horovod's own DistributedOptimizer).
 
-Sharding is opt-in for now (`enable()`). Checkpoints of sharded tables are
-written by graphmod.saver.TableSaver on every rank at the same steps (each
-rank its keys, graphmod.distributed.checkpoints) and restore on any number
-of ranks; another Saver's save or restore of a sharded table fails when it
+Two ways in:
+- hook mode: GraphModifierHook() in a model that runs on several Horovod
+  ranks shards its tables by itself (training and evaluation graphs; a
+  prediction or export graph holds every key). The gradient the update
+  consumed is taken before DistributedOptimizer's collective and sent to
+  the keys' owners (exchanged_gradients), combined as that collective
+  combines it (average or sum, as the user's DistributedOptimizer says);
+  the converted variables leave Horovod's broadcast. See
+  rewrite_rules.shard_exchange.
+- the table API, opt-in (`enable()`): lookups exchange, and gradients come
+  back through the exchange's autodiff, averaged over ranks.
+
+Checkpoints of sharded tables are written by graphmod.saver.TableSaver on
+every rank at the same steps (each rank its keys, full checkpoints and
+deltas: graphmod.distributed.checkpoints) and restore on any number of
+ranks; another Saver's save or restore of a sharded table fails when it
 runs, naming it. Every rank must run every fetch that reads a sharded table
 (a lookup is a collective).
 

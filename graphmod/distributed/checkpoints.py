@@ -103,9 +103,11 @@ class TableParts:
         """(import of a part this rank owns all of (as many ranks wrote it),
         import of one whose keys other ranks own some of)."""
         rank, size = self.rank, self.size
-        return (tf.group([self._import(s, None) for s in saveables]),
-                tf.group([self._import(s, lambda keys: tf.equal(owner_of(keys, size), rank))
-                          for s in saveables]))
+        own = tf.group([self._import(s, None) for s in saveables])
+        if size == 1:  # one rank owns every key
+            return own, own
+        return own, tf.group([self._import(s, lambda keys: tf.equal(owner_of(keys, size), rank))
+                              for s in saveables])
 
     def _import(self, saveable, keep) -> tf.Operation:
         """The import of a part (full or delta) read from self._read."""

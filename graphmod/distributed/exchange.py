@@ -22,7 +22,9 @@ the sparse optimizers find each owned row's gradient there: autodiff brings
 it back through the reverse all-to-alls, summed over the ranks that read
 the row, and scaled by 1/size with combine="average" (sparse_lookup's and
 fused_lookup's), as Horovod's DistributedOptimizer (op=Average, its
-default) combines a dense variable's.
+default) combines a dense variable's. The hook's tables take their
+gradients another way (exchanged_gradients), keyed, since the model's
+autodiff ran before the rewrite.
 """
 from typing import Callable, List, Optional, Sequence, Tuple
 

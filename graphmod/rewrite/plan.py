@@ -329,10 +329,7 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
     if values is not None:
         combined, why = _combined_sparse(values, indices)
     elif why.startswith(gradients.DENSE):
-        dense = gradients.dense_gradient(ops)
-        combined, why = _combined_dense(dense, v)
-        if combined is None and not why:
-            parts, penalty_grads, why = gradients.split_dense_gradient(dense, v)
+        combined, parts, penalty_grads, why = _combined_dense(gradients.dense_gradient(ops), v)
     return Update(scope, update_op, ops, in_scope_writes, slots, parts, penalty_grads,
                   combined), why
 
@@ -356,22 +353,24 @@ def _combined_sparse(values: tf.Tensor, indices: tf.Tensor) -> Tuple[Optional[Co
     return Combined(collective, [(local_values, local_indices)], scales), ""
 
 
-def _combined_dense(dense: tf.Tensor, v: tf.Variable) -> Tuple[Optional[Combined], str]:
-    """How Horovod combined a dense gradient (sparse_as_dense=True): None, ""
-    when it did not."""
-    end, scales, why = collectives.scale_chain(dense, collectives.is_combined)
+def _combined_dense(dense: tf.Tensor, v: tf.Variable):
+    """(how Horovod combined a dense gradient (sparse_as_dense=True, or an
+    L2 penalty over the variable) or None, its row parts and penalty
+    scalars (graphmod.rewrite.gradients.split_dense_gradient), why not)."""
+    end, scales, _ = collectives.scale_chain(dense, collectives.is_combined)
     if not collectives.is_combined(end):
-        return None, ""
+        return (None,) + gradients.split_dense_gradient(dense, v)
     local, collective, why = collectives.through_collective(end)
     if why:
-        return None, f"its gradient's Horovod collective is not understood: {why}"
+        return None, [], [], f"its gradient's Horovod collective is not understood: {why}"
     parts, penalties, why = gradients.split_dense_gradient(local, v)
-    if why:
-        return None, why
-    if penalties:
-        return None, ("its whole-variable L2 penalty's gradient is combined by Horovod: "
-                      "not built for tables yet")
-    return Combined(collective, parts, scales), ""
+    if penalties and not why:
+        if collective.runs or scales:
+            why = ("its whole-variable L2 penalty's gradient is combined by Horovod: not built "
+                   "for tables sharded across ranks yet")
+        else:  # one rank: the cond passes the gradient on as it is
+            return None, parts, penalties, ""
+    return Combined(collective, parts, scales), parts, [], why
 
 
 def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
