@@ -111,7 +111,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             step)
             return
         self.deltas_written += 1
-        size = sum(tf.io.gfile.stat(f).length for f in deltas.files(prefix) + deltas.part_files(prefix)
-                   if tf.io.gfile.exists(f))
+        written = deltas.files(prefix) + deltas.part_files(prefix)  # (parts: sharded tables)
+        size = sum(tf.io.gfile.stat(f).length for f in written if tf.io.gfile.exists(f))
         logging.info("graphmod: delta %d after %s at step %d: %.1f KB in %.2fs",
                      self.saver.chain[1], base, step, size / 1024, time.time() - start)
