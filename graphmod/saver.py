@@ -35,6 +35,8 @@ from tensorflow.python.training import saver as saver_lib
 
 from graphmod import deltas
 from graphmod._ops import ops
+from graphmod.distributed import checkpoints
+from graphmod.table import graph_state
 
 tf1 = tf.compat.v1
 
@@ -103,6 +105,16 @@ def _sharded() -> bool:
     return distributed.enabled(tf1.get_default_graph())
 
 
+def _reads_parts() -> bool:
+    """Whether the graph may restore tables saved in parts by several ranks:
+    it runs under Horovod, or its rewrite found such a checkpoint in
+    model_dir (an export after Horovod training). Only then are the reading
+    ops built."""
+    import sys  # pylint: disable=import-outside-toplevel
+    hvd = sys.modules.get("horovod.tensorflow")
+    return (hvd is not None and hvd.is_initialized()) or graph_state().reads_parts
+
+
 def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
     """Tables are saved one shard at a time in V2 checkpoints (the default
     format); a V1 Saver keeps TensorFlow's builder."""
@@ -146,10 +158,9 @@ class TableSaver(tf1.train.Saver):
         if not built and tables and _sharded():
             # Every rank saves the keys it owns (graphmod.distributed.checkpoints);
             # the ordinary save and restore hold the rest.
-            from graphmod.distributed.checkpoints import ShardedTables
             self._var_list = dense
             self._allow_empty = self._allow_empty or not dense  # the tables are saved
-            self._sharded_tables = ShardedTables(tables)
+            self._sharded_tables = checkpoints.ShardedTables(tables)
         super()._build(checkpoint_path, build_save, build_restore)
         if built:
             return
@@ -160,11 +171,10 @@ class TableSaver(tf1.train.Saver):
             return  # (no adoption of sharded tables yet)
         if self._is_empty:
             return
-        if tables:
+        if tables and _reads_parts():
             # Checkpoints of sharded tables (graphmod.distributed.checkpoints)
             # restore into these tables, which then hold every rank's keys.
-            from graphmod.distributed.checkpoints import TableParts
-            self._parts = TableParts(tables)
+            self._parts = checkpoints.TableParts(tables)
             if dense:
                 self._dense_reader = tf1.train.Saver(var_list=dense, sharded=False,
                                                      allow_empty=True)
@@ -188,7 +198,7 @@ class TableSaver(tf1.train.Saver):
             if self._sharded_tables is not None:
                 self._sharded_tables.build_deltas(parts)
                 parts = []
-            else:
+            elif self._parts is not None:
                 self._parts.build_deltas(parts)
             if dense or parts:
                 self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
@@ -329,8 +339,11 @@ class TableSaver(tf1.train.Saver):
             raise
         if path:
             # A checkpoint written again under its name (a resumed run saves
-            # the step it restored) holds what its old deltas added.
+            # the step it restored) holds what its old deltas added, and its
+            # tables (written in parts by several ranks before) are in it now.
             deltas.drop(path)
+            checkpoints.remove_parts(path)
+            checkpoints.remove_orphans(os.path.dirname(path))
             self.chain = (path, 0)
             if self.marks is not None:
                 self.marks = versions
@@ -365,12 +378,13 @@ class TableSaver(tf1.train.Saver):
             deltas.drop(checkpoint)
         self._sharded_tables.save(sess, checkpoint)
         path = checkpoint
-        if self._sharded_tables.rank == 0:
-            if not self._is_empty:  # else nothing dense to save: tables alone
-                path = super().save(sess, save_path, global_step, *args, **kwargs)
-            self._sharded_tables.remove_orphans(os.path.dirname(path))
+        if self._sharded_tables.rank == 0 and not self._is_empty:  # else tables alone
+            path = super().save(sess, save_path, global_step, *args, **kwargs)
+            # (a tables-only Saver keeps no list of checkpoints to delete)
+            checkpoints.remove_orphans(os.path.dirname(path))
             for name in deltas.remove_orphans(os.path.dirname(path)):
                 logging.info("graphmod: removed the deltas of %s with it", name)
+        self._sharded_tables.wait_committed(sess, checkpoint)
         self.chain = (path, 0)
         if self.marks is not None:
             self.marks = versions

@@ -46,6 +46,8 @@ class _GraphState:
         # Whether this graph's tables are sharded across Horovod ranks, as
         # GraphModifierHook's rewrite decided (None: graphmod.distributed.enable()'s)
         self.sharded: Optional[bool] = None
+        # The model_dir's latest checkpoint holds tables in parts (graphmod.saver)
+        self.reads_parts = False
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()

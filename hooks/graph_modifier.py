@@ -31,6 +31,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 from absl import logging
+from tensorflow.python.training import monitored_session
 
 from graphmod import features
 from graphmod.hooks.evict import EvictHook
@@ -57,20 +58,51 @@ def _estimator_call() -> Tuple[Optional[tf.compat.v1.estimator.Estimator], Optio
     return found
 
 
+def _session_saves() -> Optional[Tuple[Optional[str], Optional[float], Optional[int]]]:
+    """(checkpoint_dir, save_checkpoint_secs, save_checkpoint_steps) of the
+    MonitoredTrainingSession call building this session, if any, with its
+    defaults resolved as it resolves them."""
+    default = monitored_session.USE_DEFAULT
+    frame = inspect.currentframe()
+    while frame is not None:
+        args = frame.f_locals
+        if frame.f_code.co_name == "MonitoredTrainingSession" and "checkpoint_dir" in args:
+            secs, steps = args["save_checkpoint_secs"], args["save_checkpoint_steps"]
+            if secs is default and steps is default:
+                secs, steps = 600, None
+            secs = None if secs is default else secs
+            steps = None if steps is default else steps
+            return args["checkpoint_dir"], secs, steps
+        frame = frame.f_back
+    return None
+
+
 def _check_sharded_training(estimator, ranks: int) -> None:
     """Every rank saves the keys it owns, together (a save is a collective):
     the ranks need one model_dir and saves at the same steps. Time-based
     saves come at a different step on each rank, and one rank's save would
-    then wait forever for the others."""
-    secs = estimator.config.save_checkpoints_secs
-    if secs is not None:
+    then wait forever for the others. Checked for Estimators and
+    MonitoredTrainingSession; other sessions' saves cannot be seen here."""
+    if estimator is not None:
+        model_dir = estimator.model_dir
+        secs = estimator.config.save_checkpoints_secs
+        steps = estimator.config.save_checkpoints_steps
+    else:
+        saves = _session_saves()
+        if saves is None:
+            logging.warning("graphmod: the tables are sharded across %d Horovod ranks: every "
+                            "rank must save at the same steps, into one model_dir", ranks)
+            return
+        model_dir, secs, steps = saves
+    if model_dir is not None and secs is not None:
         raise ValueError(
             f"graphmod: the tables are sharded across {ranks} Horovod ranks, and every rank "
-            f"saves its keys at the same steps: RunConfig(save_checkpoints_secs={secs}) would "
-            "save at a different step on each rank; give every rank "
-            "RunConfig(save_checkpoints_steps=N) and the same model_dir")
-    from graphmod.distributed.checkpoints import check_same_model_dir  # pylint: disable=import-outside-toplevel
-    check_same_model_dir(estimator.model_dir)
+            f"saves its keys at the same steps: saving every {secs} seconds would save at a "
+            "different step on each rank; give every rank the same model_dir and "
+            "RunConfig(save_checkpoints_steps=N) (MonitoredTrainingSession: "
+            "save_checkpoint_steps=N, save_checkpoint_secs=None)")
+    from graphmod.distributed.checkpoints import check_same_saves  # pylint: disable=import-outside-toplevel
+    check_same_saves(model_dir, steps)
 
 
 def _input_feature(name: str) -> tf.Tensor:
@@ -211,7 +243,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
-        if self.report.sharded_ranks > 1 and method == "train":
+        if self.report.sharded_ranks > 1 and mode == "train":
             _check_sharded_training(estimator, self.report.sharded_ranks)
         if out_dir:
             out = os.path.join(out_dir, "graphmod")

@@ -33,6 +33,8 @@ from graphmod.rewrite.rule import Context, Refused
 NAME = "optimizer_updates"
 LAZY_ADAM = ("Adam is lazy on a table: rows outside the batch keep their moments "
              "(TF's dense Adam decays every row's)")
+UNREAD_ROWS = ("its gradient is dense, and the dense {} update moves rows the batch did not "
+               "read; the table updates only the rows read")
 
 
 class Untranslatable(Refused):
@@ -63,11 +65,12 @@ class Translation:
 
     def __init__(self, kind: str, hparams: List[Union[tf.Tensor, float]],
                  slot_vars: List[tf.Variable],
-                 nesterov: bool = False):
+                 nesterov: bool = False, dense: bool = False):
         self.kind = kind
         self.hparams = hparams
         self.slot_vars = slot_vars
         self.nesterov = nesterov
+        self.dense = dense  # the update is a dense Apply op (every row, every step)
         self.layout: Optional[optimizers.SparseOptimizer] = None  # set by check()
 
     def slot_layout(self) -> optimizers.SparseOptimizer:
@@ -110,7 +113,7 @@ def translate(update: Update) -> Translation:
             slots = [by_op[args[a].op] for a in slot_args]
             nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr \
                 else False
-            return Translation(kind, hparams, slots, nesterov)
+            return Translation(kind, hparams, slots, nesterov, dense="Sparse" not in op.type)
     types = {op.type for op in update.ops}
     if {"Unique", "UnsortedSegmentSum"} <= types and "Sqrt" in types:
         return _adam(update, by_op)
@@ -197,8 +200,25 @@ def check(conversion: Conversion, context: Context) -> None:
             raise Untranslatable("its Adam update would become lazy Adam on a table "
                                  "(exact=True keeps it dense)")
         conversion.approximations.append(LAZY_ADAM)
+    if translation.dense and not conversion.penalties and _moves_unread_rows(translation):
+        # A dense gradient (e.g. Horovod's sparse_as_dense) is zero for rows
+        # the batch did not read, but the dense update still moves them.
+        if context.exact:
+            raise Untranslatable(f"its dense {translation.kind} update moves rows the batch did "
+                                 "not read (exact=True keeps it dense)")
+        conversion.approximations.append(UNREAD_ROWS.format(translation.kind))
     translation.layout = translation.slot_layout()  # refuses slots a table cannot start as
     conversion.translation = translation
+
+
+def _moves_unread_rows(translation: Translation) -> bool:
+    """Whether a step with a zero gradient still changes a row: momentum and
+    RMSProp carry their slots on, FTRL with an L2 shrinkage shrinks it."""
+    if translation.kind in ("momentum", "rmsprop"):
+        return True
+    return translation.kind == "ftrl" and (
+        isinstance(translation.hparams[3], tf.Tensor) and
+        folding.scalar(translation.hparams[3]) != 0.0)
 
 
 def rewrite(rw, conversions, context: Context) -> None:

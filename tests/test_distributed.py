@@ -437,7 +437,7 @@ SESSION_SCRIPT = textwrap.dedent("""
     opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3), op=hvd.Sum,
                                    sparse_as_dense=True)  # an allreduce of dense gradients
     grads, variables = zip(*opt.compute_gradients(loss, var_list=[emb, w]))
-    grads, _ = tf.clip_by_global_norm(list(grads), 0.05)
+    grads, norm = tf.clip_by_global_norm(list(grads), 0.05)
     local = tf1.train.GradientDescentOptimizer(0.1)  # each rank its own copy of `own`
     train = tf.group(opt.apply_gradients(zip(grads, variables), global_step=step),
                      local.minimize(loss, var_list=[own]))
@@ -451,12 +451,14 @@ SESSION_SCRIPT = textwrap.dedent("""
             self.fetch = tables[0].export() if tables else {"emb": emb.read_value()}
     rows = Rows()
     hooks += [modifier, rows] if modifier else [rows]
-    losses = []
+    losses, norms = [], []
     with tf1.train.MonitoredTrainingSession(hooks=hooks) as sess:
         for xb, yb in batches:
             part = slice(rank * B // size, (rank + 1) * B // size)
-            losses.append(float(sess.run([global_loss, train], {ids: xb[part],
-                                                               labels: yb[part]})[0]))
+            loss_value, norm_value, _ = sess.run([global_loss, norm, train],
+                                                 {ids: xb[part], labels: yb[part]})
+            losses.append(float(loss_value))
+            norms.append(float(norm_value))
         got = sess.run(rows.fetch)
     if "keys" in got:
         got = {int(k): v.tolist() for k, v in zip(got["keys"], got["values"])}
@@ -464,7 +466,8 @@ SESSION_SCRIPT = textwrap.dedent("""
         got = {int(k): got["emb"][k].tolist() for k in np.unique([b[0] for b in batches])}
     report = dict(skipped=modifier.report.skipped, tables=modifier.report.tables,
                   ranks=modifier.report.sharded_ranks) if modifier else {}
-    json.dump(dict(losses=losses, rows=got, report=report), open(f"{out}/rank{rank}.json", "w"))
+    json.dump(dict(losses=losses, norms=norms, rows=got, report=report),
+              open(f"{out}/rank{rank}.json", "w"))
 """)
 
 
@@ -481,6 +484,7 @@ def test_sum_clipping_and_a_variable_each_rank_trains_alone(tmp_path):
         launch(2, script, mode, out)
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     dense, hooked = run_mode("dense"), run_mode("hooked")
+    assert min(dense[0]["norms"]) > 0.05  # the clip scales every step's gradients
     report = hooked[0]["report"]
     assert report["ranks"] == 2
     assert [(t["variable"], t["ranks_combine"]) for t in report["tables"]] == [("emb", "sum")]
@@ -509,16 +513,22 @@ REFUSED_SCRIPT = textwrap.dedent("""
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
             loss, global_step=tf1.train.get_or_create_global_step()))
 
-    if case == "seconds":  # the RunConfig default: every 600 s
-        config = tf.estimator.RunConfig(model_dir=model_dir)
-    else:  # Horovod's examples: rank 0 alone has the model_dir
-        config = tf.estimator.RunConfig(model_dir=model_dir if hvd.rank() == 0 else None,
-                                        save_checkpoints_steps=2)
-    estimator = tf.estimator.Estimator(model_fn, config=config)
+    mine = model_dir if hvd.rank() == 0 else None  # Horovod's examples: rank 0's alone
     data = lambda: tf.data.Dataset.from_tensor_slices({"ids": np.arange(8)[:, None]}).batch(2)
+    hooks = [hvd.BroadcastGlobalVariablesHook(0), graphmod.GraphModifierHook()]
     try:
-        estimator.train(lambda: data().map(lambda f: (f, 0.0)), steps=2, hooks=[
-            hvd.BroadcastGlobalVariablesHook(0), graphmod.GraphModifierHook()])
+        if case == "session":
+            tf1.disable_eager_execution()
+            ids = tf1.placeholder(tf.int64, [None, 1])
+            spec = model_fn({"ids": ids}, None, "train")
+            with tf1.train.MonitoredTrainingSession(checkpoint_dir=mine, hooks=hooks,
+                                                    save_checkpoint_steps=2) as sess:
+                sess.run(spec.train_op, {ids: [[1], [2]]})
+        else:
+            config = (tf.estimator.RunConfig(model_dir=model_dir) if case == "seconds"
+                      else tf.estimator.RunConfig(model_dir=mine, save_checkpoints_steps=2))
+            estimator = tf.estimator.Estimator(model_fn, config=config)
+            estimator.train(lambda: data().map(lambda f: (f, 0.0)), steps=2, hooks=hooks)
         message = "trained"
     except Exception as e:  # pylint: disable=broad-except
         message = str(e)
@@ -527,8 +537,9 @@ REFUSED_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("seconds", "save_checkpoints_secs=600) would save at a different step on each rank"),
-    ("model_dirs", "ranks [1] save sharded tables to another model_dir than rank 0")])
+    ("seconds", "saving every 600 seconds would save at a different step on each rank"),
+    ("model_dirs", "ranks [1] save sharded tables to another model_dir or at other steps"),
+    ("session", "ranks [1] save sharded tables to another model_dir or at other steps")])
 def test_save_settings_sharded_tables_cannot_use_are_refused_before_training(tmp_path, case, expected):
     out = tmp_path / "out"
     out.mkdir()

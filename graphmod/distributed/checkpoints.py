@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import re
-from typing import List
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -46,35 +46,38 @@ def _barrier_input(part: tf.Tensor) -> tf.Tensor:
     return tf.strings.length(part)
 
 
-def _fingerprint(path: str) -> int:
-    return int.from_bytes(hashlib.sha256(os.path.abspath(path).encode()).digest()[:8],
-                          "little", signed=True)
+def _fingerprint(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
 
 
-def _refuse_differing(fingerprints, what: str, path: str) -> None:
+def _refuse_differing(fingerprints, what: str, mine: str) -> None:
     """Raises, on every rank alike (all see the same fingerprints), when
-    some rank's path differs from rank 0's."""
+    some rank's fingerprint differs from rank 0's."""
     fingerprints = list(fingerprints)
     differ = [r for r, p in enumerate(fingerprints) if p != fingerprints[0]]
     if differ:
         raise ValueError(
             f"graphmod: ranks {differ} save sharded tables to another {what} than rank 0 "
-            f"(this rank: {path}): every rank writes its keys as a part of one checkpoint, "
+            f"(this rank: {mine}): every rank writes its keys as a part of one checkpoint, "
             "so give every rank the same model_dir (a shared file system) and the same save "
             "steps")
 
 
-def check_same_model_dir(model_dir: str) -> None:
-    """Refuses, on every rank, ranks training into different model_dirs (as
-    Horovod's examples give rank 0 alone the model_dir): found when the
-    graph is built, not at the first save. A collective, in a graph of its own."""
+def check_same_saves(model_dir: Optional[str], steps: Optional[int]) -> None:
+    """Refuses, on every rank, ranks that would save into different
+    model_dirs or at different steps (as Horovod's examples give rank 0
+    alone the model_dir): found when the graph is built, not at the first
+    save, where one rank would wait forever for the others. A collective,
+    in a graph of its own."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    mine = (f"model_dir={os.path.abspath(model_dir) if model_dir else None}, "
+            f"save_checkpoints_steps={steps}")
     with tf.Graph().as_default() as graph:
-        mine = tf1.placeholder(tf.int64, [1])
-        every = hvd.allgather(mine, name="graphmod_model_dir_check")
+        sent = tf1.placeholder(tf.int64, [1])
+        every = hvd.allgather(sent, name="graphmod_save_settings_check")
         with tf1.Session(graph=graph) as sess:
-            fingerprints = sess.run(every, {mine: [_fingerprint(model_dir)]})
-    _refuse_differing(fingerprints.tolist(), "model_dir", model_dir)
+            fingerprints = sess.run(every, {sent: [_fingerprint(mine)]})
+    _refuse_differing(fingerprints.tolist(), "model_dir or at other steps", mine)
 
 
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
@@ -184,6 +187,10 @@ class ShardedTables(TableParts):
                 # Returns on every rank once every rank's part is written.
                 self._written = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                               name="graphmod_tables_written")
+            # Returns on every rank once rank 0 committed the checkpoint: a
+            # rank reading it next (an evaluation) finds it complete.
+            self._committed = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
+                                            name="graphmod_checkpoint_committed")
 
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
         """The ops of deltas (graphmod.deltas): this rank writes the changes
@@ -197,11 +204,23 @@ class ShardedTables(TableParts):
                 self._delta_written = hvd.allreduce(_barrier_input(self._delta_part),
                                                     op=hvd.Sum,
                                                     name="graphmod_table_deltas_written")
+            self._delta_committed = hvd.allreduce(_barrier_input(self._delta_part), op=hvd.Sum,
+                                                  name="graphmod_table_delta_committed")
+
+    def wait_committed(self, sess, checkpoint: str) -> None:
+        """Returns once every rank called it: after rank 0 has committed the
+        checkpoint save() wrote (its manifest, dense variables and state file)."""
+        sess.run(self._committed, {self._part: checkpoint})
 
     def save(self, sess, checkpoint: str) -> None:
-        """Writes this rank's part; rank 0 commits the manifest once all are."""
-        _refuse_differing(sess.run(self._paths, {self._path: [_fingerprint(checkpoint)]}),
-                          "checkpoint", checkpoint)
+        """Writes this rank's part; rank 0 commits the manifest once all are
+        (then the rest of the checkpoint, and every rank calls wait_committed)."""
+        _refuse_differing(sess.run(self._paths, {
+            self._path: [_fingerprint(os.path.abspath(checkpoint))]}), "checkpoint", checkpoint)
+        if self.rank == 0 and tf.io.gfile.exists(manifest_path(checkpoint)):
+            # Saved again under its name (a resumed run saves the step it
+            # restored): incomplete until the new manifest is written.
+            tf.io.gfile.remove(manifest_path(checkpoint))
         sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
         if self.rank == 0:
             folder = os.path.dirname(checkpoint)
@@ -231,8 +250,13 @@ class ShardedTables(TableParts):
         sess.run(self._delta_written, {**feed,
                                        self._delta_part: part_prefix(prefix, self.rank,
                                                                      self.size)})
-        if self.rank != 0:
-            return prefix
+        if self.rank == 0:
+            self._commit_delta(base, prefix, index, step, save_dense)
+        # Every rank returns once the delta is committed (a restore next reads it).
+        sess.run(self._delta_committed, {self._delta_part: prefix})
+        return prefix
+
+    def _commit_delta(self, base: str, prefix: str, index: int, step: int, save_dense) -> None:
         missing = [r for r in range(self.size) if not tf.io.gfile.exists(
             part_prefix(prefix, r, self.size) + ".index")]
         if missing:
@@ -247,15 +271,29 @@ class ShardedTables(TableParts):
             except Exception:
                 deltas.discard(tmp)
                 raise
-        return deltas.publish(base, tmp, index, step)
+        deltas.publish(base, tmp, index, step)
 
-    @staticmethod
-    def remove_orphans(folder: str) -> None:
-        """Removes the parts and manifests of checkpoints the Saver deleted."""
-        for name in tf.io.gfile.listdir(folder or "."):
-            match = _PART_FILE.fullmatch(name)
-            if match and not tf.io.gfile.exists(os.path.join(folder, match[1] + ".index")):
-                tf.io.gfile.remove(os.path.join(folder, name))
+
+
+def remove_parts(checkpoint: str) -> None:
+    """Removes a checkpoint's sharded tables (its manifest first, so that it
+    is never read half removed): a save under the same name that writes the
+    tables otherwise (one rank, unsharded) replaces them."""
+    if tf.io.gfile.exists(manifest_path(checkpoint)):
+        tf.io.gfile.remove(manifest_path(checkpoint))
+    folder, name = os.path.split(checkpoint)
+    for f in tf.io.gfile.listdir(folder or "."):
+        match = _PART_FILE.fullmatch(f)
+        if match and match[1] == name:
+            tf.io.gfile.remove(os.path.join(folder, f))
+
+
+def remove_orphans(folder: str) -> None:
+    """Removes the parts and manifests of checkpoints the Saver deleted."""
+    for name in tf.io.gfile.listdir(folder or "."):
+        match = _PART_FILE.fullmatch(name)
+        if match and not tf.io.gfile.exists(os.path.join(folder, match[1] + ".index")):
+            tf.io.gfile.remove(os.path.join(folder, name))
 
 
 # A file of a checkpoint's sharded tables: group 1 is the checkpoint's name.

@@ -30,11 +30,9 @@ _AVERAGE, _SUM = 0, 1  # HorovodAllreduce's reduce_op values
 @dataclasses.dataclass
 class Collective:
     """How Horovod combined one gradient tensor across ranks."""
-    kind: str       # "allgather" (IndexedSlices parts) or "allreduce" (dense)
     combine: str    # "average" or "sum", as the user's DistributedOptimizer says
     factor: float   # the sum over ranks is multiplied by this (1/size for average)
     runs: bool      # the cond takes the collective branch (False on one rank)
-    op: tf.Operation  # the cond (If) or Merge carrying it
 
 
 def _strip(t: tf.Tensor) -> tf.Tensor:
@@ -66,8 +64,12 @@ def scale_chain(t: tf.Tensor, stop) -> Tuple[tf.Tensor, List[Tuple[tf.Tensor, bo
 
 
 def is_combined(t: tf.Tensor) -> bool:
-    """Whether t is the output of a DistributedOptimizer cond (v2 or v1)."""
-    return t.op.type in _IF or (t.op.type == "Merge" and _v1_branches(t.op) is not None)
+    """Whether t is the output of a DistributedOptimizer cond (v2 or v1):
+    a cond whose true branch runs a Horovod op."""
+    if t.op.type in _IF:
+        then_fn = _function(t.op.graph, t.op.get_attr("then_branch").name)
+        return then_fn is not None and any(n.op.startswith("Horovod") for n in then_fn.node_def)
+    return t.op.type == "Merge" and _v1_branches(t.op) is not None
 
 
 def through_collective(t: tf.Tensor) -> Tuple[tf.Tensor, Optional[Collective], str]:
@@ -108,8 +110,9 @@ def _through_if(t: tf.Tensor):
     if node is None or node.op not in ("HorovodAllgather", "HorovodAllreduce"):
         return t, None, (f"{op.name} output {k} is not one Horovod allgather or allreduce "
                          f"({node.op if node is not None else 'an argument'})")
-    kind = "allgather" if node.op == "HorovodAllgather" else "allreduce"
-    if kind == "allreduce":
+    if node.attr["process_set_id"].i != 0:
+        return t, None, f"{op.name} combines over a Horovod process set, which is not built"
+    if node.op == "HorovodAllreduce":
         if combine is not None:
             return t, None, f"{op.name} divides an allreduce's result"
         combine, factor, why = _allreduce_combine(node.attr["reduce_op"].i,
@@ -132,7 +135,7 @@ def _through_if(t: tf.Tensor):
     runs = folding.scalar(op.inputs[0])
     if runs is None:
         return t, None, f"{op.name}'s condition is not a constant (elastic Horovod)"
-    return op.inputs[1 + j], Collective(kind, combine, factor, bool(runs), op), ""
+    return op.inputs[1 + j], Collective(combine, factor, bool(runs)), ""
 
 
 def _fn_source(ref: str, nodes):
@@ -199,8 +202,11 @@ def _through_merge(t: tf.Tensor):
         factor, combine = 1.0 / size, "average"
         result = _strip(result.op.inputs[0])
     node = result.op
-    kind = "allgather" if node.type == "HorovodAllgather" else "allreduce"
-    if kind == "allreduce":
+    if node.get_attr("process_set_id") != 0:
+        return t, None, f"{op.name} combines over a Horovod process set, which is not built"
+    if node.type == "HorovodAllreduce":
+        if combine is not None:
+            return t, None, f"{op.name} divides an allreduce's result"
         combine, factor, why = _allreduce_combine(node.get_attr("reduce_op"),
                                                   node.get_attr("prescale_factor"),
                                                   node.get_attr("postscale_factor"))
@@ -214,4 +220,4 @@ def _through_merge(t: tf.Tensor):
     runs = folding.scalar(switch.inputs[1])
     if runs is None:
         return t, None, f"{op.name}'s condition is not a constant (elastic Horovod)"
-    return local, Collective(kind, combine, factor, bool(runs), op), ""
+    return local, Collective(combine, factor, bool(runs)), ""

@@ -17,6 +17,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from graphmod import distributed, features
+from graphmod.distributed.checkpoints import TableParts
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, plan, trains_anything
 from graphmod.rewrite.report import RewriteReport
@@ -28,9 +29,12 @@ tf1 = tf.compat.v1
 MODES = ("train", "eval", "predict")
 
 
-def _checkpoint_names(model_dir: Optional[str]) -> frozenset:
-    """Names in the latest checkpoint in model_dir (empty when there is none)."""
-    ckpt = tf.train.latest_checkpoint(model_dir) if model_dir else None
+def _latest(model_dir: Optional[str]) -> Optional[str]:
+    return tf.train.latest_checkpoint(model_dir) if model_dir else None
+
+
+def _checkpoint_names(ckpt: Optional[str]) -> frozenset:
+    """Names in checkpoint ckpt (empty for None)."""
     return frozenset(n for n, _ in tf.train.list_variables(ckpt)) if ckpt else frozenset()
 
 
@@ -50,13 +54,17 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
 
     if mode not in MODES:
         raise ValueError(f"graphmod: mode must be one of {MODES}, got {mode!r}")
+    if settings.warm_start is not None and mode == "train" and distributed.horovod_ranks() > 1:
+        raise ValueError("graphmod: a warm start (GraphModifierHook(warm_start=...)) into "
+                         "tables sharded across Horovod ranks is not built")
     start = time.time()
     # A "training" graph that updates no variable at all only reads (a
     # MonitoredSession run for inference): its lookups must not insert.
     training = mode == "train" and trains_anything(graph)
     replay = plan_file.read(model_dir)
     conversions, skipped = plan(graph, settings, training, replay)
-    names = _checkpoint_names(model_dir)
+    latest = _latest(model_dir)
+    names = _checkpoint_names(latest)
     # exact=True: keys stay as the model squeezed them (collisions included).
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
@@ -83,6 +91,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     state = graph_state(graph)
     clocks, old_timestamp = dict(state.clocks), state.timestamp
     was_sharded = state.sharded
+    state.reads_parts = latest is not None and TableParts.is_sharded(latest)
     try:
         if ready and distributed.horovod_ranks() > 1:
             # Under Horovod, training and evaluation shard the tables across
