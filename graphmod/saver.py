@@ -178,6 +178,7 @@ class TableSaver(tf1.train.Saver):
             if dense:
                 self._dense_reader = tf1.train.Saver(var_list=dense, sharded=False,
                                                      allow_empty=True)
+        if tables:
             self._build_deltas(tables, dense)
         if self.adoptions and build_restore:
             self._build_adoption(saveables)

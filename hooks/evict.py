@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.python.training import training_util
 from absl import logging
 
-from graphmod import features
+from graphmod import distributed, features
 from graphmod.table import Table, tables
 
 tf1 = tf.compat.v1
@@ -81,14 +81,22 @@ class EvictHook(tf1.train.SessionRunHook):
         self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
         if self.enabled and self.step_interval is not None and self._step is None:
             raise ValueError("EvictHook: evict_step_interval needs a global step in the graph")
+        # Tables sharded across Horovod ranks hold their owner's keys only:
+        # the table's newest lookup over every rank is the step's, which
+        # after_run feeds (so a rank whose keys were not read this step cuts
+        # where one rank would). Evicting needs no collective.
+        sharded = distributed.active(graph)
         with tf1.name_scope("graphmod/evict"):
+            self._step_now = tf1.placeholder_with_default(tf.constant(-1, tf.int64), [],
+                                                          name="step_now")
             self._evict = {}
             for t in self.tables:
                 policy = features.policy_of(t)
-                info = t.info()
-                self._evict[t.name] = dict(
-                    evicted=t.evict(info["latest"] - policy.eviction_threshold),
-                    cut=info["latest"] - policy.eviction_threshold)
+                latest = t.info()["latest"]
+                if sharded and policy.eviction_unit == "steps":
+                    latest = tf.where(self._step_now >= 0, self._step_now, latest)
+                cut = latest - policy.eviction_threshold
+                self._evict[t.name] = dict(evicted=t.evict(cut), cut=cut)
             # Counted after the eviction, so the log shows what is left.
             with tf.control_dependencies([d["evicted"] for d in self._evict.values()]):
                 self._counters = {t.name: features.counters(t) for t in self.tables}
@@ -105,17 +113,19 @@ class EvictHook(tf1.train.SessionRunHook):
     def after_run(self, run_context, run_values) -> None:
         if not (self.enabled and self.tables):
             return
-        step = run_values.results if self._step is not None else 0
+        step = run_values.results if self._step is not None else None
         due = (self.time_interval is not None and
                time.time() - self._last_time >= self.time_interval)
         due |= (self.step_interval is not None and step - self._last_step >= self.step_interval)
         if due:
             self.evict(run_context.session, step)
 
-    def evict(self, session, step: int = 0) -> dict:
-        """Evicts now; returns {table: rows evicted}."""
-        done, counters = session.run([self._evict, self._counters])
-        self._last_time, self._last_step = time.time(), step
+    def evict(self, session, step: Optional[int] = None) -> dict:
+        """Evicts now (after training step `step`, when known); returns
+        {table: rows evicted}."""
+        done, counters = session.run([self._evict, self._counters],
+                                     {self._step_now: step} if step is not None else None)
+        self._last_time, self._last_step = time.time(), step or 0
         self.evictions += 1
         for name, d in done.items():
             c = counters[name]

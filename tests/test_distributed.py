@@ -6,7 +6,8 @@ rank on the whole batch: the same losses, dense weights and table rows
 (values, optimizer slots, access counts, last seen, versions, and the ids
 pending admission), every key kept by exactly its owner. The model has two
 tables of different dims read in one fused lookup, keys that repeat within
-and across ranks, and admission by count on one table.
+and across ranks, admission by count on one table and eviction by steps on
+the other.
 """
 import json
 import os
@@ -32,13 +33,21 @@ SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, 40, size=(B, 3)).astype(np.int64),
                 rng.integers(0, 2, size=B).astype(np.float32)) for _ in range(steps)]
+    # The last step reads one user only: the other owners' tables see no
+    # lookup then, but must evict as the one table of one rank does.
+    batches[-1][0][:, 0] = 7
     # Placeholders, not constants: TF would run collectives with constant
     # inputs while building the graph (docs/notes/horovod_0.28.1_facts.md).
     ids = tf1.placeholder(tf.int64, [None, 3])
     labels = tf1.placeholder(tf.float32, [None])
     step = tf1.train.get_or_create_global_step()
-    graphmod.use_feature_specs({"item": ids[:, 1:]}, [graphmod.FeatureSpec(
-        "item", access_threshold=2)])
+    # As an Estimator does: the step is read before the step's ops and
+    # incremented after them (lookups stamp rows with it; eviction cuts by it).
+    from tensorflow.python.training import training_util
+    step_read = training_util._get_or_create_global_step_read()  # what EvictHook fetches
+    graphmod.use_feature_specs({"item": ids[:, 1:], "user": ids[:, 0]}, [
+        graphmod.FeatureSpec("item", access_threshold=2),
+        graphmod.FeatureSpec("user", eviction_threshold=1, eviction_unit="steps")])
     opt = graphmod.optimizers.Adagrad(0.2)
     user = graphmod.create_table("user", 4, optimizer=opt, seed=1)
     item = graphmod.create_table("item", 8, optimizer=opt, seed=2)
@@ -50,7 +59,9 @@ SCRIPT = textwrap.dedent("""
     dense = tf1.train.GradientDescentOptimizer(0.1)
     if size > 1:
         dense = hvd.DistributedOptimizer(dense)  # averages, as the tables' gradients are
-    train = tf.group(opt.minimize(loss), dense.minimize(loss, var_list=[w]), step.assign_add(1))
+    with tf.control_dependencies([opt.minimize(loss), dense.minimize(loss, var_list=[w]),
+                                  step_read]):
+        train = step.assign_add(1)
     global_loss = hvd.allreduce(loss, op=hvd.Average) if size > 1 else loss
     tables = {t.name: dict(t.export(), **{"pending_" + k: v for k, v in
                                            t.export_pending().items() if k != "sketch"})
@@ -62,7 +73,10 @@ SCRIPT = textwrap.dedent("""
     losses = []
     saver = tf1.train.Saver()  # builds: only running a save of a sharded table fails
     # A monitored session builds its Scaffold's Saver too.
-    with tf1.train.SingularMonitoredSession(scaffold=tf1.train.Scaffold(saver=saver)) as sess:
+    # Each owner evicts its users unseen for more than a step, every step.
+    evict = graphmod.EvictHook(evict_time_interval=None, evict_step_interval=1)
+    with tf1.train.SingularMonitoredSession(scaffold=tf1.train.Scaffold(saver=saver),
+                                            hooks=[evict]) as sess:
         for x, y in batches:
             part = slice(rank * B // size, (rank + 1) * B // size)
             loss_value, _ = sess.run([global_loss, train], {ids: x[part], labels: y[part]})
@@ -78,7 +92,8 @@ SCRIPT = textwrap.dedent("""
             refused = e.message
     np.savez(f"{out}/rank{rank}.npz", losses=np.array(losses), w=w_value,
              probe_ids=probe_ids, read=read_value,
-             refused=np.array(refused),
+             refused=np.array(refused), evictions=evict.evictions,
+             users_seen=len(np.unique([x[:, 0] for x, _ in batches])),
              **{f"{t}/{f}": v for t, d in got.items() for f, v in d.items()},
              **{f"{t}/owner": v for t, v in own.items()})
 """)
@@ -140,6 +155,9 @@ def test_ranks_train_as_one_rank_on_the_same_global_batch(tmp_path, ranks):
                                            err_msg=f"{table} {prefix}{f}")
         assert len(merged(many, table)[0]) > 20  # rows on every rank, not a trivial table
     assert len(merged(many, "item", "pending_")[0]) > 0  # admission had ids waiting
+    # Eviction ran on every rank and removed users, as it did on one rank.
+    assert all(int(r["evictions"]) > 0 for r in many)
+    assert len(merged([one], "user")[0]) < int(one["users_seen"])
     # Read-only lookups on each rank read what one rank reads: the rows of
     # ids with one, the missing value (here the initial row) of the others.
     one_read = dict(zip(one["probe_ids"].tolist(), one["read"]))
