@@ -31,7 +31,8 @@ class TfBuildExt(build_ext):
 
 
 setup(
-    packages=["graphmod", "graphmod.rewrite", "graphmod.hooks", "graphmod.rewrite_rules"],
+    packages=["graphmod", "graphmod.rewrite", "graphmod.distributed", "graphmod.cli",
+              "graphmod.hooks", "graphmod.rewrite_rules"],
     package_dir={"graphmod": "graphmod", "graphmod.hooks": "hooks",
                  "graphmod.rewrite_rules": "rewrite_rules"},
     ext_modules=[Extension("graphmod._graphmod_ops", NATIVE_SOURCES, include_dirs=["."],

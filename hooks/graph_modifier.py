@@ -248,9 +248,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         if out_dir:
             out = os.path.join(out_dir, "graphmod")
             self.report.write(out)
-            if before is not None:
+            if before is not None:  # for `graphmod diff MODEL_DIR`
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
                 tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
+                self.report.write_record(out)
         if self.report.counters:  # a training graph with tables
             self._counters = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)

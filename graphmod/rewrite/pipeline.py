@@ -150,7 +150,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
         replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
         warm_started=warm_started, sharded_ranks=context.ranks if ready else 1,
-        counters=context.counters)
+        counters=context.counters, record=rw.record())
     return report
 
 

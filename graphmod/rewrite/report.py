@@ -34,6 +34,9 @@ class RewriteReport:
     # logging; not part of the JSON report.
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(
         default_factory=dict, metadata={"json": False})
+    # The Rewriter's record (which rule built each op and made each edge),
+    # written as its own file beside the graph dumps (write_record).
+    record: dict = dataclasses.field(default_factory=dict, metadata={"json": False})
 
     def log(self) -> None:
         logging.info("graphmod: %d embedding variable(s) -> tables in %.2fs (%s graph%s), "
@@ -65,14 +68,22 @@ class RewriteReport:
         for k in self.squeezed_keys_kept:
             logging.warning("graphmod: ids of '%s' keep sharing rows: %s", k["op"], k["reason"])
 
+    def write_record(self, directory: str) -> None:
+        """The Rewriter's record as rewrite_record_<graph>.json."""
+        _write_json(os.path.join(directory, f"rewrite_record_{self.graph}.json"), self.record)
+
     def write(self, directory: str) -> None:
         """As rewrite_report_<graph>.json, written aside and renamed, so a
         failed write never leaves half a report."""
-        tf.io.gfile.makedirs(directory)
-        path = os.path.join(directory, f"rewrite_report_{self.graph}.json")
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.metadata.get("json", True)}
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # workers may share a dir
-        with tf.io.gfile.GFile(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-        tf.io.gfile.rename(tmp, path, overwrite=True)
+        _write_json(os.path.join(directory, f"rewrite_report_{self.graph}.json"),
+                    {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                     if f.metadata.get("json", True)})
+
+
+def _write_json(path: str, data) -> None:
+    """Written aside and renamed, so a failed write never leaves half a file."""
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # workers may share a dir
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -30,6 +30,10 @@ class Rewriter:
         self.changes: List[Change] = []
         self._undo: List[Callable[[], None]] = []
         self._rule = "(none)"
+        # Which rule built each op and made each edge: `graphmod diff` names
+        # the rule behind every change (see record()).
+        self._built: Dict[str, str] = {}
+        self._edges: List[dict] = []
 
     @contextlib.contextmanager
     def rule(self, name: str):
@@ -40,9 +44,13 @@ class Rewriter:
             with self.graph.as_default():
                 yield self
         finally:
-            built = self.graph.version - before
-            if built:
-                self._record("build", f"{built} ops")
+            after = self.graph.version
+            if after > before:
+                self._record("build", f"{after - before} ops")
+                nodes = self.graph._nodes_by_id  # pylint: disable=protected-access
+                for i in range(before + 1, after + 1):
+                    if i in nodes:
+                        self._built.setdefault(nodes[i].name, name)  # an inner rule first
             self._rule = previous
 
     def _record(self, kind: str, detail: str, undo: Optional[Callable[[], None]] = None):
@@ -64,6 +72,8 @@ class Rewriter:
             for i, t in enumerate(op.inputs):
                 if t is old:
                     op._update_input(i, new)  # pylint: disable=protected-access
+                    self._edges.append(dict(op=op.name, input=i, old=old.name, new=new.name,
+                                            rule=self._rule))
                     self._record("reroute", f"{op.name}:{i} {old.name} -> {new.name}",
                                  lambda op=op, i=i: op._update_input(i, old))  # pylint: disable=protected-access
                     count += 1
@@ -81,6 +91,8 @@ class Rewriter:
             def undo(op=op, before=before):
                 op._remove_all_control_inputs()  # pylint: disable=protected-access
                 op._add_control_inputs(before)  # pylint: disable=protected-access
+            self._edges.append(dict(op=op.name, input="control", old=old.name,
+                                    new=new.name if new is not None else None, rule=self._rule))
             self._record("control", f"{op.name}: ^{old.name} -> "
                          + (f"^{new.name}" if new is not None else "(none)"), undo)
             count += 1
@@ -111,6 +123,12 @@ class Rewriter:
         while self._undo:
             self._undo.pop()()
         self.changes.append(Change("(rewriter)", "undo", "all changes reverted"))
+
+    def record(self) -> dict:
+        """What each rule did, by op: {"built": {op name: rule}, "edges":
+        [{op, input (index or "control"), old, new, rule}]} (read by
+        `graphmod diff`, written beside the graph dumps)."""
+        return dict(built=dict(self._built), edges=list(self._edges))
 
     def summary(self) -> Dict[str, Dict[str, int]]:
         out: Dict[str, Dict[str, int]] = {}

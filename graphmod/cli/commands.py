@@ -1,0 +1,250 @@
+"""The `graphmod` commands' work (graphmod.cli.main parses their arguments)."""
+import dataclasses
+import json
+import os
+import sys
+from typing import Optional
+
+import tensorflow as tf
+from google.protobuf import message
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow.python.framework import meta_graph as meta_graph_lib
+
+from graphmod.cli import graph_diff, render
+from graphmod.cli.graphs import InputError, dumps, load_file, load_json
+
+tf1 = tf.compat.v1
+OK, FINDINGS = 0, 1
+
+
+def _write(text: str, output: Optional[str]) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"graphmod: wrote {output}", file=sys.stderr)
+
+
+def _rendered(d: graph_diff.GraphDiff, fv, title: str) -> str:
+    if fv.format == "json":
+        return render.to_json(d)
+    if fv.format == "dot":
+        return render.dot(d, fv.limit)
+    if fv.format == "html":
+        return render.page(d, title, fv.limit)
+    return render.text(d, fv.verbose)
+
+
+def diff(args, fv) -> int:
+    """Exit status 0: the graphs differing is what a diff shows, not a finding."""
+    record = report = None
+    if len(args) == 1:
+        found = dumps(args[0], fv.mode)
+        before, after = load_file(found["before"]), load_file(found["after"])
+        record, report = load_json(found["record"]), load_json(found["report"])
+    else:
+        graphs = []
+        for path, which in zip(args, ("before", "after")):
+            if tf.io.gfile.isdir(path):
+                found = dumps(path, fv.mode)
+                graphs.append(load_file(found[which]))
+                if which == "after":
+                    record, report = load_json(found["record"]), load_json(found["report"])
+            else:
+                graphs.append(load_file(path))
+        before, after = graphs
+    d = graph_diff.diff(before.graph_def, after.graph_def, record, report)
+    _write(_rendered(d, fv, f"graphmod diff: {before.path} -> {after.path}"), fv.output)
+    return OK
+
+
+# --- rewrite --dry-run ------------------------------------------------------
+
+def _meta_graph(model: str) -> meta_graph_pb2.MetaGraphDef:
+    """The MetaGraphDef a MODEL argument names (see `graphmod rewrite --help`)."""
+    if tf.io.gfile.isdir(model):
+        saved = os.path.join(model, "saved_model.pb")
+        if tf.io.gfile.exists(saved):
+            proto = saved_model_pb2.SavedModel()
+            try:
+                with tf.io.gfile.GFile(saved, "rb") as f:
+                    proto.ParseFromString(f.read())
+            except message.DecodeError as e:
+                raise InputError(f"{saved}: not a SavedModel ({e})") from None
+            if not proto.meta_graphs:
+                raise InputError(f"{saved}: holds no MetaGraph")
+            serving = [m for m in proto.meta_graphs if "serve" in m.meta_info_def.tags]
+            return (serving or list(proto.meta_graphs))[0]
+        latest = tf.train.latest_checkpoint(model)
+        if latest is None:
+            raise InputError(f"{model}: holds no SavedModel and no checkpoint whose MetaGraph "
+                             "to rewrite")
+        model = latest + ".meta"
+    loaded = load_file(model)
+    if loaded.meta_graph is None:
+        raise InputError(f"{model}: a GraphDef has no variables collections to plan from; "
+                         "give a MetaGraphDef (.meta), a SavedModel or a model_dir")
+    return loaded.meta_graph
+
+
+def _without_saver(meta: meta_graph_pb2.MetaGraphDef) -> meta_graph_pb2.MetaGraphDef:
+    """meta without its Saver's ops: they read every variable whole, and the
+    hook rewrites a graph before its Saver is built."""
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta)
+    if not meta.HasField("saver_def"):
+        return out
+    scope = meta.saver_def.filename_tensor_name.split("/")[0] + "/"
+    kept = [n for n in meta.graph_def.node if not n.name.startswith(scope)]
+    del out.graph_def.node[:]
+    out.graph_def.node.extend(kept)
+    out.ClearField("saver_def")
+    if "savers" in out.collection_def:
+        del out.collection_def["savers"]
+    return out
+
+
+def rewrite(model: str, fv) -> int:
+    """Exit status 1 when a variable stays dense."""
+    from graphmod.rewrite.pipeline import rewrite as run_rewrite  # pylint: disable=import-outside-toplevel
+    from graphmod.rewrite.plan import RewriteSettings, trains_anything  # pylint: disable=import-outside-toplevel
+    meta = _without_saver(_meta_graph(model))
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            # Not tf1.train.import_meta_graph: it builds a Saver of its own.
+            meta_graph_lib.import_scoped_meta_graph(meta, clear_devices=True)
+        except (ValueError, KeyError, tf.errors.OpError) as e:
+            raise InputError(f"{model}: its MetaGraph does not import "
+                             f"({str(e).splitlines()[0][:300]})") from None
+        before = graph.as_graph_def()
+        mode = fv.mode or ("train" if trains_anything(graph) else "predict")
+        # No model_dir: nothing is read or written (no plan replayed or saved).
+        report = run_rewrite(graph, RewriteSettings(fv.min_rows, {}, fv.collision_free, fv.exact),
+                             mode)
+        after = graph.as_graph_def()
+    data = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)
+            if f.metadata.get("json", True)}
+    d = graph_diff.diff(before, after, report.record, data)
+    if fv.format == "json":
+        _write(json.dumps(dict(report=data, diff=d.to_json()), indent=1) + "\n", fv.output)
+    else:
+        if fv.format == "text":
+            print(_report_text(data, model), end="")
+        _write(_rendered(d, fv, f"graphmod rewrite --dry-run {model}"), fv.output)
+    return FINDINGS if report.skipped else OK
+
+
+def _report_text(report: dict, model: str) -> str:
+    lines = [f"rewrite of {model} ({report['graph']} graph) in {report['seconds']:.2f}s: "
+             f"{len(report['tables'])} variable(s) -> tables, "
+             f"{len(report['skipped'])} left dense"]
+    for t in report["tables"]:
+        lines.append(f"  {t['variable']} [{t['rows']} x {t['dim']}] -> table '{t['table']}' "
+                     f"({t['lookups']} lookup(s), optimizer {t['optimizer']})")
+    for a in report["approximations"]:
+        lines.append(f"  approximation: {a['variable']}: {a['what']}")
+    return "\n".join(render.printable(line) for line in lines) + "\n"
+
+
+# --- inspect ----------------------------------------------------------------
+
+def _table_entries(checkpoint: str) -> dict:
+    """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
+    from graphmod.distributed.checkpoints import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
+    readers = [checkpoint]
+    if TableParts.is_sharded(checkpoint):
+        with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
+            manifest = json.load(f)
+        folder = os.path.dirname(checkpoint)
+        readers = sorted({os.path.join(folder, name.rsplit(".", 1)[0])
+                          for name in manifest["files"] if name.endswith(".index")})
+    tables: dict = {}
+    for prefix in readers:
+        try:
+            shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+        except (tf.errors.OpError, ValueError) as e:
+            raise InputError(f"{prefix}: unreadable checkpoint ({str(e).splitlines()[0]})") \
+                from None
+        for name, shape in shapes.items():
+            if "-" not in name or not name.endswith(("-keys", "-values", "-slots",
+                                                      "-pending_keys")):
+                continue
+            table, entry = name.rsplit("-", 1)
+            totals = tables.setdefault(table, {})
+            old = totals.get(entry)
+            totals[entry] = list(shape) if old is None else [old[0] + shape[0]] + list(shape[1:])
+    return {t: e for t, e in tables.items() if "keys" in e and "values" in e}
+
+
+def inspect(model_dir: str, fv) -> int:
+    """Exit status 1 when a delta of the latest checkpoint is torn."""
+    from graphmod import deltas  # pylint: disable=import-outside-toplevel
+    from graphmod.rewrite import plan_file  # pylint: disable=import-outside-toplevel
+    if not tf.io.gfile.isdir(model_dir):
+        raise InputError(f"{model_dir}: no such directory")
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest is None:
+        raise InputError(f"{model_dir}: holds no checkpoint")
+    plan = plan_file.read(model_dir) or {}
+    by_table = {p.table: p for p in plan.values()}
+    tables = []
+    for name, e in sorted(_table_entries(latest).items()):
+        rows, dim = e["values"][0], e["values"][1]
+        slots = e["slots"][1] if "slots" in e else 0
+        planned = by_table.get(name)
+        settings = dataclasses.asdict(planned.settings) if planned is not None else None
+        if settings is not None:
+            settings.pop("initializer", None)
+        tables.append(dict(table=name, variable=planned.variable if planned else None,
+                           dim=dim, rows=rows, slots=slots,
+                           bytes=rows * (8 + 4 * dim * (1 + slots) + 8 * 3),
+                           pending_ids=e.get("pending_keys", [0])[0], settings=settings))
+    entries = deltas.read_manifest(latest)
+    good = deltas.committed(latest)
+    chain = [dict(name=os.path.basename(latest), kind="full")] + [
+        dict(name=d["name"], kind="delta", step=d["step"], files=len(d["files"]),
+             verified=i < len(good)) for i, d in enumerate(entries)]
+    out = dict(model_dir=model_dir, checkpoint=latest, sharded=bool(
+        _is_sharded(latest)), tables=tables,
+        plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
+    if fv.format == "json":
+        print(json.dumps(out, indent=1))
+    else:
+        print(_inspect_text(out), end="")
+    return FINDINGS if len(good) < len(entries) else OK
+
+
+def _is_sharded(checkpoint: str) -> bool:
+    from graphmod.distributed.checkpoints import TableParts  # pylint: disable=import-outside-toplevel
+    return TableParts.is_sharded(checkpoint)
+
+
+def _inspect_text(out: dict) -> str:
+    lines = [f"model_dir {out['model_dir']}",
+             f"latest checkpoint {out['checkpoint']}"
+             + (" (tables in per-rank parts)" if out["sharded"] else "")]
+    lines.append(f"tables ({len(out['tables'])}):")
+    for t in out["tables"]:
+        s = t["settings"] or {}
+        policy = ", ".join(f"{k}={s[k]}" for k in ("access_threshold", "eviction_threshold",
+                                                    "eviction_unit", "max_rows")
+                           if k in s and s[k] not in (None, -1))
+        lines.append(f"  {t['table']}: dim {t['dim']}, {t['rows']} rows, "
+                     f"{t['bytes'] / 2**20:.1f} MiB, {t['slots']} slot(s), "
+                     f"{t['pending_ids']} ids pending admission"
+                     + (f", from variable {t['variable']}" if t["variable"] else "")
+                     + (f" [{policy}]" if policy else ""))
+    lines.append(f"conversion plan: {len(out['plan'])} variable(s)")
+    for v, t in out["plan"].items():
+        lines.append(f"  {v} -> table {t}")
+    lines.append("checkpoint chain:")
+    for c in out["chain"]:
+        if c["kind"] == "full":
+            lines.append(f"  {c['name']} (full)")
+        else:
+            lines.append(f"  {c['name']} (delta, step {c['step']}, {c['files']} files): "
+                         + ("checksums verified" if c["verified"] else "TORN or after a torn "
+                            "delta: a restore stops before it"))
+    return "\n".join(render.printable(line) for line in lines) + "\n"

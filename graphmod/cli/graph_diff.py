@@ -1,0 +1,182 @@
+"""Two graphs compared as graphs: ops added, removed and rerouted.
+
+Nodes are matched by name. A node in both graphs whose inputs differ is
+rerouted (each changed input listed, data or control). Changes are grouped
+per converted variable and its table (from the rewrite's report when it is
+present, else from the `graphmod/<table>/` scopes the rewrite builds in),
+and each is named with the rule that made it when the rewrite's record
+(graphmod.rewrite.rewriter.Rewriter.record) is present.
+"""
+import dataclasses
+from typing import Dict, List, Optional
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+
+SHARED = "(shared: fused ops, exchanges, savers)"
+OTHER = "(other)"
+
+
+@dataclasses.dataclass
+class Change:
+    kind: str               # "added", "removed" or "rerouted"
+    op: str                 # node name
+    type: str               # op type
+    rule: Optional[str]     # the rule that made it, when the record says
+    detail: str = ""        # rerouted: which inputs changed
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Group:
+    name: str                        # a variable and its table, SHARED or OTHER
+    variable: Optional[str] = None
+    table: Optional[str] = None
+    changes: List[Change] = dataclasses.field(default_factory=list)
+
+    @property
+    def rules(self) -> List[str]:
+        return sorted({c.rule for c in self.changes if c.rule})
+
+    def count(self, kind: str) -> int:
+        return sum(c.kind == kind for c in self.changes)
+
+
+@dataclasses.dataclass
+class GraphDiff:
+    before_ops: int
+    after_ops: int
+    groups: List[Group]
+    skipped: List[dict]              # variables the report says stayed dense, with why
+    # name -> NodeDef of both graphs, for the drawings (not in the JSON)
+    before: Dict[str, node_def_pb2.NodeDef]
+    after: Dict[str, node_def_pb2.NodeDef]
+
+    @property
+    def changes(self) -> List[Change]:
+        return [c for g in self.groups for c in g.changes]
+
+    def to_json(self) -> dict:
+        return dict(before_ops=self.before_ops, after_ops=self.after_ops,
+                    added=sum(g.count("added") for g in self.groups),
+                    removed=sum(g.count("removed") for g in self.groups),
+                    rerouted=sum(g.count("rerouted") for g in self.groups),
+                    groups=[dict(name=g.name, variable=g.variable, table=g.table, rules=g.rules,
+                                 changes=[c.to_json() for c in g.changes])
+                            for g in self.groups],
+                    left_dense=self.skipped)
+
+
+def _inputs(node) -> List[str]:
+    return list(node.input)
+
+
+def _source(name: str) -> str:
+    """The node an input string names ("^a", "a:1" -> "a")."""
+    return name.lstrip("^").split(":")[0]
+
+
+def diff(before: graph_pb2.GraphDef, after: graph_pb2.GraphDef,
+         record: Optional[dict] = None, report: Optional[dict] = None) -> GraphDiff:
+    old = {n.name: n for n in before.node}
+    new = {n.name: n for n in after.node}
+    built = (record or {}).get("built", {})
+    edge_rules: Dict[tuple, str] = {}
+    for e in (record or {}).get("edges", []):
+        edge_rules[(e["op"], str(e["input"]))] = e["rule"]
+    changes = []
+    for name, node in new.items():
+        if name not in old:
+            changes.append(Change("added", name, node.op, built.get(name)))
+    for name, node in old.items():
+        if name not in new:
+            changes.append(Change("removed", name, node.op, None))
+    for name, node in new.items():
+        if name in old and _inputs(old[name]) != _inputs(node):
+            changes.append(_rerouted(old[name], node, edge_rules))
+    groups = _group(changes, old, new, report)
+    skipped = list((report or {}).get("skipped", []))
+    return GraphDiff(len(old), len(new), groups, skipped, old, new)
+
+
+def _rerouted(old, new, edge_rules) -> Change:
+    a, b = _inputs(old), _inputs(new)
+    data_a = [x for x in a if not x.startswith("^")]
+    data_b = [x for x in b if not x.startswith("^")]
+    parts, rules = [], []
+    for i in range(max(len(data_a), len(data_b))):
+        x = data_a[i] if i < len(data_a) else None
+        y = data_b[i] if i < len(data_b) else None
+        if x != y:
+            parts.append(f"input {i}: {x} -> {y}")
+            rules.append(edge_rules.get((new.name, str(i))))
+    control_a = {x for x in a if x.startswith("^")}
+    control_b = {x for x in b if x.startswith("^")}
+    for x in sorted(control_a - control_b):
+        parts.append(f"waits no more for {x}")
+    for x in sorted(control_b - control_a):
+        parts.append(f"waits for {x}")
+    if control_a != control_b:
+        rules.append(edge_rules.get((new.name, "control")))
+    rule = next((r for r in rules if r), None)
+    return Change("rerouted", new.name, new.op, rule, "; ".join(parts))
+
+
+def _tables(report: Optional[dict], names) -> List[tuple]:
+    """(variable, table) pairs: the report's, else the `graphmod/<table>/`
+    scopes found among the added ops."""
+    if report and report.get("tables"):
+        return [(t["variable"], t["table"]) for t in report["tables"]]
+    found = sorted({n.split("/")[1] for n in names
+                    if n.startswith("graphmod/") and n.count("/") >= 2
+                    and not n.split("/")[1].startswith(("fused_", "hparams", "owner_apply"))})
+    return [(None, t) for t in found]
+
+
+def _group(changes: List[Change], old, new, report) -> List[Group]:
+    pairs = _tables(report, [c.op for c in changes if c.kind == "added"])
+    groups = [Group(f"{v} -> table {t}" if v else f"table {t}", v, t) for v, t in pairs]
+    shared, other = Group(SHARED), Group(OTHER)
+
+    def owner(name: str, node) -> Group:
+        for g in groups:
+            if g.table and (name.startswith(f"graphmod/{g.table}/") or
+                            name.startswith(f"{g.table}/graphmod")):
+                return g
+            v = g.variable
+            if v and (name == v or name.startswith(v + "/") or f"/update_{v}/" in name
+                      or name.startswith(f"update_{v}/")):
+                return g
+        if name in new and name in old:  # rerouted: by what it read, or reads now
+            for source in set(map(_source, old[name].input)) - set(map(_source, new[name].input)):
+                g = reader(source)
+                if g is not None:
+                    return g
+            for source in map(_source, new[name].input):
+                for g in groups:
+                    if g.table and source.startswith(f"graphmod/{g.table}/"):
+                        return g
+        if name.startswith(("graphmod", "save", "graphmod_")):
+            return shared
+        return other
+
+    def reader(name: str, depth: int = 3):
+        """The group whose variable the op `name` (of the old graph) reads,
+        directly or through a few ops (a gather reads the variable's value)."""
+        node = old.get(name)
+        if node is None or depth == 0:
+            return None
+        for g in groups:
+            v = g.variable
+            if v and any(_source(x) == v or _source(x).startswith(v + "/") for x in node.input):
+                return g
+        for x in node.input:
+            g = reader(_source(x), depth - 1)
+            if g is not None:
+                return g
+        return None
+
+    for c in changes:
+        owner(c.op, new.get(c.op) or old.get(c.op)).changes.append(c)
+    return [g for g in groups + [shared, other] if g.changes]

@@ -1,0 +1,145 @@
+"""The `graphmod` command: see what the hook does to a model before trusting it.
+
+  graphmod diff BEFORE [AFTER]     two graphs compared as graphs
+  graphmod rewrite --dry-run MODEL the hook's rewrite of a saved graph, without training
+  graphmod inspect MODEL_DIR       tables, plan and checkpoint chain of a model_dir
+
+`graphmod COMMAND --help` describes a command and its flags. Exit status: 0
+ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
+usage or input error (the message names the file).
+"""
+import sys
+from typing import Callable, Dict, List, Optional
+
+from absl import flags
+
+from graphmod.cli.graphs import InputError
+
+OK, FINDINGS, USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad arguments (exit status 2)."""
+
+
+def _flag_values(define: Callable[[flags.FlagValues], None]) -> flags.FlagValues:
+    fv = flags.FlagValues()
+    flags.DEFINE_boolean("help", False, "show this help", flag_values=fv, short_name="h")
+    define(fv)
+    return fv
+
+
+def _diff_flags(fv):
+    flags.DEFINE_enum("format", "text", ["text", "json", "dot", "html"],
+                      "output format", flag_values=fv)
+    flags.DEFINE_string("output", None, "write to this file instead of stdout", flag_values=fv)
+    flags.DEFINE_enum("mode", None, ["train", "eval", "predict"],
+                      "which graphs of a model_dir (default: the first of train, eval, "
+                      "predict it holds)", flag_values=fv)
+    flags.DEFINE_boolean("verbose", False, "text: list every change", flag_values=fv)
+    flags.DEFINE_integer("limit", 40, "dot/html: changed ops drawn per group", flag_values=fv)
+
+
+def _rewrite_flags(fv):
+    _diff_flags(fv)
+    flags.DEFINE_boolean("dry_run", False, "rewrite without training or writing anything "
+                         "(required: the rewrite itself runs in GraphModifierHook)",
+                         flag_values=fv)
+    flags.DEFINE_integer("min_rows", 10_000, "GraphModifierHook's min_rows", flag_values=fv)
+    flags.DEFINE_boolean("exact", False, "GraphModifierHook's exact", flag_values=fv)
+    flags.DEFINE_boolean("collision_free", True, "GraphModifierHook's collision_free",
+                         flag_values=fv)
+
+
+def _inspect_flags(fv):
+    flags.DEFINE_enum("format", "text", ["text", "json"], "output format", flag_values=fv)
+
+
+def _diff(fv, args: List[str]) -> int:
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
+    if not 1 <= len(args) <= 2:
+        raise UsageError("diff takes BEFORE [AFTER] (AFTER defaults to BEFORE's model_dir dump)")
+    return commands.diff(args, fv)
+
+
+def _rewrite(fv, args: List[str]) -> int:
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
+    if not fv.dry_run:
+        raise UsageError("rewrite needs --dry-run (a real rewrite happens inside "
+                         "GraphModifierHook, while training)")
+    if len(args) != 1:
+        raise UsageError("rewrite --dry-run takes one MODEL")
+    return commands.rewrite(args[0], fv)
+
+
+def _inspect(fv, args: List[str]) -> int:
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
+    if len(args) != 1:
+        raise UsageError("inspect takes one MODEL_DIR")
+    return commands.inspect(args[0], fv)
+
+
+COMMANDS: Dict[str, tuple] = {
+    "diff": (_diff_flags, _diff, "graphmod diff [flags] BEFORE [AFTER]",
+             "Compares two graphs as graphs: ops added, removed and rerouted, grouped per\n"
+             "converted variable and its table, each with the rule that made it when the\n"
+             "rewrite's record is present. BEFORE and AFTER: a GraphDef (.pb, .pbtxt), a\n"
+             "MetaGraphDef (.meta), or a model_dir where GraphModifierHook(dump_graph=True)\n"
+             "wrote its graphs (one model_dir alone: its before and after graphs)."),
+    "rewrite": (_rewrite_flags, _rewrite, "graphmod rewrite --dry-run [flags] MODEL",
+                "Runs the hook's rewrite pipeline on a saved graph without training and\n"
+                "prints the report and the diff. MODEL: a MetaGraphDef file (.meta, .pb,\n"
+                ".pbtxt), a SavedModel directory, or a model_dir (its latest checkpoint's\n"
+                "MetaGraph). Exit status 1 when a variable it would convert stays dense."),
+    "inspect": (_inspect_flags, _inspect, "graphmod inspect [flags] MODEL_DIR",
+                "A model_dir's tables (dim, rows, bytes, slots, settings), converted\n"
+                "variables, conversion plan, and checkpoint chain (full checkpoint and\n"
+                "deltas, checksums verified). Exit status 1 when a delta is torn."),
+}
+
+
+def _underscored(arg: str) -> str:
+    """--dry-run as --dry_run (absl's flag names): both spellings work."""
+    if not arg.startswith("--") or arg == "--":
+        return arg
+    flag, eq, value = arg[2:].partition("=")
+    return "--" + flag.replace("-", "_") + eq + value
+
+
+def _usage() -> str:
+    return (__doc__ or "").strip() + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+        print(_usage())
+        return OK if len(argv) >= 2 else USAGE
+    name = argv[1]
+    if name not in COMMANDS:
+        print(f"graphmod: no command '{name}' (commands: {', '.join(COMMANDS)})",
+              file=sys.stderr)
+        return USAGE
+    define, run, usage, about = COMMANDS[name]
+    fv = _flag_values(define)
+    try:
+        args = fv([f"graphmod {name}"] + [_underscored(a) for a in argv[2:]])[1:]
+    except flags.Error as e:
+        print(f"graphmod {name}: {e}", file=sys.stderr)
+        return USAGE
+    if fv.help:
+        print(f"usage: {usage}\n\n{about}\n\nflags:\n{fv.get_help()}")
+        return OK
+    try:
+        return run(fv, args)
+    except UsageError as e:
+        print(f"graphmod {name}: {e} (see graphmod {name} --help)", file=sys.stderr)
+        return USAGE
+    except InputError as e:
+        print(f"graphmod {name}: {e}", file=sys.stderr)
+        return USAGE
+
+
+def run() -> None:
+    """The console script's entry point."""
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""The graphmod command line on a real Estimator's model_dir: diff, rewrite
+--dry-run, inspect, their formats, exit statuses and input errors."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphmod
+from graphmod.cli.main import main
+
+tf1 = tf.compat.v1
+FEATURES = {"user": 30_000, "item": 20_000}
+
+
+def model_fn(features, labels, mode):
+    embs = []
+    for name, rows in FEATURES.items():
+        var = tf1.get_variable(f"{name}_embedding", [rows, 4],
+                               initializer=tf1.random_normal_initializer(stddev=0.1))
+        embs.append(tf.nn.embedding_lookup(var, features[name]))
+    small = tf1.get_variable("country_embedding", [50, 4])  # below min_rows: stays dense
+    embs.append(tf.nn.embedding_lookup(small, features["country"]))
+    # Read whole as well: it cannot be a table, and the report says why.
+    score = tf1.get_variable("score_table", [20_000, 1])
+    embs.append(tf.nn.embedding_lookup(score, features["item"]))
+    logits = tf1.layers.dense(tf.concat(embs, 1), 1)[:, 0]
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    loss += 1e-3 * tf.reduce_mean(score)
+    train = tf1.train.AdagradOptimizer(0.1).minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+def input_fn():
+    rng = np.random.default_rng(0)
+    n = 64
+    feats = {"user": rng.integers(0, 30_000, n), "item": rng.integers(0, 20_000, n),
+             "country": rng.integers(0, 50, n)}
+    return tf.data.Dataset.from_tensor_slices((feats, rng.integers(0, 2, n).astype(
+        np.float32))).batch(16)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("model"))
+    estimator = tf.estimator.Estimator(model_fn, path, config=tf.estimator.RunConfig(
+        save_checkpoints_steps=2))
+    estimator.train(input_fn, steps=3, hooks=[graphmod.GraphModifierHook(
+        dump_graph=True, incremental_every_steps=1)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory):
+    """The same model trained without graphmod: what a dry run is for."""
+    path = str(tmp_path_factory.mktemp("dense"))
+    tf.estimator.Estimator(model_fn, path).train(input_fn, steps=1)
+    return path
+
+
+def run(capsys, *args):
+    code = main(["graphmod", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_diff_names_every_converted_variable_its_table_and_rules_on_one_screen(
+        model_dir, capsys):
+    code, out, err = run(capsys, "diff", model_dir)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 100  # one screen
+    for name in FEATURES:
+        (i,) = [i for i, l in enumerate(lines) if l.startswith(f"  {name}_embedding -> table")]
+        entry = lines[i] + lines[i + 1]  # its rules: on its line, or the next
+        assert "~0" not in lines[i]  # the ops that read its gathers now read the table
+        for rule in ("gather_to_lookup", "optimizer_updates"):
+            assert rule in entry, entry
+    assert "country_embedding" not in out  # not converted, so not changed
+    (dense,) = [l for l in lines if l.startswith("  left dense: score_table: read other")]
+    summary = lines[0]
+    assert "added" in summary and "rerouted" in summary
+
+
+def test_diff_as_json_dot_and_html(model_dir, capsys, tmp_path):
+    code, out, _ = run(capsys, "diff", "--format=json", model_dir)
+    data = json.loads(out)
+    groups = {g["variable"]: g for g in data["groups"] if g["variable"]}
+    assert set(groups) == {f"{n}_embedding" for n in FEATURES}
+    for g in groups.values():
+        kinds = {c["kind"] for c in g["changes"]}
+        assert {"added", "rerouted"} <= kinds
+        # Every added op is attributed to the rule that built it.
+        assert all(c["rule"] for c in g["changes"] if c["kind"] == "added")
+    code, out, _ = run(capsys, "diff", "--format=dot", model_dir)
+    assert code == 0 and out.startswith("digraph graphmod_diff {") and out.count("{") == \
+        out.count("}")
+    page = tmp_path / "diff.html"
+    code, _, _ = run(capsys, "diff", "--format=html", f"--output={page}", model_dir)
+    html = page.read_text()
+    assert code == 0 and "<svg" in html and "user_embedding" in html
+    assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
+
+
+def test_two_graph_files_compare_and_a_before_graph_with_itself_has_no_changes(
+        model_dir, capsys):
+    dumps = os.path.join(model_dir, "graphmod")
+    before = os.path.join(dumps, "graph_before_train.pbtxt")
+    after = os.path.join(dumps, "graph_after_train.pbtxt")
+    code, out, _ = run(capsys, "diff", "--format=json", before, after)
+    data = json.loads(out)
+    assert code == 0 and data["added"] > 0 and data["rerouted"] > 0
+    assert all(c["rule"] is None for g in data["groups"] for c in g["changes"])  # no record
+    code, out, _ = run(capsys, "diff", "--format=json", before, before)
+    assert json.loads(out)["groups"] == []
+
+
+def crafted_graph(path):
+    """A GraphDef written by hand (TensorFlow would refuse these names):
+    node names that are markup, quotes and line breaks."""
+    x = 'x"<script>alert(1)</script>'
+    before = tf1.GraphDef()
+    before.versions.producer = 1645
+    before.node.add(name=x, op="Placeholder")
+    before.node.add(name="evil\nline'\"\\{}", op="Identity", input=[x])
+    after = tf1.GraphDef()
+    after.CopyFrom(before)
+    after.node.add(name="<img src=x onerror=alert(2)>", op="AddV2", input=[x, x])
+    after.node[1].input[0] = "<img src=x onerror=alert(2)>"
+    (path / "before.pb").write_bytes(before.SerializeToString())
+    (path / "after.pb").write_bytes(after.SerializeToString())
+    return path / "before.pb", path / "after.pb"
+
+
+def test_crafted_names_are_data_in_html_and_dot(capsys, tmp_path):
+    before, after = crafted_graph(tmp_path)
+    code, html, _ = run(capsys, "diff", "--format=html", before, after)
+    assert code == 0
+    assert "<script" not in html and "<img" not in html  # escaped, not live
+    assert "&lt;script&gt;" in html and "&lt;img src=x" in html
+    code, dot, _ = run(capsys, "diff", "--format=dot", before, after)
+    # Every quoted DOT string is closed on its line: no raw newline or quote
+    # from a name breaks out of it.
+    for line in dot.splitlines():
+        unescaped = line.replace("\\\\", "").replace('\\"', "")
+        assert unescaped.count('"') % 2 == 0, line
+    assert 'evil\\nline\'\\"\\\\{}' in dot
+    code, text, _ = run(capsys, "diff", before, after)
+    assert "\x1b" not in text and all(l.isprintable() for l in text.splitlines())
+
+
+@pytest.mark.parametrize("case", ["truncated", "empty_dir", "no_graphs", "missing"])
+def test_bad_inputs_exit_2_with_one_line_naming_the_path(case, capsys, tmp_path, model_dir):
+    if case == "truncated":
+        data = open(os.path.join(model_dir, "graph.pbtxt"), "rb").read()
+        graph_def = tf1.GraphDef()
+        from google.protobuf import text_format
+        text_format.Parse(data.decode(), graph_def)
+        path = tmp_path / "truncated.pb"
+        path.write_bytes(graph_def.SerializeToString()[:-7])
+        args = ["diff", path, path]
+    elif case == "empty_dir":
+        path = tmp_path / "empty"
+        path.mkdir()
+        args = ["diff", path]
+    elif case == "no_graphs":  # a model_dir trained without dump_graph
+        path = tmp_path / "plain"
+        tf.estimator.Estimator(model_fn, str(path)).train(input_fn, steps=1)
+        args = ["diff", path]
+    else:
+        path = tmp_path / "nothing.pb"
+        args = ["diff", path, path]
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and str(path) in err, err
+
+
+def test_rewrite_dry_run_of_a_model_dir_reports_and_diffs_without_writing(dense_dir, capsys):
+    model_dir = dense_dir
+    before = sorted(os.listdir(model_dir))
+    code, out, err = run(capsys, "rewrite", "--dry-run", model_dir)
+    assert code == 1, err  # score_table stays dense: a finding
+    assert "2 variable(s) -> tables, 1 left dense" in out
+    assert "user_embedding [30000 x 4] -> table 'user_embedding'" in out
+    assert "user_embedding -> table user_embedding" in out  # the diff follows
+    assert "left dense: score_table: read other than by gathers" in out
+    assert sorted(os.listdir(model_dir)) == before  # nothing written
+    code, out, _ = run(capsys, "rewrite", "--dry-run", "--format=json", "--min_rows=10",
+                       model_dir)
+    data = json.loads(out)
+    assert code == 1
+    assert {t["variable"] for t in data["report"]["tables"]} == {
+        "user_embedding", "item_embedding", "country_embedding"}
+    code, _, err = run(capsys, "rewrite", model_dir)
+    assert code == 2 and "--dry-run" in err
+
+
+def test_inspect_lists_tables_plan_and_verified_chain(model_dir, capsys):
+    # As after a crash before the final save: the latest checkpoint is the
+    # one of step 2, followed by the deltas of step 2 and 3.
+    tf1.train.update_checkpoint_state(model_dir, os.path.join(model_dir, "model.ckpt-2"))
+    code, out, err = run(capsys, "inspect", "--format=json", model_dir)
+    assert code == 0, err
+    data = json.loads(out)
+    tables = {t["table"]: t for t in data["tables"]}
+    assert set(tables) == {"user_embedding", "item_embedding"}
+    assert tables["user_embedding"]["dim"] == 4 and tables["user_embedding"]["slots"] == 1
+    assert 0 < tables["user_embedding"]["rows"] <= 48  # the ids the 3 steps read
+    assert data["plan"] == {"item_embedding": "item_embedding",
+                            "user_embedding": "user_embedding"}
+    kinds = [c["kind"] for c in data["chain"]]
+    assert kinds[0] == "full" and kinds.count("delta") >= 1
+    assert all(c["verified"] for c in data["chain"] if c["kind"] == "delta")
+    code, out, _ = run(capsys, "inspect", model_dir)
+    assert "user_embedding: dim 4" in out and "checksums verified" in out
+    # A torn delta is a finding.
+    chain = [c for c in data["chain"] if c["kind"] == "delta"]
+    folder = os.path.join(model_dir, "graphmod", "deltas",
+                          os.path.basename(data["checkpoint"]))
+    victim = next(f for f in os.listdir(folder) if f.startswith(chain[-1]["name"] + ".data"))
+    with open(os.path.join(folder, victim), "ab") as f:
+        f.write(b"torn")
+    code, out, _ = run(capsys, "inspect", model_dir)
+    assert code == 1 and "TORN" in out
+
+
+def test_the_command_runs_as_a_module_and_as_the_installed_script():
+    done = subprocess.run([sys.executable, "-m", "graphmod", "inspect", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage: graphmod inspect" in done.stdout
+    script = os.path.join(os.path.dirname(sys.executable), "graphmod")
+    done = subprocess.run([script, "nonsense"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no command 'nonsense'" in done.stderr
