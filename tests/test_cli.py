@@ -236,3 +236,57 @@ def test_the_command_runs_as_a_module_and_as_the_installed_script():
     script = os.path.join(os.path.dirname(sys.executable), "graphmod")
     done = subprocess.run([script, "nonsense"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no command 'nonsense'" in done.stderr
+
+
+def table_entries(checkpoint, table):
+    reader = tf.train.load_checkpoint(checkpoint)
+    keys = reader.get_tensor(f"{table}-keys")
+    order = np.argsort(keys)
+    return keys[order], reader.get_tensor(f"{table}-values")[order]
+
+
+def test_ckpt_compact_then_convert_to_dense_and_back(tmp_path, capsys):
+    """A chain of a full checkpoint and 3 deltas compacts into the state the
+    uninterrupted run saved; that converts to plain variables (trained rows
+    and, for ids never seen, the tables' initial rows) and back to tables."""
+    model = str(tmp_path / "model")
+    tf.estimator.Estimator(model_fn, model, config=tf.estimator.RunConfig(
+        save_checkpoints_steps=100)).train(input_fn, steps=3, hooks=[
+            graphmod.GraphModifierHook(incremental_every_steps=1)])
+    final = {t: table_entries(os.path.join(model, "model.ckpt-3"), t)
+             for t in ("user_embedding", "item_embedding")}
+    # As after a crash before the last full save: model.ckpt-0 and 3 deltas.
+    tf1.train.update_checkpoint_state(model, os.path.join(model, "model.ckpt-0"))
+    for name in os.listdir(model):
+        if name.startswith("model.ckpt-3"):
+            os.remove(os.path.join(model, name))
+    code, out, err = run(capsys, "ckpt", "compact", model)
+    assert code == 0, err
+    assert out.strip() == os.path.join(model, "model.ckpt-3")
+    assert tf.train.latest_checkpoint(model).endswith("model.ckpt-3")
+    for t, (keys, values) in final.items():
+        got_keys, got_values = table_entries(out.strip(), t)
+        np.testing.assert_array_equal(got_keys, keys)
+        np.testing.assert_allclose(got_values, values, rtol=1e-6)
+
+    dense = str(tmp_path / "dense")
+    code, out, err = run(capsys, "ckpt", "convert", "--to=dense", model, dense)
+    assert code == 0, err
+    reader = tf.train.load_checkpoint(out.strip())
+    user = reader.get_tensor("user_embedding")
+    assert user.shape == (30_000, 4)
+    keys, values = final["user_embedding"]
+    np.testing.assert_allclose(user[keys], values, rtol=1e-6)
+    unseen = np.setdiff1d(np.arange(30_000), keys)
+    assert 0.08 < user[unseen].std() < 0.12  # initial rows: stddev 0.1, as the variable's
+    assert reader.get_tensor("global_step") == 3
+
+    back = str(tmp_path / "back")
+    code, out, err = run(capsys, "ckpt", "convert", "--to=tables",
+                         "--variables=user_embedding,item_embedding", out.strip(), back)
+    assert code == 0, err
+    keys, values = table_entries(out.strip(), "user_embedding")
+    np.testing.assert_array_equal(keys, np.arange(30_000))
+    np.testing.assert_allclose(values, user, rtol=1e-6)
+    code, _, err = run(capsys, "ckpt", "convert", "--to=tables", dense, back)
+    assert code == 2 and "--variables" in err

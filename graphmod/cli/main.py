@@ -3,6 +3,7 @@
   graphmod diff BEFORE [AFTER]     two graphs compared as graphs
   graphmod rewrite --dry-run MODEL the hook's rewrite of a saved graph, without training
   graphmod inspect MODEL_DIR       tables, plan and checkpoint chain of a model_dir
+  graphmod ckpt compact|convert    checkpoint tools: deltas folded in, tables <-> variables
 
 `graphmod COMMAND --help` describes a command and its flags. Exit status: 0
 ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
@@ -55,6 +56,30 @@ def _inspect_flags(fv):
     flags.DEFINE_enum("format", "text", ["text", "json"], "output format", flag_values=fv)
 
 
+def _ckpt_flags(fv):
+    flags.DEFINE_enum("to", None, ["dense", "tables"], "convert: what to convert to",
+                      flag_values=fv)
+    flags.DEFINE_list("variables", [], "convert --to=tables: the [rows, dim] variables that "
+                      "become tables", flag_values=fv)
+
+
+def _ckpt(fv, args: List[str]) -> int:
+    from graphmod.cli import ckpt  # pylint: disable=import-outside-toplevel
+    if args[:1] == ["compact"] and len(args) == 2:
+        print(ckpt.compact(args[1]))
+        return OK
+    if args[:1] == ["convert"] and len(args) == 3 and fv.to:
+        if fv.to == "dense":
+            print(ckpt.to_dense(args[1], args[2]))
+        elif not fv.variables:
+            raise UsageError("convert --to=tables needs --variables")
+        else:
+            print(ckpt.to_tables(args[1], args[2], fv.variables))
+        return OK
+    raise UsageError("ckpt takes: compact MODEL_DIR | convert --to=dense MODEL_DIR OUT | "
+                     "convert --to=tables --variables=a,b CHECKPOINT OUT")
+
+
 def _diff(fv, args: List[str]) -> int:
     from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     if not 1 <= len(args) <= 2:
@@ -95,6 +120,15 @@ COMMANDS: Dict[str, tuple] = {
                 "A model_dir's tables (dim, rows, bytes, slots, settings), converted\n"
                 "variables, conversion plan, and checkpoint chain (full checkpoint and\n"
                 "deltas, checksums verified). Exit status 1 when a delta is torn."),
+    "ckpt": (_ckpt_flags, _ckpt, "graphmod ckpt compact MODEL_DIR | ckpt convert --to=dense "
+             "MODEL_DIR OUT | ckpt convert --to=tables --variables=a,b CHECKPOINT OUT",
+             "compact: the latest full checkpoint with its deltas applied (and a sharded\n"
+             "one's parts read) becomes a new full checkpoint, named after its last delta's\n"
+             "step. convert --to=dense: each table becomes its plain variable, rows\n"
+             "0..N-1 (N from the conversion plan; a key without a row reads the table's\n"
+             "initial row), for users leaving graphmod. convert --to=tables: plain\n"
+             "[rows, dim] variables (and their optimizer slots) become tables keyed\n"
+             "0..N-1. Prints the written checkpoint's path."),
 }
 
 
