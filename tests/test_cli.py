@@ -290,3 +290,26 @@ def test_ckpt_compact_then_convert_to_dense_and_back(tmp_path, capsys):
     np.testing.assert_allclose(values, user, rtol=1e-6)
     code, _, err = run(capsys, "ckpt", "convert", "--to=tables", dense, back)
     assert code == 2 and "--variables" in err
+
+
+def test_the_demo_models_diff_fits_one_screen(tmp_path):
+    """The DeepFM-style demo (8 embedding variables), briefly trained: its
+    terminal diff names every converted variable, its table and the rules
+    applied, in one screen."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(here, "examples", "hook_demo.py"),
+                           "--train_steps=5", "--batch_size=64"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [l for l in done.stdout.splitlines() if l.startswith("what the hook changed:")]
+    command = line.split(": ", 1)[1].split()
+    script = os.path.join(os.path.dirname(sys.executable), "graphmod")
+    diff = subprocess.run([script] + command[1:], capture_output=True, text=True, timeout=300)
+    assert diff.returncode == 0, diff.stderr[-2000:]
+    lines = diff.stdout.splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 100, diff.stdout
+    for name in [f"C{i}" for i in range(1, 9)]:
+        entry = [i for i, l in enumerate(lines) if l.startswith(f"  {name}_embedding -> table ")]
+        assert len(entry) == 1, (name, diff.stdout)
+        text = lines[entry[0]] + lines[entry[0] + 1]
+        assert "gather_to_lookup" in text and "optimizer_updates" in text, text
