@@ -148,7 +148,18 @@ def _group(changes: List[Change], old, new, report) -> List[Group]:
             if v and (name == v or name.startswith(v + "/") or f"/update_{v}/" in name
                       or name.startswith(f"update_{v}/")):
                 return g
-        if name in new and name in old:  # rerouted: by what it read, or reads now
+        if name in new and name not in old:  # added: by the table it reads
+            for source in map(_source, new[name].input):
+                for g in groups:
+                    if g.table and source.startswith(f"graphmod/{g.table}/"):
+                        return g
+        if name in new and name in old:  # rerouted: by the variable it read
+            forward = name.split("/")[1][:-len("_grad")] if name.startswith("gradients/") and \
+                name.count("/") > 1 and name.split("/")[1].endswith("_grad") else None
+            for candidate in [name] + ([forward] if forward else []):
+                g = reader(candidate)
+                if g is not None:
+                    return g
             for source in set(map(_source, old[name].input)) - set(map(_source, new[name].input)):
                 g = reader(source)
                 if g is not None:
