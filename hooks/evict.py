@@ -75,9 +75,7 @@ class EvictHook(tf1.train.SessionRunHook):
             # Evaluation and prediction graphs only read tables: never evict there.
             logging.info("EvictHook: no training lookup in this graph; eviction is off")
             self.enabled = False
-        # The Estimator's read of the step, which its train op waits for: a
-        # read of the variable fetched beside the train op may see the step
-        # before or after the increment (then eviction would shift a step).
+        # The step read CheckpointSaverHook uses (see after_run).
         self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
         if self.enabled and self.step_interval is not None and self._step is None:
             raise ValueError("EvictHook: evict_step_interval needs a global step in the graph")
@@ -113,10 +111,23 @@ class EvictHook(tf1.train.SessionRunHook):
     def after_run(self, run_context, run_values) -> None:
         if not (self.enabled and self.tables):
             return
-        step = run_values.results if self._step is not None else None
         due = (self.time_interval is not None and
                time.time() - self._last_time >= self.time_interval)
-        due |= (self.step_interval is not None and step - self._last_step >= self.step_interval)
+        if self._step is None:
+            if due:
+                self.evict(run_context.session)
+            return
+        # The read fetched beside the train op runs before or after its
+        # increment (nothing orders them): it may be this run's step (the
+        # clock its lookups stamped) or one more. When that could be due,
+        # a read after the run tells exactly (CheckpointSaverHook does the
+        # same), so evictions never shift a step under load.
+        step = run_values.results
+        if due or (self.step_interval is not None and
+                   step - self._last_step >= self.step_interval):
+            step = run_context.session.run(self._step) - 1  # the run's own step
+            due |= (self.step_interval is not None and
+                    step - self._last_step >= self.step_interval)
         if due:
             self.evict(run_context.session, step)
 

@@ -52,7 +52,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
     def begin(self) -> None:
         graph = tf1.get_default_graph()
         self.saver = None
-        # As EvictHook's: the step read the Estimator's train op waits for.
+        # The step read CheckpointSaverHook uses (see after_run).
         self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
         if self._step is None:
             raise ValueError("IncrementalSaveHook: the graph has no global step")
@@ -94,7 +94,13 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
     def after_run(self, run_context, run_values) -> None:
         if self.saver is None:
             return
-        step = run_values.results + 1  # the step this run made (read before it)
+        # The read fetched beside the train op runs before or after its
+        # increment (nothing orders them): it says the step is at most one
+        # more than it read, and when that would be due, a read after the
+        # run tells (CheckpointSaverHook does the same).
+        step = run_values.results + 1
+        if self.every_steps is not None and step - self._last_step >= self.every_steps:
+            step = run_context.session.run(self._step)
         due = ((self.every_steps is not None and step - self._last_step >= self.every_steps) or
                (self.every_secs is not None and time.time() - self._last_time >= self.every_secs))
         if due:
