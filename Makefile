@@ -12,7 +12,7 @@ NATIVE := $(wildcard native/*.cc native/*.h)
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup build bazel native-test native-sanitize test test-python test-bazel-ops demo bench clean
+.PHONY: setup build bazel native-test native-sanitize test test-tools test-python test-bazel-ops demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -54,7 +54,11 @@ native-sanitize: native/table.cc native/table.h native/table_test.cc
 		-o $(SAN_DIR)/table_test_tsan
 	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/table_test_tsan --concurrency
 
-test-python: build
+# Chromium and Graphviz from Debian, for the command line's tests.
+test-tools:
+	scripts/install_test_tools.sh
+
+test-python: build test-tools
 	$(PY) -m pytest -q tests
 
 # The op tests once more, against the Bazel-built library.
