@@ -12,7 +12,7 @@ NATIVE := $(wildcard native/*.cc native/*.h)
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup build bazel native-test native-sanitize test test-tools test-python test-bazel-ops demo bench clean
+.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-bazel-ops demo bench clean
 
 setup: $(VENV)/.installed
 
@@ -34,12 +34,23 @@ $(OPS_LIB): $(VENV)/.installed $(NATIVE) setup.py pyproject.toml
 	touch $@
 
 # The same library and the C++ table test, built offline by Bazel.
-bazel: $(VENV)/.installed
+bazel: $(VENV)/.installed .bazelrc.user
 	scripts/install_bazel.sh
 	PYTHON_BIN_PATH=$(PY) bazel build //native:_graphmod_ops.so //native:table_test
 
-native-test: bazel
-	PYTHON_BIN_PATH=$(PY) bazel test //native:table_test
+# Bazel's Python targets run with this checkout's interpreter (.bazelrc),
+# through a script: Bazel resolves a symlink like .venv/bin/python to the
+# base interpreter, which is outside the venv.
+.bazelrc.user: $(VENV)/.installed
+	mkdir -p build
+	printf '#!/bin/sh\nexec %s "$$@"\n' "$(abspath $(PY))" > build/venv_python
+	chmod +x build/venv_python
+	echo "build --incompatible_use_python_toolchains=false --python_path=$(abspath build/venv_python)" > $@
+
+# Every Bazel test: the C++ table test, and the Python tests that start no
+# other process, against the Bazel-built op library (BUILD).
+test-bazel: bazel
+	PYTHON_BIN_PATH=$(PY) bazel test //...
 
 # The table's tests under AddressSanitizer + UBSan, and its concurrency
 # stress under ThreadSanitizer (plain g++, no TensorFlow needed).
@@ -61,11 +72,12 @@ test-tools:
 test-python: build test-tools
 	$(PY) -m pytest -q tests
 
-# The op tests once more, against the Bazel-built library.
+# The op tests (which start processes, so not a Bazel py_test) once more,
+# against the Bazel-built library.
 test-bazel-ops: build bazel
-	GRAPHMOD_OPS_LIBRARY=$(abspath $(BAZEL_LIB)) $(PY) -m pytest -q tests/test_ops.py tests/test_fused.py
+	GRAPHMOD_OPS_LIBRARY=$(abspath $(BAZEL_LIB)) $(PY) -m pytest -q tests/test_ops.py
 
-test: native-test native-sanitize test-python test-bazel-ops
+test: test-bazel native-sanitize test-python test-bazel-ops
 
 demo: build
 	$(PY) examples/hook_demo.py

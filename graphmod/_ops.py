@@ -1,8 +1,9 @@
 """Loads graphmod's native op library and exposes its ops.
 
 The library is built by `pip install -e .` into graphmod/_graphmod_ops.so, or by
-`bazel build //native:_graphmod_ops.so`; GRAPHMOD_OPS_LIBRARY selects another
-build (CI runs the op tests against both).
+`bazel build //native:_graphmod_ops.so` (which Bazel's Python targets find at
+native/ in their runfiles); GRAPHMOD_OPS_LIBRARY selects another build (CI runs
+the op tests against both).
 """
 import os
 
@@ -13,8 +14,11 @@ LIBRARY_ENV = "GRAPHMOD_OPS_LIBRARY"
 
 
 def _library_path() -> str:
-    path = os.environ.get(LIBRARY_ENV) or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "_graphmod_ops.so")
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get(LIBRARY_ENV) or os.path.join(here, "_graphmod_ops.so")
+    bazel = os.path.join(os.path.dirname(here), "native", "_graphmod_ops.so")
+    if not os.environ.get(LIBRARY_ENV) and not os.path.exists(path) and os.path.exists(bazel):
+        path = bazel  # Bazel's runfiles: //native:_graphmod_ops.so beside the package
     if not os.path.exists(path):
         raise ImportError(
             f"graphmod's op library is missing at {path}: build it with `pip install -e .` "
