@@ -291,6 +291,23 @@ def test_ranks_saving_to_different_checkpoints_are_refused(tmp_path):
     assert not list(tmp_path.rglob("*.tables-*"))  # nothing written
 
 
+# The model of the hook-mode Estimator scripts below: one embedding variable
+# read by a gather (rows start from a constant: a table's random rows cannot
+# equal the variable's, only follow its distribution), a dense layer.
+LOGITS_OF = textwrap.dedent("""
+    def logits_of(features):
+        emb = tf1.get_variable("emb", [20000, 4], initializer=tf1.constant_initializer(0.1))
+        w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 8, dtype=np.float32)
+                             .reshape(8, 1))
+        return tf.squeeze(tf.matmul(tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]),
+                                               [-1, 8]), w), 1)
+""")
+
+
+def with_model(script: str) -> str:
+    return script.replace("# LOGITS_OF\n", LOGITS_OF)
+
+
 # Hook mode: an unchanged Horovod Estimator (DistributedOptimizer and
 # BroadcastGlobalVariablesHook) with GraphModifierHook, against the same
 # model trained densely on one rank on the same global batches. The rows
@@ -322,13 +339,10 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
             self.losses.append(float(run_values.results))
 
     recorders = []
+    # LOGITS_OF
 
     def model_fn(features, labels, mode):
-        emb = tf1.get_variable("emb", [20000, 4], initializer=tf1.constant_initializer(0.1))
-        w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 8, dtype=np.float32)
-                             .reshape(8, 1))
-        logits = tf.squeeze(tf.matmul(tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]),
-                                                 [-1, 8]), w), 1)
+        logits = logits_of(features)
         if mode == tf.estimator.ModeKeys.PREDICT:
             return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
@@ -389,7 +403,7 @@ def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average")
     out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
     out.mkdir()
     script = tmp_path / f"{name}.py"
-    script.write_text(ESTIMATOR_SCRIPT)
+    script.write_text(with_model(ESTIMATOR_SCRIPT))
     launch(ranks, script, mode, order, combine, model_dir, out)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], model_dir
 
@@ -610,13 +624,10 @@ FAILURE_SCRIPT = textwrap.dedent("""
         def end(self, session):
             got = session.run(self.fetch)
             self.rows = {int(k): v.tolist() for k, v in zip(got["keys"], got["values"])}
+    # LOGITS_OF
 
     def model_fn(features, labels, mode):
-        emb = tf1.get_variable("emb", [20000, 4], initializer=tf1.constant_initializer(0.1))
-        w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 8, dtype=np.float32)
-                             .reshape(8, 1))
-        logits = tf.squeeze(tf.matmul(tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]),
-                                                 [-1, 8]), w), 1)
+        logits = logits_of(features)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
         tf1.add_to_collection("global_loss", hvd.allreduce(loss, op=hvd.Average, name="loss"))
@@ -645,7 +656,7 @@ def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path, ever
     with a delta every step (each rank writing its keys' changes) it resumes
     at step 5, on 1 rank (the parts of 2 ranks read by one)."""
     script = tmp_path / "failure.py"
-    script.write_text(FAILURE_SCRIPT)
+    script.write_text(with_model(FAILURE_SCRIPT))
     runs = {}
     for name in ("whole", "crash", "resume"):
         model = tmp_path / ("whole" if name == "whole" else "model")

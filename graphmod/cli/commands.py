@@ -206,19 +206,15 @@ def inspect(model_dir: str, fv) -> int:
     chain = [dict(name=os.path.basename(latest), kind="full")] + [
         dict(name=d["name"], kind="delta", step=d["step"], files=len(d["files"]),
              verified=i < len(good)) for i, d in enumerate(entries)]
-    out = dict(model_dir=model_dir, checkpoint=latest, sharded=bool(
-        _is_sharded(latest)), tables=tables,
+    from graphmod.distributed.checkpoints import TableParts  # pylint: disable=import-outside-toplevel
+    out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.is_sharded(latest),
+               tables=tables,
         plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
     if fv.format == "json":
         print(json.dumps(out, indent=1))
     else:
         print(_inspect_text(out), end="")
     return FINDINGS if len(good) < len(entries) else OK
-
-
-def _is_sharded(checkpoint: str) -> bool:
-    from graphmod.distributed.checkpoints import TableParts  # pylint: disable=import-outside-toplevel
-    return TableParts.is_sharded(checkpoint)
 
 
 def _inspect_text(out: dict) -> str:
