@@ -454,8 +454,12 @@ def test_a_dense_read_in_training_keeps_the_variable_dense():
         labels = tf1.placeholder(tf.float32, [None])
         emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=tf1.constant_initializer(0.1))
         loss = xent(labels, head(tf.nn.embedding_lookup(emb, ids))) + tf.reduce_mean(emb)
-        train_op = tf1.train.AdagradOptimizer(0.3).minimize(
-            loss, tf1.train.get_or_create_global_step())
+        # The mean's gradient needs no value of emb, so nothing else orders
+        # the apply after the loss's read: without this the fetched loss is
+        # sometimes taken after the update (in both models, at random).
+        with tf.control_dependencies([loss]):
+            train_op = tf1.train.AdagradOptimizer(0.3).minimize(
+                loss, tf1.train.get_or_create_global_step())
         return dict(ids=ids, labels=labels, loss=loss, train_op=train_op)
 
     hook = graphmod.GraphModifierHook(min_rows=10)
