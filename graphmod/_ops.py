@@ -3,8 +3,11 @@
 The library is built by `pip install -e .` into graphmod/_graphmod_ops.so, or by
 `bazel build //native:_graphmod_ops.so` (which Bazel's Python targets find at
 native/ in their runfiles); GRAPHMOD_OPS_LIBRARY selects another build (CI runs
-the op tests against both).
+the op tests against both). A pip build records beside the library which
+TensorFlow it was compiled against; loading it into another TensorFlow fails
+here with that said, not later with an undefined symbol or a crash.
 """
+import json
 import os
 
 import tensorflow as tf
@@ -26,7 +29,22 @@ def _library_path() -> str:
     return path
 
 
+def _check_built_against(path: str) -> None:
+    record = os.path.splitext(path)[0] + ".json"
+    if not os.path.exists(record):
+        return  # Bazel builds against the TensorFlow it is configured with
+    with open(record) as f:
+        built = json.load(f)["tensorflow"]
+    if built != tf.__version__:
+        raise ImportError(
+            f"graphmod's op library {path} was built against TensorFlow {built}, but this "
+            f"process runs TensorFlow {tf.__version__}: reinstall graphmod from source in "
+            f"this environment (`pip install --force-reinstall --no-deps .` in a checkout), "
+            f"so that it compiles against this TensorFlow.")
+
+
 library_path = _library_path()
+_check_built_against(library_path)
 ops = tf.load_op_library(library_path)
 
 # None of the table ops is differentiable: gradients flow to the looked-up rows
