@@ -36,8 +36,8 @@ def model_fn(features, labels, mode):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
 
 
-def input_fn():
-    rng = np.random.default_rng(0)
+def input_fn(seed=0):
+    rng = np.random.default_rng(seed)
     n = 64
     feats = {"user": rng.integers(0, 30_000, n), "item": rng.integers(0, 20_000, n),
              "country": rng.integers(0, 50, n)}
@@ -290,6 +290,42 @@ def test_ckpt_compact_then_convert_to_dense_and_back(tmp_path, capsys):
     np.testing.assert_allclose(values, user, rtol=1e-6)
     code, _, err = run(capsys, "ckpt", "convert", "--to=tables", dense, back)
     assert code == 2 and "--variables" in err
+
+
+def test_the_unmodified_model_resumes_from_a_dense_conversion(tmp_path, capsys):
+    """Leaving graphmod: the unmodified model, restored from `ckpt convert
+    --to=dense`, trains on exactly as the hooked model trains on from the
+    checkpoint converted: the same rows (also those of ids first seen after
+    the conversion), optimizer slots and every other variable."""
+    config = tf.estimator.RunConfig(save_checkpoints_steps=100)
+    hooked, dense = str(tmp_path / "hooked"), str(tmp_path / "dense")
+    tf.estimator.Estimator(model_fn, hooked, config=config).train(
+        input_fn, steps=3, hooks=[graphmod.GraphModifierHook()])
+    code, _, err = run(capsys, "ckpt", "convert", "--to=dense", hooked, dense)
+    assert code == 0, err
+    def later_input_fn():  # mostly ids the tables have not seen
+        return input_fn(seed=1)
+
+    tf.estimator.Estimator(model_fn, dense, config=config).train(later_input_fn, steps=2)
+    tf.estimator.Estimator(model_fn, hooked, config=config).train(
+        later_input_fn, steps=2, hooks=[graphmod.GraphModifierHook()])
+
+    got = tf.train.load_checkpoint(os.path.join(dense, "model.ckpt-5"))
+    want = tf.train.load_checkpoint(os.path.join(hooked, "model.ckpt-5"))
+    for var in ("user_embedding", "item_embedding"):
+        order = np.argsort(want.get_tensor(f"{var}-keys"))
+        keys = want.get_tensor(f"{var}-keys")[order]
+        assert len(keys) > 60  # ids seen before and after the conversion
+        np.testing.assert_allclose(got.get_tensor(var)[keys],
+                                   want.get_tensor(f"{var}-values")[order], rtol=1e-5)
+        np.testing.assert_allclose(got.get_tensor(f"{var}/Adagrad")[keys],
+                                   want.get_tensor(f"{var}-slots")[order][:, 0], rtol=1e-5)
+    others = [n for n in want.get_variable_to_shape_map()
+              if "embedding-" not in n and n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert "dense/kernel/Adagrad" in others and "score_table" in others
+    for name in others:
+        np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), rtol=1e-5,
+                                   err_msg=name)
 
 
 def test_the_demo_models_diff_fits_one_screen(tmp_path):

@@ -4,8 +4,10 @@
                           sharded one's parts) -> one new full checkpoint
   convert --to=dense MODEL_DIR OUT
                           each table -> a plain variable of rows 0..N-1
-                          (N: the variable's rows in the conversion plan),
-                          with every other variable as it is
+                          (N: the variable's rows in the conversion plan)
+                          and its optimizer slot variables, with every
+                          other variable as it is: the unmodified model
+                          resumes training from it
   convert --to=tables DENSE_CHECKPOINT OUT --variables=a,b
                           plain variables -> tables keyed 0..N-1 (what
                           GraphModifierHook's adoption does when training
@@ -20,6 +22,7 @@ from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from graphmod.cli.graphs import InputError
 
@@ -120,6 +123,16 @@ def to_dense(model_dir: str, out: str) -> str:
         inside = have["keys"] < p.rows
         rows[have["keys"][inside]] = have["values"][inside]
         values[p.variable] = rows
+        # The optimizer's slots, so that the dense model resumes training where
+        # the tables left off; a key without a row has the slot's start value.
+        if have["slots"].shape[1] and len(p.slots) != have["slots"].shape[1]:
+            logging.warning("graphmod: table '%s' keeps %d slot rows but the plan names %d "
+                            "slot variables: %s is written without its optimizer slots",
+                            p.table, have["slots"].shape[1], len(p.slots), p.variable)
+            continue
+        for i, (slot, start) in enumerate(p.slots):
+            values[slot] = np.full(rows.shape, start, np.float32)
+            values[slot][have["keys"][inside]] = have["slots"][inside, i]
     with tf.Graph().as_default():
         made = [tf1.Variable(value, name=name) for name, value in
                 sorted({**dense, **values}.items())]

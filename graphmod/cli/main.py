@@ -126,7 +126,8 @@ COMMANDS: Dict[str, tuple] = {
              "one's parts read) becomes a new full checkpoint, named after its last delta's\n"
              "step. convert --to=dense: each table becomes its plain variable, rows\n"
              "0..N-1 (N from the conversion plan; a key without a row reads the table's\n"
-             "initial row), for users leaving graphmod. convert --to=tables: plain\n"
+             "initial row), and its slot rows the optimizer's slot variables: the\n"
+             "unmodified model resumes training from it. convert --to=tables: plain\n"
              "[rows, dim] variables (and their optimizer slots) become tables keyed\n"
              "0..N-1. Prints the written checkpoint's path."),
 }

@@ -166,7 +166,10 @@ def _save_plan(model_dir: str, replay, ready: List) -> None:
     """The training graph's decisions, added to those of earlier runs."""
     planned = dict(replay or {})
     for c in ready:
+        t = c.translation
+        slots = [[v.op.name, float(init)] for v, init in zip(t.slot_vars, t.layout.slot_init)] \
+            if t is not None else []
         planned[c.variable.op.name] = plan_file.Planned(
             c.variable.op.name, c.table_name, c.rows, c.dim, c.settings, c.initializer,
-            c.seed, list(c.unsqueezed or []), list(c.unsqueezed_types or []))
+            c.seed, list(c.unsqueezed or []), list(c.unsqueezed_types or []), slots)
     plan_file.write(model_dir, planned)

@@ -35,6 +35,10 @@ class Planned:
     seed: Optional[int]
     unsqueezed: List[str]        # squeezing ops whose full keys feed the table
     unsqueezed_types: List[str]  # their op types (matched when names differ by mode)
+    # The optimizer's slot variables the table's slot rows stand for, in the
+    # table's order, with the value each started from: [[name, value], ...]
+    # (`graphmod ckpt convert --to=dense` writes them back).
+    slots: List[list] = dataclasses.field(default_factory=list)
 
 
 def path(model_dir: str) -> str:
@@ -58,7 +62,7 @@ def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
             out[v["variable"]] = Planned(
                 v["variable"], v["table"], v["rows"], v["dim"], settings,
                 TableInitializer(**v["initializer"]), v["seed"], list(v["unsqueezed"]),
-                list(v["unsqueezed_types"]))
+                list(v["unsqueezed_types"]), [list(s) for s in v.get("slots", [])])
         return out
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise ValueError(f"graphmod: cannot read the conversion plan {path(model_dir)}: {e}"
@@ -74,7 +78,7 @@ def write(model_dir: str, planned: Dict[str, Planned]) -> None:
         variables.append(dict(variable=p.variable, table=p.table, rows=p.rows, dim=p.dim,
                               settings=settings, initializer=dataclasses.asdict(p.initializer),
                               seed=p.seed, unsqueezed=p.unsqueezed,
-                              unsqueezed_types=p.unsqueezed_types))
+                              unsqueezed_types=p.unsqueezed_types, slots=p.slots))
     tf.io.gfile.makedirs(os.path.dirname(path(model_dir)))
     # A name of its own: workers of one model may write at the same time.
     tmp = f"{path(model_dir)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
