@@ -97,6 +97,16 @@ def test_diff_as_json_dot_and_html(model_dir, capsys, tmp_path):
         assert {"added", "rerouted"} <= kinds
         # Every added op is attributed to the rule that built it.
         assert all(c["rule"] for c in g["changes"] if c["kind"] == "added")
+        built = {c["type"]: c["rule"] for c in g["changes"] if c["kind"] == "added"}
+        assert built["GraphmodTable"] == built["GraphmodTableFindOrInsert"] == \
+            "gather_to_lookup"
+        assert built["GraphmodTableApply"] == "optimizer_updates"
+        assert built["GraphmodTableInfo"] == "table_counters"
+    # Ops of several tables are shared, not one table's; every op is in a group.
+    (shared,) = [g for g in data["groups"] if g["name"].startswith("(shared")]
+    assert {"GraphmodFusedFindOrInsert", "GraphmodFusedApply"} <= \
+        {c["type"] for c in shared["changes"]}
+    assert [g["name"] for g in data["groups"] if g["name"] == "(other)"] == []
     code, out, _ = run(capsys, "diff", "--format=dot", model_dir)
     assert code == 0 and out.startswith("digraph graphmod_diff {") and out.count("{") == \
         out.count("}")

@@ -42,6 +42,24 @@ def test_reroute_control_and_collections_are_recorded_and_undone():
         assert tf1.global_variables() == [v] and tf1.trainable_variables() == [v]
 
 
+def test_the_record_names_the_rule_that_built_each_op():
+    """Exactly the ops built inside a rule are its (an inner rule's are the
+    inner rule's); ops built before, between or after rules are no rule's."""
+    with tf.Graph().as_default() as g:
+        x = tf.constant(1.0, name="x")
+        rw = Rewriter(g)
+        with rw.rule("first"):
+            tf.add(x, 1.0, name="one")
+        tf.identity(x, name="between")
+        with rw.rule("outer"):
+            with rw.rule("inner"):
+                tf.identity(x, name="two")
+            tf.identity(x, name="three")
+        tf.identity(x, name="after")
+        assert rw.record()["built"] == {"one/y": "first", "one": "first", "two": "inner",
+                                        "three": "outer"}
+
+
 def test_graph_view_networkx_index_matches_the_graph():
     with tf.Graph().as_default() as g:
         a = tf.constant(1.0, name="a")

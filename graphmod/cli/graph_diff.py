@@ -149,10 +149,12 @@ def _group(changes: List[Change], old, new, report) -> List[Group]:
                       or name.startswith(f"update_{v}/")):
                 return g
         if name in new and name not in old:  # added: by the table it reads
-            for source in map(_source, new[name].input):
-                for g in groups:
-                    if g.table and source.startswith(f"graphmod/{g.table}/"):
-                        return g
+            read = {id(g): g for source in map(_source, new[name].input) for g in groups
+                    if g.table and source.startswith(f"graphmod/{g.table}/")}
+            if len(read) == 1:
+                return next(iter(read.values()))
+            if read:
+                return shared  # a fused op of several tables
         if name in new and name in old:  # rerouted: by the variable it read
             forward = name.split("/")[1][:-len("_grad")] if name.startswith("gradients/") and \
                 name.count("/") > 1 and name.split("/")[1].endswith("_grad") else None

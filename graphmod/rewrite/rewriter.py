@@ -48,7 +48,9 @@ class Rewriter:
             if after > before:
                 self._record("build", f"{after - before} ops")
                 nodes = self.graph._nodes_by_id  # pylint: disable=protected-access
-                for i in range(before + 1, after + 1):
+                # An op's id is the graph's version just after it was added,
+                # plus one (TF 2.15: the first op has id 2).
+                for i in range(before + 2, after + 2):
                     if i in nodes:
                         self._built.setdefault(nodes[i].name, name)  # an inner rule first
             self._rule = previous
