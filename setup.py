@@ -35,19 +35,29 @@ def target_tensorflow():
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]
         sys.exit(f"graphmod: no TensorFlow importable by {sys.executable} ({last}). "
                  f"graphmod's op library compiles against the TensorFlow it will run with: "
-                 f"install tensorflow or tensorflow-cpu {SUPPORTED_TF}.x first. A build "
-                 f"frontend that builds in a virtualenv of its own (python -m build, uv) "
-                 f"cannot see it: build with --no-build-isolation then.")
+                 f"install tensorflow or tensorflow-cpu {SUPPORTED_TF}.x first. (If it is "
+                 f"installed: a build frontend that builds in a virtualenv of its own, "
+                 f"python -m build or uv, cannot see it; build with --no-build-isolation.)")
     return tuple(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+def _recorded(record: str):
+    try:
+        with open(record) as f:
+            return json.load(f).get("tensorflow")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class TfBuildExt(build_ext):
     def build_extensions(self):
         version, compile_flags, link_flags = target_tensorflow()
-        if version.rsplit(".", 1)[0] != SUPPORTED_TF:
+        if ".".join(version.split(".")[:2]) != SUPPORTED_TF:
             sys.exit(f"graphmod supports TensorFlow {SUPPORTED_TF}.x; {sys.executable} has "
                      f"TensorFlow {version}.")
         print(f"graphmod: building the op library against TensorFlow {version}")
+        if any(_recorded(self._record(ext)) != version for ext in self.extensions):
+            self.force = True  # a library left in build/ by another TensorFlow's build
         for ext in self.extensions:
             # -fno-math-errno: sqrt inlines and the optimizer updates vectorize.
             ext.extra_compile_args += compile_flags + ["-O3", "-fPIC", "-fno-math-errno"]
@@ -61,12 +71,15 @@ class TfBuildExt(build_ext):
             # graphmod/_ops.py refuses to load it into another one. An editable
             # install copies the library (only) from its build folder into the
             # checkout, so the record is written there too.
-            paths = {self.get_ext_fullpath(ext.name)}
+            records = {self._record(ext)}
             if getattr(self, "editable_mode", False):
-                paths.add(os.path.join(HERE, *ext.name.split(".")) + ".so")
-            for path in paths:
-                with open(os.path.splitext(path)[0] + ".json", "w") as f:
+                records.add(os.path.join(HERE, *ext.name.split(".")) + ".json")
+            for record in records:
+                with open(record, "w") as f:
                     json.dump({"tensorflow": version}, f)
+
+    def _record(self, ext) -> str:
+        return os.path.splitext(self.get_ext_fullpath(ext.name))[0] + ".json"
 
     def get_ext_filename(self, ext_name):
         # A plain name, not a CPython extension suffix: tf.load_op_library loads it.

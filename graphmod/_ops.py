@@ -33,8 +33,13 @@ def _check_built_against(path: str) -> None:
     record = os.path.splitext(path)[0] + ".json"
     if not os.path.exists(record):
         return  # Bazel builds against the TensorFlow it is configured with
-    with open(record) as f:
-        built = json.load(f)["tensorflow"]
+    try:
+        with open(record) as f:
+            built = json.load(f)["tensorflow"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ImportError(f"graphmod: {record}, the record of which TensorFlow the op library "
+                          f"was built against, is unreadable ({e!r}): reinstall graphmod") \
+            from None
     if built != tf.__version__:
         raise ImportError(
             f"graphmod's op library {path} was built against TensorFlow {built}, but this "

@@ -126,6 +126,11 @@ def test_two_graph_files_compare_and_a_before_graph_with_itself_has_no_changes(
     data = json.loads(out)
     assert code == 0 and data["added"] > 0 and data["rerouted"] > 0
     assert all(c["rule"] is None for g in data["groups"] for c in g["changes"])  # no record
+    # Without the report, the tables are found by their ops, and their
+    # variables by name: every change is in a table's group or the shared one.
+    assert [g["name"] for g in data["groups"]] == [
+        "item_embedding -> table item_embedding", "user_embedding -> table user_embedding",
+        "(shared: fused ops, exchanges, savers)"]
     code, out, _ = run(capsys, "diff", "--format=json", before, before)
     assert json.loads(out)["groups"] == []
 
@@ -164,7 +169,8 @@ def test_crafted_names_are_data_in_html_and_dot(capsys, tmp_path):
     assert "\x1b" not in text and all(l.isprintable() for l in text.splitlines())
 
 
-@pytest.mark.parametrize("case", ["truncated", "empty_dir", "no_graphs", "missing"])
+@pytest.mark.parametrize("case", ["truncated", "empty_dir", "no_graphs", "missing",
+                                  "bad_plan_inspect", "bad_plan_convert"])
 def test_bad_inputs_exit_2_with_one_line_naming_the_path(case, capsys, tmp_path, model_dir):
     if case == "truncated":
         data = open(os.path.join(model_dir, "graph.pbtxt"), "rb").read()
@@ -182,6 +188,14 @@ def test_bad_inputs_exit_2_with_one_line_naming_the_path(case, capsys, tmp_path,
         path = tmp_path / "plain"
         tf.estimator.Estimator(model_fn, str(path)).train(input_fn, steps=1)
         args = ["diff", path]
+    elif case.startswith("bad_plan"):  # a model_dir whose plan.json is torn
+        import shutil
+        copy = tmp_path / "model"
+        shutil.copytree(model_dir, copy)
+        path = copy / "graphmod" / "plan.json"
+        path.write_text(path.read_text()[:50])
+        args = ["inspect", copy] if case == "bad_plan_inspect" else \
+            ["ckpt", "convert", "--to=dense", copy, tmp_path / "out"]
     else:
         path = tmp_path / "nothing.pb"
         args = ["diff", path, path]
@@ -302,40 +316,96 @@ def test_ckpt_compact_then_convert_to_dense_and_back(tmp_path, capsys):
     assert code == 2 and "--variables" in err
 
 
-def test_the_unmodified_model_resumes_from_a_dense_conversion(tmp_path, capsys):
+def leaving_model_fn(features, labels, mode, params):
+    """The user embedding in 2 parts (read by `mod`), the item embedding
+    whole; params["optimizer"]: Adagrad (1 slot) or FTRL (2 slots)."""
+    user = tf1.get_variable("user_embedding", [30_000, 4], partitioner=tf1.fixed_size_partitioner(2),
+                            initializer=tf1.random_normal_initializer(stddev=0.1))
+    item = tf1.get_variable("item_embedding", [20_000, 4],
+                            initializer=tf1.random_normal_initializer(stddev=0.1))
+    embs = [tf1.nn.embedding_lookup(user, features["user"]),
+            tf.nn.embedding_lookup(item, features["item"])]
+    logits = tf1.layers.dense(tf.concat(embs, 1), 1)[:, 0]
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    opt = tf1.train.AdagradOptimizer(0.1) if params["optimizer"] == "Adagrad" else \
+        tf1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.001)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+        loss, tf1.train.get_global_step()))
+
+
+@pytest.mark.parametrize("optimizer", ["Adagrad", "Ftrl"])
+def test_the_unmodified_model_resumes_from_a_dense_conversion(tmp_path, capsys, optimizer):
     """Leaving graphmod: the unmodified model, restored from `ckpt convert
     --to=dense`, trains on exactly as the hooked model trains on from the
     checkpoint converted: the same rows (also those of ids first seen after
-    the conversion), optimizer slots and every other variable."""
-    config = tf.estimator.RunConfig(save_checkpoints_steps=100)
-    hooked, dense = str(tmp_path / "hooked"), str(tmp_path / "dense")
-    tf.estimator.Estimator(model_fn, hooked, config=config).train(
-        input_fn, steps=3, hooks=[graphmod.GraphModifierHook()])
-    code, _, err = run(capsys, "ckpt", "convert", "--to=dense", hooked, dense)
-    assert code == 0, err
+    the conversion), optimizer slots (in their order) and every other
+    variable; a partitioned variable's part tables become the whole again."""
+    def estimator(path):
+        return tf.estimator.Estimator(leaving_model_fn, path, params=dict(optimizer=optimizer),
+                                      config=tf.estimator.RunConfig(save_checkpoints_steps=100))
+
     def later_input_fn():  # mostly ids the tables have not seen
         return input_fn(seed=1)
 
-    tf.estimator.Estimator(model_fn, dense, config=config).train(later_input_fn, steps=2)
-    tf.estimator.Estimator(model_fn, hooked, config=config).train(
-        later_input_fn, steps=2, hooks=[graphmod.GraphModifierHook()])
+    hooked, dense = str(tmp_path / "hooked"), str(tmp_path / "dense")
+    hook = graphmod.GraphModifierHook()
+    estimator(hooked).train(input_fn, steps=3, hooks=[hook])
+    code, _, err = run(capsys, "ckpt", "convert", "--to=dense", hooked, dense)
+    assert code == 0, err
+    estimator(dense).train(later_input_fn, steps=2)
+    estimator(hooked).train(later_input_fn, steps=2, hooks=[graphmod.GraphModifierHook()])
 
     got = tf.train.load_checkpoint(os.path.join(dense, "model.ckpt-5"))
     want = tf.train.load_checkpoint(os.path.join(hooked, "model.ckpt-5"))
-    for var in ("user_embedding", "item_embedding"):
-        order = np.argsort(want.get_tensor(f"{var}-keys"))
-        keys = want.get_tensor(f"{var}-keys")[order]
-        assert len(keys) > 60  # ids seen before and after the conversion
-        np.testing.assert_allclose(got.get_tensor(var)[keys],
-                                   want.get_tensor(f"{var}-values")[order], rtol=1e-5)
-        np.testing.assert_allclose(got.get_tensor(f"{var}/Adagrad")[keys],
-                                   want.get_tensor(f"{var}-slots")[order][:, 0], rtol=1e-5)
+    slots = [optimizer] + (["Ftrl_1"] if optimizer == "Ftrl" else [])
+    converted = {t["variable"]: t["table"] for t in hook.report.tables}
+    assert set(converted) == {"user_embedding/part_0", "user_embedding/part_1", "item_embedding"}
+    for var, table in converted.items():
+        whole, _, part = var.partition("/part_")
+        first = int(part or 0) * 15_000  # rows 0..14999 are part 0
+        order = np.argsort(want.get_tensor(f"{table}-keys"))
+        rows = want.get_tensor(f"{table}-keys")[order] + first
+        assert len(rows) > 25  # ids seen before and after the conversion
+        np.testing.assert_allclose(got.get_tensor(whole)[rows],
+                                   want.get_tensor(f"{table}-values")[order], rtol=1e-5)
+        for i, slot in enumerate(slots):
+            np.testing.assert_allclose(got.get_tensor(f"{whole}/{slot}")[rows],
+                                       want.get_tensor(f"{table}-slots")[order][:, i],
+                                       rtol=1e-5, err_msg=f"{whole}/{slot}")
     others = [n for n in want.get_variable_to_shape_map()
-              if "embedding-" not in n and n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
-    assert "dense/kernel/Adagrad" in others and "score_table" in others
+              if "embedding" not in n and n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert f"dense/kernel/{optimizer}" in others
     for name in others:
         np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), rtol=1e-5,
                                    err_msg=name)
+
+
+def test_a_dense_conversion_of_collision_free_keys_reports_the_rows_they_share(tmp_path, capsys):
+    """A table fed the full ids of `ids % N` holds keys that share a row of
+    the variable: the conversion puts each key at its row, reports how many
+    share (exit status 1), and each shared row holds one of its keys' rows."""
+    def model_fn_(features, labels, mode):
+        emb = tf1.get_variable("emb", [1000, 4])
+        logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, features["user"] % 1000), 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf1.train.AdagradOptimizer(
+            0.1).minimize(loss, tf1.train.get_global_step()))
+
+    def shared_input_fn():  # 5 and 1005 share row 5, 7 and 2007 row 7
+        users = np.array([5, 1005, 7, 2007, 11, 13], np.int64)
+        return tf.data.Dataset.from_tensor_slices(
+            ({"user": users}, np.ones(6, np.float32))).batch(6)
+
+    model, dense = str(tmp_path / "model"), str(tmp_path / "dense")
+    tf.estimator.Estimator(model_fn_, model).train(
+        shared_input_fn, steps=1, hooks=[graphmod.GraphModifierHook(min_rows=100)])
+    code, out, err = run(capsys, "ckpt", "convert", "--to=dense", model, dense)
+    assert code == 1 and "emb: its table's 6 keys (the full ids of mod) share 4 of its rows" \
+        in err, err
+    table = dict(zip(*table_entries(os.path.join(model, "model.ckpt-1"), "emb")))
+    rows = tf.train.load_checkpoint(out.strip()).get_tensor("emb")
+    for row, keys in {5: (5, 1005), 7: (7, 2007), 11: (11,), 13: (13,)}.items():
+        assert any(np.allclose(rows[row], table[k]) for k in keys), row
 
 
 def test_the_demo_models_diff_fits_one_screen(tmp_path):

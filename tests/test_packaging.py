@@ -1,8 +1,9 @@
 """graphmod as users install it: a wheel built by `pip wheel .` from a clean
 checkout, installed into a fresh venv that already holds `tensorflow` (not
 `-cpu`) 2.15.1, keeps that TensorFlow, imports from any directory and trains
-the table API demo. A build without TensorFlow, and a library recorded as
-built against another TensorFlow, fail saying so.
+the table API demo; `pip install .` there builds against that TensorFlow.
+A build without TensorFlow, and a library recorded as built against another
+TensorFlow, fail saying so.
 
 The fresh venv takes `tensorflow==2.15.1` from PyPI (pip's cache after the
 first run) and ~1.7 GB of disk, removed at the end."""
@@ -40,15 +41,19 @@ def clean_checkout(dest):
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def checkout(tmp_path_factory):
+    return clean_checkout(tmp_path_factory.mktemp("packaging") / "src")
+
+
+@pytest.fixture(scope="module")
+def wheel(checkout, tmp_path_factory):
     """`pip wheel .` with pip's default build isolation: the isolated build
     finds this environment's TensorFlow (tensorflow-cpu 2.15.1)."""
-    base = tmp_path_factory.mktemp("packaging")
-    src = clean_checkout(base / "src")
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(base / "wheels"),
-         src], str(base))
-    (built,) = os.listdir(base / "wheels")
-    return str(base / "wheels" / built)
+    wheels = tmp_path_factory.mktemp("wheels")
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), checkout],
+        str(wheels))
+    (built,) = os.listdir(wheels)
+    return str(wheels / built)
 
 
 def pip_list(python):
@@ -56,7 +61,7 @@ def pip_list(python):
     return {p["name"].lower(): p["version"] for p in json.loads(listed)}
 
 
-def test_the_wheel_keeps_the_users_tensorflow_and_trains_the_demo(wheel, tmp_path):
+def test_the_wheel_keeps_the_users_tensorflow_and_trains_the_demo(wheel, checkout, tmp_path):
     venv = tmp_path / "venv"
     python = str(venv / "bin" / "python")
     try:
@@ -96,18 +101,25 @@ def test_the_wheel_keeps_the_users_tensorflow_and_trains_the_demo(wheel, tmp_pat
         assert refused.returncode == 1
         assert "built against TensorFlow 2.14.0, but this process runs TensorFlow 2.15.1" \
             in refused.stderr
+        # The remedy it names: `pip install .` builds (isolated, as pip does by
+        # default) against this venv's `tensorflow`.
+        run([python, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", checkout],
+            str(elsewhere))
+        with open(record) as f:
+            assert json.load(f) == {"tensorflow": "2.15.1"}
+        run([python, "-c", "import graphmod; graphmod.create_table('t', 4)"], str(elsewhere))
+        assert pip_list(python)["tensorflow"] == "2.15.1"
     finally:
         shutil.rmtree(venv, ignore_errors=True)
 
 
-def test_building_without_tensorflow_says_what_to_install(tmp_path):
+def test_building_without_tensorflow_says_what_to_install(checkout, tmp_path):
     venv = tmp_path / "venv"
     python = str(venv / "bin" / "python")
     run([sys.executable, "-m", "venv", str(venv)], str(tmp_path))
-    src = clean_checkout(tmp_path / "src")
-    done = run([python, "-m", "pip", "install", "--no-deps", src], str(tmp_path), check=False)
+    done = run([python, "-m", "pip", "install", "--no-deps", checkout], str(tmp_path),
+               check=False)
     assert done.returncode != 0
     out = done.stdout + done.stderr
     assert "graphmod: no TensorFlow importable by" in out and \
         "install tensorflow or tensorflow-cpu 2.15.x first" in out, out[-3000:]
-    assert "graphmod" not in pip_list(python)

@@ -11,7 +11,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.framework import meta_graph as meta_graph_lib
 
 from graphmod.cli import graph_diff, render
-from graphmod.cli.graphs import InputError, dumps, load_file, load_json
+from graphmod.cli.graphs import InputError, dumps, load_file, load_json, read_plan
 
 tf1 = tf.compat.v1
 OK, FINDINGS = 0, 1
@@ -181,13 +181,12 @@ def _table_entries(checkpoint: str) -> dict:
 def inspect(model_dir: str, fv) -> int:
     """Exit status 1 when a delta of the latest checkpoint is torn."""
     from graphmod import deltas  # pylint: disable=import-outside-toplevel
-    from graphmod.rewrite import plan_file  # pylint: disable=import-outside-toplevel
     if not tf.io.gfile.isdir(model_dir):
         raise InputError(f"{model_dir}: no such directory")
     latest = tf.train.latest_checkpoint(model_dir)
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
-    plan = plan_file.read(model_dir) or {}
+    plan = read_plan(model_dir) or {}
     by_table = {p.table: p for p in plan.values()}
     tables = []
     for name, e in sorted(_table_entries(latest).items()):

@@ -123,19 +123,21 @@ def _rerouted(old, new, edge_rules) -> Change:
     return Change("rerouted", new.name, new.op, rule, "; ".join(parts))
 
 
-def _tables(report: Optional[dict], names) -> List[tuple]:
-    """(variable, table) pairs: the report's, else the `graphmod/<table>/`
-    scopes found among the added ops."""
+def _tables(report: Optional[dict], added, old) -> List[tuple]:
+    """(variable, table) pairs: the report's, else those of the table ops
+    (`graphmod/<table>/table`) among the added ops, each with the variable
+    of its name when the graph before had one (the hook names a table after
+    its variable)."""
     if report and report.get("tables"):
         return [(t["variable"], t["table"]) for t in report["tables"]]
-    found = sorted({n.split("/")[1] for n in names
-                    if n.startswith("graphmod/") and n.count("/") >= 2
-                    and not n.split("/")[1].startswith(("fused_", "hparams", "owner_apply"))})
-    return [(None, t) for t in found]
+    found = sorted(n.name[len("graphmod/"):-len("/table")] for n in added
+                   if n.op == "GraphmodTable" and n.name.startswith("graphmod/")
+                   and n.name.endswith("/table"))
+    return [(t if t in old else None, t) for t in found]
 
 
 def _group(changes: List[Change], old, new, report) -> List[Group]:
-    pairs = _tables(report, [c.op for c in changes if c.kind == "added"])
+    pairs = _tables(report, [new[c.op] for c in changes if c.kind == "added"], old)
     groups = [Group(f"{v} -> table {t}" if v else f"table {t}", v, t) for v, t in pairs]
     shared, other = Group(SHARED), Group(OTHER)
 

@@ -101,3 +101,13 @@ def load_json(path: Optional[str]) -> Optional[dict]:
             return json.load(f)
     except (ValueError, OSError) as e:
         raise InputError(f"{path}: unreadable JSON ({e})") from None
+
+
+def read_plan(model_dir: str):
+    """The model_dir's conversion plan ({variable: Planned}) or None; an
+    InputError naming the file when it cannot be read."""
+    from graphmod.rewrite import plan_file  # pylint: disable=import-outside-toplevel
+    try:
+        return plan_file.read(model_dir)
+    except ValueError as e:
+        raise InputError(str(e).removeprefix("graphmod: ")) from None

@@ -70,7 +70,11 @@ def _ckpt(fv, args: List[str]) -> int:
         return OK
     if args[:1] == ["convert"] and len(args) == 3 and fv.to:
         if fv.to == "dense":
-            print(ckpt.to_dense(args[1], args[2]))
+            path, findings = ckpt.to_dense(args[1], args[2])
+            for finding in findings:
+                print(f"graphmod ckpt: {finding}", file=sys.stderr)
+            print(path)
+            return FINDINGS if findings else OK
         elif not fv.variables:
             raise UsageError("convert --to=tables needs --variables")
         else:
@@ -127,7 +131,8 @@ COMMANDS: Dict[str, tuple] = {
              "step. convert --to=dense: each table becomes its plain variable, rows\n"
              "0..N-1 (N from the conversion plan; a key without a row reads the table's\n"
              "initial row), and its slot rows the optimizer's slot variables: the\n"
-             "unmodified model resumes training from it. convert --to=tables: plain\n"
+             "unmodified model resumes training from it (exit status 1 when keys of a\n"
+             "table fed the full ids of `ids % N` share rows). convert --to=tables: plain\n"
              "[rows, dim] variables (and their optimizer slots) become tables keyed\n"
              "0..N-1. Prints the written checkpoint's path."),
 }

@@ -165,11 +165,15 @@ def _ranks_combine(c) -> str:
 def _save_plan(model_dir: str, replay, ready: List) -> None:
     """The training graph's decisions, added to those of earlier runs."""
     planned = dict(replay or {})
+    from graphmod.rewrite_rules.table_saver import checkpoint_name
     for c in ready:
         t = c.translation
-        slots = [[v.op.name, float(init)] for v, init in zip(t.slot_vars, t.layout.slot_init)] \
-            if t is not None else []
+        slots = [[checkpoint_name(v), float(init)]
+                 for v, init in zip(t.slot_vars, t.layout.slot_init)] if t is not None else []
+        info = getattr(c.variable, "_save_slice_info", None)
+        part_of = [info.full_name, int(info.var_offset[0]), int(info.full_shape[0])] \
+            if info is not None else None
         planned[c.variable.op.name] = plan_file.Planned(
             c.variable.op.name, c.table_name, c.rows, c.dim, c.settings, c.initializer,
-            c.seed, list(c.unsqueezed or []), list(c.unsqueezed_types or []), slots)
+            c.seed, list(c.unsqueezed or []), list(c.unsqueezed_types or []), slots, part_of)
     plan_file.write(model_dir, planned)

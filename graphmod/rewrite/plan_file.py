@@ -35,10 +35,13 @@ class Planned:
     seed: Optional[int]
     unsqueezed: List[str]        # squeezing ops whose full keys feed the table
     unsqueezed_types: List[str]  # their op types (matched when names differ by mode)
-    # The optimizer's slot variables the table's slot rows stand for, in the
-    # table's order, with the value each started from: [[name, value], ...]
-    # (`graphmod ckpt convert --to=dense` writes them back).
+    # For `graphmod ckpt convert --to=dense`, which writes the variable back:
+    # the optimizer's slot variables the table's slot rows stand for, in the
+    # table's order, as checkpoints name them, with the value each started
+    # from: [[name, value], ...]; and for a part of a partitioned variable,
+    # [the whole's name in checkpoints, the part's first row, the whole's rows].
     slots: List[list] = dataclasses.field(default_factory=list)
+    part_of: Optional[list] = None
 
 
 def path(model_dir: str) -> str:
@@ -62,7 +65,8 @@ def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
             out[v["variable"]] = Planned(
                 v["variable"], v["table"], v["rows"], v["dim"], settings,
                 TableInitializer(**v["initializer"]), v["seed"], list(v["unsqueezed"]),
-                list(v["unsqueezed_types"]), [list(s) for s in v.get("slots", [])])
+                list(v["unsqueezed_types"]), [list(s) for s in v.get("slots", [])],
+                v.get("part_of"))
         return out
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise ValueError(f"graphmod: cannot read the conversion plan {path(model_dir)}: {e}"
@@ -78,7 +82,8 @@ def write(model_dir: str, planned: Dict[str, Planned]) -> None:
         variables.append(dict(variable=p.variable, table=p.table, rows=p.rows, dim=p.dim,
                               settings=settings, initializer=dataclasses.asdict(p.initializer),
                               seed=p.seed, unsqueezed=p.unsqueezed,
-                              unsqueezed_types=p.unsqueezed_types, slots=p.slots))
+                              unsqueezed_types=p.unsqueezed_types, slots=p.slots,
+                              part_of=p.part_of))
     tf.io.gfile.makedirs(os.path.dirname(path(model_dir)))
     # A name of its own: workers of one model may write at the same time.
     tmp = f"{path(model_dir)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
