@@ -107,7 +107,8 @@ def test_the_wheel_keeps_the_users_tensorflow_and_trains_the_demo(wheel, checkou
             str(elsewhere))
         with open(record) as f:
             assert json.load(f) == {"tensorflow": "2.15.1"}
-        run([python, "-c", "import graphmod; graphmod.create_table('t', 4)"], str(elsewhere))
+        run([python, "-c", "import graphmod, tensorflow as tf\n"
+             "with tf.Graph().as_default(): graphmod.create_table('t', 4)"], str(elsewhere))
         assert pip_list(python)["tensorflow"] == "2.15.1"
     finally:
         shutil.rmtree(venv, ignore_errors=True)
