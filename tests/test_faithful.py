@@ -119,6 +119,38 @@ def model(transform=None, optimizer=lambda: tf1.train.GradientDescentOptimizer(0
 # --------------------------------------------------------------------------
 # What models do between tf.gradients and the update.
 
+def densify(gv):
+    """What Horovod's sparse_as_dense and others do: the gradient as a dense tensor."""
+    return [(tf.convert_to_tensor(g), v) for g, v in gv]
+
+
+def test_a_dense_gradient_converts_exactly_where_unread_rows_stay_still():
+    """A dense gradient is zero for rows the batch did not read: Adagrad
+    leaves them, so the table is exact (no approximation reported)."""
+    report = assert_faithful(model(densify, lambda: tf1.train.AdagradOptimizer(0.3)))
+    assert report.tables and not report.approximations
+
+
+def test_a_dense_momentum_update_is_an_approximation_said_or_stays_dense_with_exact():
+    """Momentum moves rows a dense gradient left at zero; a table moves only
+    the rows read: converted, the report says so (and the losses, which read
+    only rows of the batch before any unread row moved, still agree); with
+    exact=True the variable stays dense, saying why."""
+    build = model(densify, lambda: tf1.train.MomentumOptimizer(0.3, 0.9))
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    losses, rows, _ = train(build, hook)
+    assert rows["emb"]
+    (approximation,) = hook.report.approximations
+    assert approximation["variable"] == "emb" and \
+        "dense momentum update moves rows the batch did not read" in approximation["what"]
+    np.testing.assert_allclose(losses[:2], train(build)[0][:2], rtol=1e-5)
+
+    exact = graphmod.GraphModifierHook(min_rows=10, exact=True)
+    _, rows, dense = train(build, exact)
+    assert not rows and "emb" in dense
+    assert "moves rows the batch did not read (exact=True" in exact.report.skipped[0]["reason"]
+
+
 def test_clipping_by_global_norm_is_applied():
     def clip(gv):
         grads, _ = tf.clip_by_global_norm([g for g, _ in gv], 1e-3)
