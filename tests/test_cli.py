@@ -117,6 +117,33 @@ def test_diff_as_json_dot_and_html(model_dir, capsys, tmp_path):
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # self-contained
 
 
+def test_the_keys_of_a_hash_bucket_column_are_grouped_with_their_table(tmp_path, capsys):
+    """A canned estimator's hashed column: the ops that give its table the
+    full fingerprints, and the id plumbing rerouted to them, are the
+    table's changes (found by what they feed), not shared ones."""
+    fc = tf1.feature_column
+    item = fc.categorical_column_with_hash_bucket("item", 40_000, dtype=tf.int64)
+    user = fc.categorical_column_with_identity("user", 30_000)
+
+    def features_fn():
+        rng = np.random.default_rng(0)
+        feats = {"item": rng.integers(0, 10**9, 64), "user": rng.integers(0, 30_000, 64)}
+        return tf.data.Dataset.from_tensor_slices((feats, rng.integers(0, 2, 64))).batch(16)
+
+    model = str(tmp_path / "canned")
+    tf.estimator.DNNClassifier([8], [fc.embedding_column(item, 4), fc.embedding_column(user, 4)],
+                               model_dir=model).train(
+        features_fn, steps=2, hooks=[graphmod.GraphModifierHook(dump_graph=True)])
+    code, out, err = run(capsys, "diff", "--format=json", model)
+    assert code == 0, err
+    by_rule = {}
+    for g in json.loads(out)["groups"]:
+        for c in g["changes"]:
+            by_rule.setdefault(c["rule"], set()).add(g["table"])
+    assert by_rule["collisionless_keys"] == {
+        "dnn/input_from_feature_columns/input_layer/item_embedding/embedding_weights"}
+
+
 def test_two_graph_files_compare_and_a_before_graph_with_itself_has_no_changes(
         model_dir, capsys):
     dumps = os.path.join(model_dir, "graphmod")

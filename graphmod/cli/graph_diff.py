@@ -172,9 +172,43 @@ def _group(changes: List[Change], old, new, report) -> List[Group]:
                 for g in groups:
                     if g.table and source.startswith(f"graphmod/{g.table}/"):
                         return g
+        g = feeds(name)
+        if g is not None:
+            return g
         if name.startswith(("graphmod", "save", "graphmod_")):
             return shared
         return other
+
+    consumers: Dict[str, List[str]] = {}
+    for node in new.values():
+        for source in map(_source, node.input):
+            consumers.setdefault(source, []).append(node.name)
+
+    def scope_of(name: str):
+        return next((g for g in groups if g.table and name.startswith(f"graphmod/{g.table}/")),
+                    None)
+
+    def feeds(name: str, depth: int = 16):
+        """The table whose ops are the nearest the op `name` (of the new
+        graph) feeds, when one table's alone, not through a fused op of
+        several tables (the unsqueezed keys of a table's ids, the id plumbing
+        rerouted to them)."""
+        frontier, seen = [name], {name}
+        for _ in range(depth):
+            step, found = [], {}
+            for n in frontier:
+                for c in consumers.get(n, []):
+                    if c in seen or c.startswith("graphmod/fused_"):
+                        continue
+                    seen.add(c)
+                    g = scope_of(c)
+                    if g is not None:
+                        found[id(g)] = g
+                    step.append(c)
+            if found:
+                return next(iter(found.values())) if len(found) == 1 else None
+            frontier = step
+        return None
 
     def reader(name: str, depth: int = 3):
         """The group whose variable the op `name` (of the old graph) reads,
