@@ -144,6 +144,20 @@ def test_the_keys_of_a_hash_bucket_column_are_grouped_with_their_table(tmp_path,
         "dnn/input_from_feature_columns/input_layer/item_embedding/embedding_weights"}
 
 
+def test_rewrite_dry_run_of_a_canned_linear_models_saved_graph(tmp_path, capsys):
+    """A canned linear model summarises its weights' fraction of zeros (a
+    dense read, which the hook drops with the summary); its saved training
+    graph also merges that summary: the dry run converts the weights as the
+    hook does, with the merged summary dropped too (it failed validation)."""
+    user = tf1.feature_column.categorical_column_with_identity("user", 30_000)
+    model = str(tmp_path / "linear")
+    tf.estimator.LinearClassifier([user], model_dir=model).train(
+        lambda: input_fn().map(lambda f, l: ({"user": f["user"]}, l)), steps=1)
+    code, out, err = run(capsys, "rewrite", "--dry-run", model)
+    assert code == 0, err
+    assert "linear/linear_model/user/weights [30000 x 1] -> table" in out
+
+
 def test_two_graph_files_compare_and_a_before_graph_with_itself_has_no_changes(
         model_dir, capsys):
     dumps = os.path.join(model_dir, "graphmod")

@@ -109,6 +109,7 @@ def rewrite(model: str, fv) -> int:
     """Exit status 1 when a variable stays dense."""
     from graphmod.rewrite.pipeline import rewrite as run_rewrite  # pylint: disable=import-outside-toplevel
     from graphmod.rewrite.plan import RewriteSettings, trains_anything  # pylint: disable=import-outside-toplevel
+    from graphmod.rewrite.validate import InvalidRewrite  # pylint: disable=import-outside-toplevel
     meta = _without_saver(_meta_graph(model))
     graph = tf.Graph()
     with graph.as_default():
@@ -121,8 +122,13 @@ def rewrite(model: str, fv) -> int:
         before = graph.as_graph_def()
         mode = fv.mode or ("train" if trains_anything(graph) else "predict")
         # No model_dir: nothing is read or written (no plan replayed or saved).
-        report = run_rewrite(graph, RewriteSettings(fv.min_rows, {}, fv.collision_free, fv.exact),
-                             mode)
+        try:
+            report = run_rewrite(graph, RewriteSettings(fv.min_rows, {}, fv.collision_free,
+                                                        fv.exact), mode)
+        except (InvalidRewrite, ValueError) as e:  # ValueError: PlanMismatch among them
+            print(f"graphmod rewrite: the hook's rewrite of {model} fails: "
+                  f"{render.printable(str(e))}", file=sys.stderr)
+            return FINDINGS
         after = graph.as_graph_def()
     data = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)
             if f.metadata.get("json", True)}
