@@ -414,7 +414,7 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
     checkpoint of step 5, 3 more), evaluation (sharded), predictions (each
     rank holding every key), dense weights, and every row and Adagrad
     accumulator, each key kept by one rank only."""
-    (dense,), _ = run_estimator(tmp_path, "dense", 1, "dense")
+    (dense,), dense_dir = run_estimator(tmp_path, "dense", 1, "dense")
     for order in ("after", "before"):
         ranks, model_dir = run_estimator(tmp_path, f"hooked_{order}", 2, "hooked", order)
         for r in ranks:
@@ -436,6 +436,31 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
             assert f"model.ckpt-{step}.tables.json" in names, names
             for r in range(2):
                 assert f"model.ckpt-{step}.tables-0000{r}-of-00002.index" in names
+    assert_the_command_reads_both_parts(model_dir, dense_dir, len(rows), tmp_path)
+
+
+def assert_the_command_reads_both_parts(model_dir, dense_dir, rows, tmp_path):
+    """`graphmod inspect` counts both ranks' rows; `ckpt convert --to=dense`
+    of the sharded checkpoint is the dense model's checkpoint (every row and
+    accumulator: the rows start from a constant)."""
+    import contextlib
+    import io
+    import tensorflow as tf
+    from graphmod.cli.main import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["graphmod", "inspect", str(model_dir)]) == 0
+    assert f"emb: dim 4, {rows} rows" in out.getvalue(), out.getvalue()
+    converted = str(tmp_path / "converted")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["graphmod", "ckpt", "convert", "--to=dense", str(model_dir),
+                     converted]) == 0
+    got = tf.train.load_checkpoint(tf.train.latest_checkpoint(converted))
+    want = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(dense_dir)))
+    assert got.get_tensor("global_step") == want.get_tensor("global_step") == 8
+    for name in ("emb", "emb/Adagrad", "w"):
+        np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name), rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
 
 
 # A MonitoredTrainingSession model: Horovod's Sum over gradients made dense
