@@ -169,11 +169,14 @@ def _rows_of_keys(planned, have: dict) -> Tuple[np.ndarray, np.ndarray, str]:
         newest = np.r_[at[order][1:] != at[order][:-1], True]
         take = order[newest]
         at, rows_used = at[take], int(newest.sum())
-        note = ""
+        # Always a finding: the key lost the id's sign (masked to 63 bits),
+        # and the plan keeps no modulus, so both are assumed.
+        note = (f"{planned.variable}: its table holds the full ids of "
+                f"{', '.join(planned.unsqueezed)}, each written at row key % {planned.rows} "
+                f"(assumed: non-negative ids, a modulus of its row count); its {len(keys)} "
+                f"keys fill {rows_used} rows")
         if rows_used < len(keys):
-            note = (f"{planned.variable}: its table's {len(keys)} keys (the full ids of "
-                    f"{', '.join(planned.unsqueezed)}) share {rows_used} of its rows; each "
-                    "row holds its most recently seen key's")
+            note += ", a shared row holding its most recently seen key's"
         return at, take, note
     inside = np.flatnonzero((keys >= 0) & (keys < planned.rows))
     note = ""

@@ -88,29 +88,33 @@ def _meta_graph(model: str) -> meta_graph_pb2.MetaGraphDef:
     return loaded.meta_graph
 
 
-def _without_saver(meta: meta_graph_pb2.MetaGraphDef) -> meta_graph_pb2.MetaGraphDef:
-    """meta without its Saver's ops: they read every variable whole, and the
-    hook rewrites a graph before its Saver is built."""
+def _as_the_hook_sees(meta: meta_graph_pb2.MetaGraphDef) -> meta_graph_pb2.MetaGraphDef:
+    """meta without what a training session adds after the hook's rewrite:
+    its Saver's ops (they read every variable whole) and the summaries'
+    merge (a summary the rewrite drops would stay merged)."""
     out = meta_graph_pb2.MetaGraphDef()
     out.CopyFrom(meta)
-    if not meta.HasField("saver_def"):
-        return out
-    scope = meta.saver_def.filename_tensor_name.split("/")[0] + "/"
-    kept = [n for n in meta.graph_def.node if not n.name.startswith(scope)]
+    dropped = {v.split(":")[0] for v in meta.collection_def["summary_op"].node_list.value} \
+        if "summary_op" in meta.collection_def else set()
+    scope = meta.saver_def.filename_tensor_name.split("/")[0] + "/" \
+        if meta.HasField("saver_def") else None
+    kept = [n for n in meta.graph_def.node
+            if n.name not in dropped and not (scope and n.name.startswith(scope))]
     del out.graph_def.node[:]
     out.graph_def.node.extend(kept)
     out.ClearField("saver_def")
-    if "savers" in out.collection_def:
-        del out.collection_def["savers"]
+    for key in ("savers", "summary_op"):
+        if key in out.collection_def:
+            del out.collection_def[key]
     return out
 
 
 def rewrite(model: str, fv) -> int:
     """Exit status 1 when a variable stays dense."""
     from graphmod.rewrite.pipeline import rewrite as run_rewrite  # pylint: disable=import-outside-toplevel
-    from graphmod.rewrite.plan import RewriteSettings, trains_anything  # pylint: disable=import-outside-toplevel
+    from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, trains_anything  # pylint: disable=import-outside-toplevel
     from graphmod.rewrite.validate import InvalidRewrite  # pylint: disable=import-outside-toplevel
-    meta = _without_saver(_meta_graph(model))
+    meta = _as_the_hook_sees(_meta_graph(model))
     graph = tf.Graph()
     with graph.as_default():
         try:
@@ -125,7 +129,7 @@ def rewrite(model: str, fv) -> int:
         try:
             report = run_rewrite(graph, RewriteSettings(fv.min_rows, {}, fv.collision_free,
                                                         fv.exact), mode)
-        except (InvalidRewrite, ValueError) as e:  # ValueError: PlanMismatch among them
+        except (InvalidRewrite, PlanMismatch) as e:
             print(f"graphmod rewrite: the hook's rewrite of {model} fails: "
                   f"{render.printable(str(e))}", file=sys.stderr)
             return FINDINGS

@@ -172,29 +172,40 @@ def _group(changes: List[Change], old, new, report) -> List[Group]:
                 for g in groups:
                     if g.table and source.startswith(f"graphmod/{g.table}/"):
                         return g
+        if name.startswith("save"):
+            return shared
         g = feeds(name)
         if g is not None:
             return g
-        if name.startswith(("graphmod", "save", "graphmod_")):
+        if name.startswith(("graphmod", "graphmod_")):
             return shared
         return other
 
-    consumers: Dict[str, List[str]] = {}
+    consumers: Dict[str, List[str]] = {}  # data edges only
     for node in new.values():
-        for source in map(_source, node.input):
-            consumers.setdefault(source, []).append(node.name)
+        for x in node.input:
+            if not x.startswith("^"):
+                consumers.setdefault(_source(x), []).append(node.name)
+    by_table = {g.table: g for g in groups if g.table}
 
     def scope_of(name: str):
-        return next((g for g in groups if g.table and name.startswith(f"graphmod/{g.table}/")),
-                    None)
+        """The group whose `graphmod/<table>/` scope holds op `name`."""
+        parts = name.split("/")
+        if parts[0] != "graphmod":
+            return None
+        for end in range(2, len(parts)):  # a table's name may hold "/"
+            g = by_table.get("/".join(parts[1:end]))
+            if g is not None:
+                return g
+        return None
 
-    def feeds(name: str, depth: int = 16):
+    def feeds(name: str, limit: int = 2000):
         """The table whose ops are the nearest the op `name` (of the new
-        graph) feeds, when one table's alone, not through a fused op of
-        several tables (the unsqueezed keys of a table's ids, the id plumbing
-        rerouted to them)."""
+        graph) feeds by data, when one table's alone, not through a fused op
+        of several tables (the unsqueezed keys of a table's ids, the id
+        plumbing rerouted to them); None past `limit` ops."""
         frontier, seen = [name], {name}
-        for _ in range(depth):
+        while frontier and len(seen) < limit:
             step, found = [], {}
             for n in frontier:
                 for c in consumers.get(n, []):

@@ -374,22 +374,22 @@ def _combined_dense(dense: tf.Tensor, v: tf.Variable):
 
 
 def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
-    """The summary ops on the forward paths from ops, when every path ends in
-    one (canned linear models summarise the fraction of zero weights, reading
-    them densely; a saved graph merges the summaries too), else None."""
-    seen, stack, summaries = set(), list(ops), []
+    """The summary ops every forward path from ops ends in (canned linear
+    models summarise the fraction of zero weights, reading them densely), or
+    None when some path ends elsewhere."""
+    seen, stack, sinks = set(), list(ops), []
     while stack:
         op = stack.pop()
         if op.name in seen:
             continue
         seen.add(op.name)
         consumers = [c for t in op.outputs for c in view.consumers(t)]
-        if op.type.endswith("Summary"):
-            summaries.append(op)
-        elif not consumers:
-            return None
+        if not consumers:
+            if not op.type.endswith("Summary"):
+                return None
+            sinks.append(op)
         stack.extend(consumers)
-    return summaries
+    return sinks
 
 
 def _seed_of(v: tf.Variable) -> Optional[int]:
