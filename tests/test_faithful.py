@@ -500,6 +500,25 @@ def test_a_dense_read_in_training_keeps_the_variable_dense():
     np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)
 
 
+def test_a_summary_the_model_merges_itself_keeps_the_variable_dense():
+    """A summary reading the whole variable is dropped with it, unless the
+    model merged it (a Scaffold(summary_op=...) would still run the merge):
+    then the variable stays dense, instead of the rewrite failing."""
+    base = model(optimizer=lambda: tf1.train.AdagradOptimizer(0.3))
+
+    def build():
+        m = base()
+        emb = [v for v in tf1.global_variables() if v.op.name == "emb"][0]
+        tf1.summary.scalar("emb_mean", tf.reduce_mean(emb))
+        m["merged"] = tf1.summary.merge_all()
+        return m
+
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    c_losses, rows, _ = train(build, hook)
+    assert not rows and "read other than by gathers" in hook.report.skipped[0]["reason"]
+    np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)
+
+
 def test_l2_gradient_read_elsewhere_keeps_the_variable_dense():
     """A gradient-norm summary over the (dense) gradient reads the penalty's
     x * g term, i.e. the whole variable: the variable stays dense instead of

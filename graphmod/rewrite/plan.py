@@ -376,13 +376,16 @@ def _combined_dense(dense: tf.Tensor, v: tf.Variable):
 def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
     """The summary ops every forward path from ops ends in (canned linear
     models summarise the fraction of zero weights, reading them densely), or
-    None when some path ends elsewhere."""
+    None when some path ends elsewhere, or in a merge the model built (a
+    Scaffold or SummarySaverHook may run it, whatever the collections say)."""
     seen, stack, sinks = set(), list(ops), []
     while stack:
         op = stack.pop()
         if op.name in seen:
             continue
         seen.add(op.name)
+        if op.type == "MergeSummary":
+            return None
         consumers = [c for t in op.outputs for c in view.consumers(t)]
         if not consumers:
             if not op.type.endswith("Summary"):
