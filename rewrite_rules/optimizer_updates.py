@@ -200,7 +200,8 @@ def check(conversion: Conversion, context: Context) -> None:
             raise Untranslatable("its Adam update would become lazy Adam on a table "
                                  "(exact=True keeps it dense)")
         conversion.approximations.append(LAZY_ADAM)
-    if translation.dense and not conversion.penalties and _moves_unread_rows(translation):
+    if translation.dense and not conversion.penalties and _moves_unread_rows(
+            translation, conversion.initializer):
         # A dense gradient (e.g. Horovod's sparse_as_dense) is zero for rows
         # the batch did not read, but the dense update still moves them.
         if context.exact:
@@ -211,14 +212,19 @@ def check(conversion: Conversion, context: Context) -> None:
     conversion.translation = translation
 
 
-def _moves_unread_rows(translation: Translation) -> bool:
+def _moves_unread_rows(translation: Translation, initializer) -> bool:
     """Whether a step with a zero gradient still changes a row: momentum and
-    RMSProp carry their slots on, FTRL with an L2 shrinkage shrinks it."""
+    RMSProp carry their slots on; FTRL recomputes a row from its linear slot
+    (zero until the row is read, so a row that did not start at zero becomes
+    zero), and with an L2 shrinkage shrinks it."""
     if translation.kind in ("momentum", "rmsprop"):
         return True
-    return translation.kind == "ftrl" and (
-        isinstance(translation.hparams[3], tf.Tensor) and
-        folding.scalar(translation.hparams[3]) != 0.0)
+    if translation.kind != "ftrl":
+        return False
+    starts_at_zero = initializer.kind == "zeros" or (initializer.kind == "constant" and
+                                                    initializer.a == 0.0)
+    return not starts_at_zero or (isinstance(translation.hparams[3], tf.Tensor) and
+                                  folding.scalar(translation.hparams[3]) != 0.0)
 
 
 def rewrite(rw, conversions, context: Context) -> None:

@@ -151,6 +151,24 @@ def test_a_dense_momentum_update_is_an_approximation_said_or_stays_dense_with_ex
     assert "moves rows the batch did not read (exact=True" in exact.report.skipped[0]["reason"]
 
 
+def test_a_dense_ftrl_update_of_rows_not_starting_at_zero_is_an_approximation_said():
+    """Dense FTRL recomputes every row from its linear slot, zero until the
+    row is read: rows that started at zero stay there (exact), rows that did
+    not become zero in the dense model but not in a table (said so)."""
+    ftrl = lambda: tf1.train.FtrlOptimizer(1.0)  # noqa: E731
+    report = assert_faithful(model(densify, ftrl, init=tf1.zeros_initializer()))
+    assert report.tables and not report.approximations
+
+    build = model(densify, ftrl)  # rows start at 0.1
+    _, _, dense = train(build)
+    unread = sorted(set(range(VOCAB)) - {int(i) for ids, _ in batches() for i in ids.ravel()})
+    assert unread and not dense["emb"][unread].any()  # zeroed, never read
+    hook = graphmod.GraphModifierHook(min_rows=10)
+    _, rows, _ = train(build, hook)
+    assert rows["emb"] and "dense ftrl update moves rows the batch did not read" in \
+        hook.report.approximations[0]["what"]
+
+
 def test_clipping_by_global_norm_is_applied():
     def clip(gv):
         grads, _ = tf.clip_by_global_norm([g for g, _ in gv], 1e-3)
