@@ -90,5 +90,5 @@ bench: build
 	$(PY) benchmarks/estimator.py --json benchmarks/results/estimator.json
 
 clean:
-	rm -rf build *.egg-info $(OPS_LIB)
+	rm -rf build *.egg-info $(OPS_LIB) graphmod/_graphmod_ops.json .bazelrc.user
 	-bazel clean

@@ -143,6 +143,8 @@ def test_the_keys_of_a_hash_bucket_column_are_grouped_with_their_table(tmp_path,
     assert by_rule["collisionless_keys"] == {
         "dnn/input_from_feature_columns/input_layer/item_embedding/embedding_weights"}
     assert by_rule["fuse_table_ops"] >= {None}  # the fused ops stay shared
+    shared = [g for g in json.loads(out)["groups"] if g["table"] is None]
+    assert [g["name"] for g in shared] == ["(shared: fused ops, exchanges, savers)"]
 
 
 def test_rewrite_dry_run_of_a_canned_linear_models_saved_graph(tmp_path, capsys):
@@ -331,6 +333,18 @@ def test_ckpt_compact_then_convert_to_dense_and_back(tmp_path, capsys):
     assert code == 0, err
     assert out.strip() == os.path.join(model, "model.ckpt-3")
     assert tf.train.latest_checkpoint(model).endswith("model.ckpt-3")
+    # The chain compacted stays; the new checkpoint's graph is the model's.
+    assert os.path.exists(os.path.join(model, "model.ckpt-0.index"))
+    assert open(os.path.join(model, "model.ckpt-3.meta"), "rb").read() == \
+        open(os.path.join(model, "model.ckpt-0.meta"), "rb").read()
+    # A checkpoint of the compacted name that the state no longer lists is
+    # not overwritten.
+    written = open(os.path.join(model, "model.ckpt-3.index"), "rb").read()
+    tf1.train.update_checkpoint_state(model, os.path.join(model, "model.ckpt-0"))
+    code, _, err = run(capsys, "ckpt", "compact", model)
+    assert code == 2 and "model.ckpt-3: exists already" in err, err
+    assert open(os.path.join(model, "model.ckpt-3.index"), "rb").read() == written
+    tf1.train.update_checkpoint_state(model, os.path.join(model, "model.ckpt-3"))
     for t, (keys, values) in final.items():
         got_keys, got_values = table_entries(out.strip(), t)
         np.testing.assert_array_equal(got_keys, keys)
@@ -347,6 +361,9 @@ def test_ckpt_compact_then_convert_to_dense_and_back(tmp_path, capsys):
     unseen = np.setdiff1d(np.arange(30_000), keys)
     assert 0.08 < user[unseen].std() < 0.12  # initial rows: stddev 0.1, as the variable's
     assert reader.get_tensor("global_step") == 3
+    assert not [n for n in os.listdir(dense) if n.endswith(".meta")]  # no stand-in graph
+    code, _, err = run(capsys, "ckpt", "convert", "--to=dense", model, dense)
+    assert code == 2 and f"{dense}: is not empty" in err  # nothing written over
 
     back = str(tmp_path / "back")
     code, out, err = run(capsys, "ckpt", "convert", "--to=tables",

@@ -77,17 +77,32 @@ def compact(model_dir: str) -> str:
     if not chain:
         return latest  # nothing to compact
     step = deltas.read_manifest(latest)[len(chain) - 1]["step"]
+    target = f"{latest.rsplit('-', 1)[0]}-{step}"
+    if tf.io.gfile.exists(target + ".index"):
+        raise InputError(f"{target}: exists already (a checkpoint the state file no longer "
+                         "lists?); not overwritten: move it away to compact")
     with tf.Graph().as_default():
         _build(latest)
         saver = TableSaver(sharded=False, max_to_keep=None)
         saver.build()
         state = tf.train.get_checkpoint_state(model_dir)
         with tf1.Session() as sess:
-            saver.restore(sess, latest)
+            _restore(lambda: saver.restore(sess, latest), latest)
             saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
-            return saver.save(sess, os.path.join(os.path.dirname(latest),
-                                                 latest.rsplit("-", 1)[0].rsplit("/", 1)[-1]),
-                              global_step=step)
+            # The model's graph, not this stand-in's, describes the new one.
+            path = saver.save(sess, latest.rsplit("-", 1)[0], global_step=step,
+                              write_meta_graph=False)
+    if tf.io.gfile.exists(latest + ".meta"):
+        tf.io.gfile.copy(latest + ".meta", path + ".meta")
+    return path
+
+
+def _empty_output(out: str) -> None:
+    """A conversion writes a checkpoint of its own: never into one that holds
+    anything (a model_dir's Saver state, deltas and parts would mix with it)."""
+    if tf.io.gfile.exists(out) and tf.io.gfile.listdir(out):
+        raise InputError(f"{out}: is not empty; give a new directory to write the converted "
+                         "checkpoint to")
 
 
 def to_dense(model_dir: str, out: str) -> Tuple[str, List[str]]:
@@ -103,6 +118,7 @@ def to_dense(model_dir: str, out: str) -> Tuple[str, List[str]]:
     latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
+    _empty_output(out)
     plan = read_plan(model_dir)
     if not plan:
         raise InputError(f"{model_dir}: holds no conversion plan (graphmod/plan.json): the "
@@ -222,7 +238,8 @@ def _save_variables(values: Dict[str, np.ndarray], out: str, step: int) -> str:
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer(), feeds)
             tf.io.gfile.makedirs(out)
-            return saver.save(sess, os.path.join(out, "model.ckpt"), global_step=step)
+            return saver.save(sess, os.path.join(out, "model.ckpt"), global_step=step,
+                              write_meta_graph=False)  # this stand-in graph is not the model
 
 
 def _initial_rows(planned) -> np.ndarray:
@@ -247,6 +264,7 @@ def to_tables(checkpoint: str, out: str, variables: List[str]) -> str:
     checkpoint's path."""
     from graphmod.saver import TableSaver  # pylint: disable=import-outside-toplevel
     import graphmod  # pylint: disable=import-outside-toplevel
+    _empty_output(out)
     try:
         reader = tf.train.load_checkpoint(checkpoint)
     except (tf.errors.OpError, ValueError) as e:
@@ -294,7 +312,8 @@ def to_tables(checkpoint: str, out: str, variables: List[str]) -> str:
             sess.run(imports, feeds)
             tf.io.gfile.makedirs(out)
             step = int(reader.get_tensor("global_step")) if "global_step" in shapes else 0
-            return saver.save(sess, os.path.join(out, "model.ckpt"), global_step=step)
+            return saver.save(sess, os.path.join(out, "model.ckpt"), global_step=step,
+                              write_meta_graph=False)  # this stand-in graph is not the model
 
 
 def _is_slot_of(name: str, variable: str) -> bool:

@@ -21,8 +21,12 @@ def _write(text: str, output: Optional[str]) -> None:
     if output is None:
         sys.stdout.write(text)
         return
-    with open(output, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:  # aside, then renamed: a failed write leaves no half of a page
+        with open(output + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(output + ".tmp", output)
+    except OSError as e:
+        raise InputError(f"{output}: cannot be written ({e.strerror})") from None
     print(f"graphmod: wrote {output}", file=sys.stderr)
 
 
