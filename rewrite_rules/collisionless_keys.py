@@ -30,8 +30,8 @@ from typing import Dict, List, Optional, Set
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-from graphmod.rewrite.gradients import feeds_only
 from graphmod.rewrite.ids import carried, carrying_inputs, is_gather, is_squeezer
+from graphmod.rewrite.index import GraphIndex, walk
 from graphmod.rewrite.plan import SEGMENT_READS, Conversion, PlanMismatch
 from graphmod.rewrite.rule import Context
 
@@ -78,35 +78,25 @@ def _reads_rows(op: tf.Operation) -> bool:
 
 def sources(gather_ids: List[tf.Tensor]) -> List[tf.Operation]:
     """Squeezing ops upstream of the given gather ids."""
-    found, seen, stack = [], set(), [t.op for t in gather_ids]
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if is_squeezer(op):
-            found.append(op)
-            continue
-        # any cast: refusal() then says why a narrowing one stops it
-        stack.extend(t.op for t in carrying_inputs(op))
-    return found
+    # any cast: refusal() then says why a narrowing one stops it
+    return [op for op in walk([t.op for t in gather_ids], lambda op: [] if is_squeezer(op)
+                              else [t.op for t in carrying_inputs(op)]) if is_squeezer(op)]
 
 
-def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set[str]
-            ) -> Optional[str]:
+def refusal(graph: GraphIndex, source: tf.Operation, converted_gathers: Set[str],
+            replaced_ops: Set[str]) -> Optional[str]:
     """Why the source cannot be unsqueezed, or None when it can. replaced_ops
     are the converted variables' old optimizer updates, which will not run."""
-    seen, stack = set(), [source.outputs[0]]
-    while stack:
-        t = stack.pop()
-        if t.ref() in seen:
-            continue
-        seen.add(t.ref())
-        for op in t.consumers():
+    reasons = []
+
+    def readers(t):  # the tensors carrying t's ids on; notes a reader of their values
+        carriers = []
+        for op in graph.consumers(t):
             index = [i for i, x in enumerate(op.inputs) if x is t]
             if _reads_rows(op) and 1 in index and 0 not in index:
                 if op.name not in converted_gathers:
-                    return f"its ids also index '{op.inputs[0].op.name}', which stays dense"
+                    reasons.append(f"its ids also index '{op.inputs[0].op.name}', which "
+                                   "stays dense")
                 continue
             if op.type in SEGMENT_READS and 0 not in index:
                 continue  # positions in the batch, segment ids or counts
@@ -114,14 +104,18 @@ def refusal(source: tf.Operation, converted_gathers: Set[str], replaced_ops: Set
                 continue
             outs = [carried(op, i) for i in index]
             if all(o is not None for o in outs):
-                stack.extend(x for o in outs for x in o)
-                continue
-            if feeds_only(op, replaced_ops):
-                continue
-            what = (f"a cast to {op.outputs[0].dtype.name}" if op.type == "Cast"
-                    else op.type)
-            return f"its ids also reach {what} '{op.name}', which reads their values"
-    return None
+                carriers.extend(x for o in outs for x in o)
+            elif not graph.feeds_only(op, replaced_ops):
+                what = (f"a cast to {op.outputs[0].dtype.name}" if op.type == "Cast"
+                        else op.type)
+                reasons.append(f"its ids also reach {what} '{op.name}', which reads their "
+                               "values")
+        return [] if reasons else carriers
+
+    for _ in walk([source.outputs[0]], readers):
+        if reasons:
+            return reasons[0]
+    return reasons[0] if reasons else None
 
 
 def _unsqueeze(rw, source: tf.Operation) -> tf.Tensor:
@@ -170,7 +164,7 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
         c.unsqueezed, c.unsqueezed_types = [], []
         for source in found:
             if source.name not in decided:
-                decided[source.name] = refusal(source, converted, replaced_ops)
+                decided[source.name] = refusal(rw.index, source, converted, replaced_ops)
                 if decided[source.name] is None:
                     _unsqueeze(rw, source)
                     context.unsqueezed.append(source.name)

@@ -40,10 +40,12 @@ def check(conversion: Conversion, context: Context) -> None:
 
 def rewrite(rw, conversions, context: Context) -> None:
     handles = {c.table.handle.name for c in conversions if c.table is not None}
-    candidates = [op for op in rw.graph.get_operations()
-                  if op.type in fused.FUSES and op.inputs[0].name in handles
+    # (A single op an earlier rule replaced, e.g. shard_exchange's one-rank
+    # lookups, is used no more and must not join a live fused op.)
+    candidates = [op for op in rw.index.of_type(*fused.FUSES)
+                  if op.inputs[0].name in handles
                   and op._control_flow_context is None  # pylint: disable=protected-access
-                  and _live(op)]
+                  and rw.index.used(op)]
     if len(candidates) < 2:
         return
     levels, sources = levels_and_sources(candidates)
@@ -53,7 +55,7 @@ def rewrite(rw, conversions, context: Context) -> None:
         groups[(op.type, op.device, op.inputs[0].device, levels[op], sources[op],
                 frozenset(c.name for c in op.control_inputs),
                 op.get_attr("by_address") if apply else None,
-                frozenset(c.name for c in op._control_outputs) if apply else None,  # pylint: disable=protected-access
+                frozenset(c.name for c in rw.index.control_consumers(op)) if apply else None,
                 )].append(op)
     replaced: Dict[str, tf.Tensor] = {}
     fused_of: Dict[str, tf.Operation] = {}  # single op name -> the fused op doing its work
@@ -79,9 +81,3 @@ def rewrite(rw, conversions, context: Context) -> None:
         if c.apply is not None:
             c.apply = fused_of.get(c.apply.name, c.apply)
 
-
-def _live(op: tf.Operation) -> bool:
-    """Something reads or waits for op: an op an earlier rule replaced
-    (shard_exchange's single-rank lookups) must not join a live fused op."""
-    return bool(op._control_outputs) or any(  # pylint: disable=protected-access
-        t.consumers() for t in op.outputs)

@@ -24,14 +24,14 @@ def check(conversion: Conversion, context: Context) -> None:
     del conversion, context
 
 
-def _assigns(v: tf.Variable):
+def _assigns(index, v: tf.Variable):
     """v's broadcast assigns and the reads waiting for them."""
     handle = v.op.outputs[0]
-    for op in handle.consumers():
+    for op in index.consumers(handle):
         if op.type in ("AssignVariableOp", "Assign") and len(op.inputs) == 2 and \
                 op.inputs[0] is handle and op.inputs[1].op.type == "HorovodBroadcast":
             yield op
-            yield from (c for c in op._control_outputs  # pylint: disable=protected-access
+            yield from (c for c in index.control_consumers(op)
                         if c.type == "ReadVariableOp" and c.inputs[0] is handle)
 
 
@@ -41,5 +41,5 @@ def rewrite(rw, conversions, context: Context) -> None:
         for c in conversions:
             slots = c.update.slots if c.update is not None else []
             for v in [c.variable] + slots:
-                for op in list(_assigns(v)):
+                for op in list(_assigns(rw.index, v)):
                     rw.replace_control_input(op, None)

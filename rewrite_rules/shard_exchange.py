@@ -89,7 +89,7 @@ def _exchange_applies(rw, conversions) -> None:
     groups = collections.defaultdict(list)
     for c in conversions:
         if c.apply is not None:
-            waiting = frozenset(op.name for op in c.apply._control_outputs)  # pylint: disable=protected-access
+            waiting = frozenset(op.name for op in rw.index.control_consumers(c.apply))
             groups[waiting].append(c)
     for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
         old = [c.apply for c in group]

@@ -2,7 +2,7 @@
 import pytest
 import tensorflow as tf
 
-from graphmod.rewrite.view import GraphView
+from graphmod.rewrite.index import GraphIndex as GraphView
 from graphmod.rewrite.rewriter import Rewriter
 
 tf1 = tf.compat.v1

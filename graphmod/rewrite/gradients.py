@@ -12,12 +12,10 @@ from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
+from graphmod.rewrite.index import reads_variable, walk
+
 DENSE = "its update consumes a dense gradient"
 
-
-def reads_variable(t: tf.Tensor) -> bool:
-    return t.op.type == "ReadVariableOp" or (
-        t.op.type == "Identity" and t.op.inputs[0].dtype._is_ref_dtype)  # pylint: disable=protected-access
 
 def consumed_gradient(ops: List[tf.Operation], dim: int
                        ) -> Tuple[Optional[tf.Tensor], Optional[tf.Tensor], str]:
@@ -76,28 +74,30 @@ def from_lookups(gradients: List[Tuple[tf.Tensor, tf.Tensor]], gathers: List[tf.
     anywhere else (another worker's, a placeholder's) name rows no lookup of
     this step read, so no table row would take their gradient."""
     ids = {g.inputs[1].ref() for g in gathers}
-    for _, indices in gradients:
-        stack, seen = [indices], set()
-        while stack:
-            t = stack.pop()
-            if t.ref() in ids or t.ref() in seen:
-                continue
-            seen.add(t.ref())
-            op = t.op
-            if op.type in ("ConcatV2", "Concat", "Pack"):
-                stack.extend(x for x in op.inputs if x.shape.rank != 0 or op.type == "Pack")
-            elif op.type in _INDEX_CARRIERS and t.value_index in _INDEX_OUTPUTS.get(
-                    op.type, range(len(op.outputs))):
-                stack.extend(op.inputs[i] for i in _INDEX_CARRIERS[op.type])
-            else:
-                return (f"its gradient's indices do not all come from its lookups' ids "
-                        f"({op.type} {op.name}): rows no lookup read would get no gradient")
+
+    def carriers(t):  # the tensors t's ids come from
+        op = t.op
+        if t.ref() in ids:
+            return []
+        if op.type in ("ConcatV2", "Concat", "Pack"):
+            return [x for x in op.inputs if x.shape.rank != 0 or op.type == "Pack"]
+        return [op.inputs[i] for i in _INDEX_CARRIERS[op.type]]
+
+    for t in walk([indices for _, indices in gradients], carriers):
+        op = t.op
+        if t.ref() not in ids and op.type not in ("ConcatV2", "Concat", "Pack") and not (
+                op.type in _INDEX_CARRIERS and t.value_index in _INDEX_OUTPUTS.get(
+                    op.type, range(len(op.outputs)))):
+            return (f"its gradient's indices do not all come from its lookups' ids "
+                    f"({op.type} {op.name}): rows no lookup read would get no gradient")
     return ""
 
 def split_dense_gradient(grad: tf.Tensor, v: tf.Variable):
     """(IndexedSlices parts, penalty scalars, why not) of a dense gradient that sums
     IndexedSlices made dense (UnsortedSegmentSum, as tf.gradients adds them to
-    dense terms) and L2 penalty terms over the whole variable (x * g)."""
+    dense terms) and L2 penalty terms over the whole variable (x * g). A term
+    added twice counts twice, so this is a match over the sum's terms, not a
+    visit-once walk."""
     parts, penalties, stack = [], [], [grad]
     while stack:
         t = stack.pop()
@@ -120,18 +120,3 @@ def split_dense_gradient(grad: tf.Tensor, v: tf.Variable):
     if not parts:
         return [], [], f"{DENSE} ({grad.name}) of no rows"
     return parts, penalties, ""
-
-def feeds_only(op: tf.Operation, ends: set) -> bool:
-    """Every path from op ends in ops named in `ends` (ops the rewrite
-    replaces, which will not run); bounded, so a wide fan-out answers False."""
-    seen, stack = set(), [op]
-    while stack:
-        o = stack.pop()
-        if o.name in ends or o.name in seen:
-            continue
-        seen.add(o.name)
-        consumers = [c for t in o.outputs for c in t.consumers()]
-        if not consumers or len(seen) > 64:
-            return False
-        stack.extend(consumers)
-    return True

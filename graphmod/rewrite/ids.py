@@ -10,6 +10,8 @@ from typing import List, Optional
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from graphmod.rewrite.index import walk
+
 
 # Ops that squeeze ids into a variable's rows (hash buckets, `ids % N`); the
 # collisionless_keys rule feeds tables the unsqueezed key instead. A modulo by
@@ -71,20 +73,12 @@ def is_gather(op: tf.Operation) -> bool:
     return op.type in ("ResourceGather", "GatherV2", "Gather")
 
 
-def squeezed_ids(graph: tf.Graph) -> set:
+def squeezed_ids(index) -> set:
     """Refs of the integer tensors that carry the output of a squeezing op
-    (through any cast: narrowed hashed ids are still hashed ids)."""
-    out, stack = set(), []
-    for op in graph.get_operations():
-        if is_squeezer(op):
-            stack.extend(op.outputs)
-    while stack:
-        t = stack.pop()
-        if t.ref() in out:
-            continue
-        out.add(t.ref())
-        for c in t.consumers():
-            for i, x in enumerate(c.inputs):
-                if x is t:
-                    stack.extend(carried(c, i, keep_64_bits=False) or [])
-    return out
+    (through any cast: narrowed hashed ids are still hashed ids), in the
+    graph of index (a graphmod.rewrite.index.GraphIndex)."""
+    def carriers(t):
+        return [o for c in index.consumers(t) for i, x in enumerate(c.inputs) if x is t
+                for o in carried(c, i, keep_64_bits=False) or []]
+    starts = [t for op in index.of_type(*SQUEEZERS) if is_squeezer(op) for t in op.outputs]
+    return {t.ref() for t in walk(starts, carriers)}

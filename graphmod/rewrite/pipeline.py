@@ -19,6 +19,7 @@ import tensorflow as tf
 from graphmod import distributed, features
 from graphmod.distributed.checkpoints import TableParts
 from graphmod.rewrite import plan_file, validate
+from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, plan, trains_anything
 from graphmod.rewrite.report import RewriteReport
 from graphmod.rewrite.rewriter import Rewriter
@@ -60,9 +61,10 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     start = time.time()
     # A "training" graph that updates no variable at all only reads (a
     # MonitoredSession run for inference): its lookups must not insert.
-    training = mode == "train" and trains_anything(graph)
+    index = GraphIndex(graph)  # the one scan of the graph; the Rewriter keeps it current
+    training = mode == "train" and trains_anything(index)
     replay = plan_file.read(model_dir)
-    conversions, skipped = plan(graph, settings, training, replay)
+    conversions, skipped = plan(index, settings, training, replay)
     latest = _latest(model_dir)
     names = _checkpoint_names(latest)
     # exact=True: keys stay as the model squeezed them (collisions included).
@@ -87,7 +89,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             continue
         ready.append(c)
     planned = time.time()
-    rw = Rewriter(graph)
+    rw = Rewriter(graph, index)
     state = graph_state(graph)
     clocks, old_timestamp = dict(state.clocks), state.timestamp
     was_sharded = state.sharded
@@ -113,7 +115,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             warm_started = WarmStarter(settings.warm_start, graph, rw).started
         roots = [op for c in ready for t in c.outputs for op in t.consumers()]
         roots += [op for c in ready if c.apply is not None
-                  for op in c.apply._control_outputs]  # pylint: disable=protected-access
+                  for op in rw.index.control_consumers(c.apply)]
         rewritten = time.time()
         validate.check(graph, [c.variable for c in ready], roots, training=training,
                        full=full_check)

@@ -1,6 +1,6 @@
 """Which embedding variables of a graph become tables, and how they are used.
 
-The planner only reads the graph (through GraphView). For every rank-2
+The planner only reads the graph (through the rewrite's GraphIndex). For every rank-2
 float32 variable it classifies each use: a row read (gather or fused
 sparse-segment read, which the rules replace), an optimizer update (whose
 consumed gradient the table's apply will take), a read of its static shape,
@@ -25,7 +25,6 @@ A replayed plan (graphmod.rewrite.plan_file, written by training) fixes which
 variables convert and their table settings in every later graph; a planned
 variable that cannot convert there is an error, not a silent dense fallback.
 """
-import bisect
 import dataclasses
 import fnmatch
 import re
@@ -39,7 +38,7 @@ from graphmod.initializers import (TableInitializer, Unreadable, default_initial
                                    from_variable, to_table_initializer)
 from graphmod.rewrite import collectives, gradients
 from graphmod.rewrite.ids import squeezed_ids
-from graphmod.rewrite.view import GraphView
+from graphmod.rewrite.index import GraphIndex, strip_identity, walk
 
 tf1 = tf.compat.v1
 
@@ -193,10 +192,13 @@ class Conversion:
         return int(self.variable.shape[1])
 
 
-def trains_anything(graph: tf.Graph) -> bool:
-    """Whether any optimizer step in graph updates a variable."""
-    return any(_APPLY.match(op.type) or (op.type in _WRITES and _UPDATE_SCOPE.search(op.name))
-               for op in graph.get_operations())
+def trains_anything(graph) -> bool:
+    """Whether any optimizer step in graph (a tf.Graph or its GraphIndex)
+    updates a variable."""
+    index = graph if isinstance(graph, GraphIndex) else GraphIndex(graph)
+    types = index.types()
+    return any(_APPLY.match(t) for t in types) or any(
+        _UPDATE_SCOPE.search(op.name) for op in index.of_type(*_WRITES.intersection(types)))
 
 
 def table_name_for(variable: tf.Variable) -> str:
@@ -207,7 +209,7 @@ def _variable_tensor(v: tf.Variable) -> tf.Tensor:
     return v.op.outputs[0]
 
 
-def _uses(view: GraphView, v: tf.Variable) -> Dict[str, list]:
+def _uses(view: GraphIndex, v: tf.Variable) -> Dict[str, list]:
     """gathers / updates / shapes / plumbing / other (ops) and values (the
     tensors holding the whole value that `other` ops read) of v."""
     out = {"gathers": [], "updates": [], "shapes": [], "plumbing": [], "other": [],
@@ -287,21 +289,7 @@ def _is_slot(uses: Dict[str, list]) -> bool:
                              for op in ops)
 
 
-class _Scopes:
-    """Ops under a name scope, by binary search over the sorted op names."""
-
-    def __init__(self, graph: tf.Graph):
-        self.ops = sorted(graph.get_operations(), key=lambda op: op.name)
-        self.names = [op.name for op in self.ops]
-
-    def under(self, scope: str) -> List[tf.Operation]:
-        # "/" sorts just before "0", so "scope/" ... "scope0" spans the scope.
-        lo = bisect.bisect_left(self.names, scope + "/")
-        hi = bisect.bisect_left(self.names, scope + "0")
-        return self.ops[lo:hi]
-
-
-def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf.Operation],
+def _update_of(view: GraphIndex, v: tf.Variable, writes: List[tf.Operation],
                variables_by_op: Dict[tf.Operation, tf.Variable]) -> Tuple[Optional[Update], str]:
     """The update of v and its consumed gradient, and why that gradient cannot
     be taken ("" when it can); (None, why) when the update is no optimizer step."""
@@ -310,7 +298,7 @@ def _update_of(view: GraphView, scopes: _Scopes, v: tf.Variable, writes: List[tf
         return None, ("updated by several optimizer steps (" + ", ".join(scope_names)
                       + "): their order is undefined, a table applies one update a step")
     scope = scope_names[0]
-    ops = scopes.under(scope)
+    ops = view.under(scope)
     update_op = None
     for op in ops:
         if any(not c.name.startswith(scope + "/") for c in view.control_consumers(op)):
@@ -373,38 +361,23 @@ def _combined_dense(dense: tf.Tensor, v: tf.Variable):
     return Combined(collective, parts, scales), parts, [], why
 
 
-def _summary_sinks(view: GraphView, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
+def _summary_sinks(view: GraphIndex, ops: List[tf.Operation]) -> Optional[List[tf.Operation]]:
     """The summary ops every forward path from ops ends in (canned linear
     models summarise the fraction of zero weights, reading them densely), or
     None when some path ends elsewhere, or in a merge the model built (a
     Scaffold or SummarySaverHook may run it, whatever the collections say)."""
-    seen, stack, sinks = set(), list(ops), []
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
+    for op in walk(ops, view.op_consumers):
         if op.type == "MergeSummary":
             return None
-        consumers = [c for t in op.outputs for c in view.consumers(t)]
-        if not consumers:
-            if not op.type.endswith("Summary"):
-                return None
-            sinks.append(op)
-        stack.extend(consumers)
-    return sinks
+    sinks = view.sinks(ops)
+    return sinks if all(op.type.endswith("Summary") for op in sinks) else None
 
 
 def _seed_of(v: tf.Variable) -> Optional[int]:
     """A table seed from the seeds of the variable's random initializer op, so
     that the graph seed (RunConfig(tf_random_seed=...)) changes the initial
     rows as it changes the variable's; None when the op is unseeded."""
-    stack, seen = [v.initial_value.op], set()
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
+    for op in walk([v.initial_value.op], lambda op: [t.op for t in op.inputs]):
         if "seed2" in op.node_def.attr:
             seeds = (op.get_attr("seed"), op.get_attr("seed2"))
             return zlib.crc32(f"{seeds[0]}/{seeds[1]}".encode()) if any(seeds) else None
@@ -413,7 +386,6 @@ def _seed_of(v: tf.Variable) -> Optional[int]:
             value = folding.fold(op.inputs[1])
             return None if value is None else zlib.crc32(
                 "/".join(str(int(x)) for x in value.reshape(-1)).encode())
-        stack.extend(t.op for t in op.inputs)
     return None
 
 
@@ -422,30 +394,22 @@ def _initializer_op(v: tf.Variable) -> tf.Operation:
     return getattr(v.initializer, "op", v.initializer)
 
 
-def _strip_identity(t: tf.Tensor) -> tf.Tensor:
-    while t.op.type == "Identity":
-        t = t.op.inputs[0]
-    return t
-
-
 def _initializer_replaced(v: tf.Variable) -> bool:
     """v's initializer no longer assigns v.initial_value (a vocabulary-remapping
     warm start, or another library's): the rows it starts from are unknown."""
     init = _initializer_op(v)
     return not (init.type in ("AssignVariableOp", "Assign") and len(init.inputs) == 2 and
-                _strip_identity(init.inputs[1]) is _strip_identity(v.initial_value))
+                strip_identity(init.inputs[1]) is strip_identity(v.initial_value))
 
 
 def _warm_start_rows(v: tf.Variable) -> Optional[tf.Tensor]:
     """The checkpoint rows init_from_checkpoint (and so tf.estimator's
     WarmStartSettings) made the variable's initial value, or None."""
-    t = v.initial_value
-    while t.op.type == "Identity":
-        t = t.op.inputs[0]
+    t = strip_identity(v.initial_value)
     return t if t.op.type in ("RestoreV2", "Restore", "RestoreSlice") else None
 
 
-def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
+def plan(view: GraphIndex, settings: RewriteSettings, training: bool,
          replay: Optional[Dict[str, Any]] = None
          ) -> Tuple[List[Conversion], List[Tuple[str, str]]]:
     """Returns the conversions to make and the (variable, reason) pairs skipped.
@@ -457,12 +421,11 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
     training, no other variable converts. Raises PlanMismatch naming the
     variable when one of them cannot.
     """
-    view = GraphView(graph)
-    scopes = _Scopes(graph)
+    graph = view.graph
     variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
     by_op = {v.op: v for v in variables}
     conversions, skipped = [], []
-    squeezed = squeezed_ids(graph) if settings.collision_free else set()
+    squeezed = squeezed_ids(view) if settings.collision_free else set()
     for v in variables:
         if v.shape.ndims != 2 or not v.dtype.base_dtype == tf.float32:
             continue
@@ -574,14 +537,14 @@ def plan(graph: tf.Graph, settings: RewriteSettings, training: bool,
             seed = _seed_of(v)
         update, why = None, ""
         if uses["updates"]:  # also outside training: its slots leave the Saver
-            update, why = _update_of(view, scopes, v, uses["updates"], by_op)
+            update, why = _update_of(view, v, uses["updates"], by_op)
             if trains and not why:
                 why = gradients.from_lookups(update.local_gradients, uses["gathers"])
             if not trains:
                 why = ""  # the update never runs in this graph
         ends = {op.name for op in update.ops} if update is not None else set()
         stray = next((op for op in uses["penalty_grads"]
-                      if not gradients.feeds_only(op, ends)), None)
+                      if not view.feeds_only(op, ends)), None)
         if stray is not None and not why:
             why = (f"the gradient of its L2 penalty ({stray.name}) is read by more than its "
                    "update (e.g. a gradient summary), which needs the whole variable")

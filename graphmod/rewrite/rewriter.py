@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
+from graphmod.rewrite.index import GraphIndex
+
 
 @dataclasses.dataclass
 class Change:
@@ -25,8 +27,10 @@ class Change:
 
 
 class Rewriter:
-    def __init__(self, graph: tf.Graph):
+    def __init__(self, graph: tf.Graph, index: Optional[GraphIndex] = None):
         self.graph = graph
+        # The graph's index, kept current: every edit passes through here.
+        self.index = index if index is not None else GraphIndex(graph)
         self.changes: List[Change] = []
         self._undo: List[Callable[[], None]] = []
         self._rule = "(none)"
@@ -53,6 +57,7 @@ class Rewriter:
                 for i in range(before + 2, after + 2):
                     if i in nodes:
                         self._built.setdefault(nodes[i].name, name)  # an inner rule first
+                self.index.refresh()
             self._rule = previous
 
     def _record(self, kind: str, detail: str, undo: Optional[Callable[[], None]] = None):
@@ -84,21 +89,25 @@ class Rewriter:
     def replace_control_input(self, old: tf.Operation, new: Optional[tf.Operation]) -> int:
         """Ops that waited for `old` wait for `new` instead (or for nothing)."""
         count = 0
-        for op in list(old._control_outputs):  # pylint: disable=protected-access
+        for op in self.index.control_consumers(old):
             before = list(op.control_inputs)
-            after = [c for c in before if c is not old] + ([new] if new is not None else [])
-            op._remove_all_control_inputs()  # pylint: disable=protected-access
-            op._add_control_inputs(after)  # pylint: disable=protected-access
+            self._set_control_inputs(op, [c for c in before if c is not old] +
+                                     ([new] if new is not None else []))
 
             def undo(op=op, before=before):
-                op._remove_all_control_inputs()  # pylint: disable=protected-access
-                op._add_control_inputs(before)  # pylint: disable=protected-access
+                self._set_control_inputs(op, before)
             self._edges.append(dict(op=op.name, input="control", old=old.name,
                                     new=new.name if new is not None else None, rule=self._rule))
             self._record("control", f"{op.name}: ^{old.name} -> "
                          + (f"^{new.name}" if new is not None else "(none)"), undo)
             count += 1
         return count
+
+    def _set_control_inputs(self, op: tf.Operation, inputs: List[tf.Operation]) -> None:
+        before = list(op.control_inputs)
+        op._remove_all_control_inputs()  # pylint: disable=protected-access
+        op._add_control_inputs(inputs)  # pylint: disable=protected-access
+        self.index.control_inputs_changed(op, before)
 
     def remove_from_collections(self, item: Any, keys: Optional[List[str]] = None,
                                 label: Optional[str] = None) -> List[str]:

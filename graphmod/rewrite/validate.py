@@ -8,9 +8,11 @@
    costs about a second per 10,000 ops, so it is opt-in (the Rewriter already
    refuses reroutes across dtypes, and TF checks static shapes on reroute).
 """
-from typing import Iterable, List, Set
+from typing import Iterable, List
 
 import tensorflow as tf
+
+from graphmod.rewrite.index import GraphIndex
 
 tf1 = tf.compat.v1
 _ROOT_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.SUMMARIES)
@@ -21,19 +23,6 @@ _TRAINING_ROOT_COLLECTIONS = (tf1.GraphKeys.TRAIN_OP, tf1.GraphKeys.UPDATE_OPS)
 
 class InvalidRewrite(Exception):
     pass
-
-
-def _ancestors(roots: List[tf.Operation]) -> Set[tf.Operation]:
-    seen: Set[tf.Operation] = set()
-    stack = list(roots)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return seen
 
 
 def check(graph: tf.Graph, removed: Iterable[tf.Variable], roots: List[tf.Operation],
@@ -50,7 +39,7 @@ def check(graph: tf.Graph, removed: Iterable[tf.Variable], roots: List[tf.Operat
             op = getattr(item, "op", item)
             if isinstance(op, tf.Operation):
                 roots.append(op)
-    needed = _ancestors(roots)
+    needed = GraphIndex.ancestors(roots)
     for v in removed:
         if v.op in needed:
             reader = next((op.name for op in needed if v.op in [t.op for t in op.inputs]), "?")
