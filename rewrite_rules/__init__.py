@@ -1,7 +1,8 @@
 """Rewrite rules of graphmod (installed as graphmod.rewrite_rules), one per module.
 
-Each implements graphmod.rewrite.rule's interface (NAME, check, rewrite);
-RULES is the order the pipeline runs them in: keys first (lookups read the
+Each implements graphmod.rewrite.rule's interface (NAME, AFTER, check,
+rewrite); RULES is the order the pipeline runs them in, checked against
+every rule's AFTER when this module loads: keys first (lookups read the
 unsqueezed ids), then the lookups (which build the tables), the warm start,
 dense reads, penalties and updates (which use the tables' rows), under
 Horovod the exchange of lookups and applies with each key's owner rank, the
@@ -11,11 +12,12 @@ graphmod's TableSaver (deltas, adoption of dense checkpoints), and the
 tables' counter summaries last.
 Every rule checks every conversion before any rewrites.
 """
+from graphmod.rewrite.rule import registry
 from graphmod.rewrite_rules import (collisionless_keys, dense_reads, fuse_table_ops,
                                     gather_to_lookup, horovod_broadcast, l2_penalties,
                                     optimizer_updates, saver_swap, shard_exchange,
                                     table_counters, table_saver, warm_start)
 
-RULES = (collisionless_keys, gather_to_lookup, warm_start, dense_reads, l2_penalties,
-         optimizer_updates, shard_exchange, fuse_table_ops, saver_swap, horovod_broadcast,
-         table_saver, table_counters)
+RULES = registry(collisionless_keys, gather_to_lookup, warm_start, dense_reads, l2_penalties,
+                 optimizer_updates, shard_exchange, fuse_table_ops, saver_swap,
+                 horovod_broadcast, table_saver, table_counters)

@@ -25,6 +25,7 @@ When a training plan is replayed (evaluation, prediction, export, resume),
 the table gets exactly the keys training gave it: the plan's squeezing ops are
 unsqueezed (an error if this graph cannot), and no other.
 """
+import dataclasses
 from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
@@ -36,6 +37,15 @@ from graphmod.rewrite.plan import SEGMENT_READS, Conversion, PlanMismatch
 from graphmod.rewrite.rule import Context
 
 NAME = "collisionless_keys"
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys:
+    """The squeezing ops whose consumers now read the full keys, per
+    conversion (their names and op types, saved in the model's plan)."""
+    names: List[str]
+    types: List[str]
+
 
 # Consumers that only look at how many ids there are.
 _POSITIONAL = {"Shape", "Size", "Rank"}
@@ -134,21 +144,16 @@ def _unsqueeze(rw, source: tf.Operation) -> tf.Tensor:
     return keys
 
 
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context
-
-
 def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
     """Unsqueezes every source upstream of the converted gathers that can be
     (or, replaying a plan, exactly the plan's); notes each conversion's."""
-    if not context.collision_free and not any(c.unsqueezed for c in conversions):
+    if not context.collision_free and not any(c.planned_keys for c in conversions):
         return  # (exact=True implies collision_free=False: see the pipeline)
-    from graphmod.rewrite_rules.table_saver import held_densely
     converted = {g.op.name for c in conversions for g in c.gathers}
     replaced_ops = {op.name for c in conversions if c.update is not None for op in c.update.ops}
     decided: Dict[str, Optional[str]] = {}  # source -> refusal reason (None: unsqueezed)
     for c in conversions:
-        if c.unsqueezed is None and held_densely(c, context):
+        if c.planned_keys is None and context.held_densely(c):
             for source in sources([g.op.inputs[1] for g in c.gathers]):
                 decided.setdefault(source.name, (
                     f"'{c.variable.op.name}' is adopted from the dense checkpoint in "
@@ -156,12 +161,12 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
                     f"bucket, so it goes on as the dense model would"))
     for c in conversions:
         found = sources([g.op.inputs[1] for g in c.gathers])
-        planned = c.unsqueezed
+        planned = c.planned_keys
         if planned is not None:
             found = _as_planned(c, found, planned)
         elif not context.collision_free:
             found = []
-        c.unsqueezed, c.unsqueezed_types = [], []
+        keys = Keys([], [])
         for source in found:
             if source.name not in decided:
                 decided[source.name] = refusal(rw.index, source, converted, replaced_ops)
@@ -170,16 +175,17 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
                     context.unsqueezed.append(source.name)
             reason = decided[source.name]
             if reason is None:
-                c.unsqueezed.append(source.name)
-                c.unsqueezed_types.append(source.type)
+                keys.names.append(source.name)
+                keys.types.append(source.type)
             elif planned is not None:
                 raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
                                    f"unsqueezed ids of '{source.name}', but here {reason}")
             elif (source.name, reason) not in context.squeezed_kept:
                 context.squeezed_kept.append((source.name, reason))
-        if c.unsqueezed:
-            c.approximations.append(
-                "keyed by the full ids of " + ", ".join(c.unsqueezed) + ": ids that shared a "
+        context.build(NAME, c, keys)
+        if keys.names:
+            context.approximate(
+                c, "keyed by the full ids of " + ", ".join(keys.names) + ": ids that shared a "
                 "row (hash-bucket or modulo collisions) have rows of their own")
 
 
@@ -191,7 +197,7 @@ def _as_planned(c: Conversion, found: List[tf.Operation], planned: List[str]
     by_name = [s for s in found if s.name in planned]
     if len(by_name) == len(planned):
         return by_name
-    if sorted(s.type for s in found) == sorted(c.unsqueezed_types or []):
+    if sorted(s.type for s in found) == sorted(c.planned_key_types or []):
         return found
     raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the unsqueezed ids of "
                        f"{', '.join(planned)}, which do not reach '{c.variable.op.name}' in this "

@@ -8,7 +8,8 @@ every item. The variable's value is then exactly the table's rows for the
 variable's declared ids (unseen ids read their initial row, or the table's
 default_value), so the read stays what the trained model computes.
 Refuses nothing itself: the planner refuses tables keyed by unsqueezed ids,
-which have no row numbers to read.
+which have no row numbers to read. Builds the rows read (a tensor) per
+conversion it rewrote.
 """
 import tensorflow as tf
 
@@ -17,21 +18,18 @@ from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "dense_reads"
-
-
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context
+AFTER = ("gather_to_lookup",)
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    del context
     for c in conversions:
         if not c.dense_reads:
             continue
-        with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{c.table.name}/dense_read"):
+        table = context.built("gather_to_lookup", c).table
+        with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/dense_read"):
             ids = tf.range(c.rows, dtype=tf.int64)
-            rows = tf.ensure_shape(ops.graphmod_table_find(c.table.handle, ids, dim=c.dim),
+            rows = tf.ensure_shape(ops.graphmod_table_find(table.handle, ids, dim=c.dim),
                                    [c.rows, c.dim])
             for value in c.dense_reads:
                 rw.reroute(value, rows)
-            c.outputs.append(rows)
+        context.build(NAME, c, rows)

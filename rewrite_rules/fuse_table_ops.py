@@ -32,14 +32,12 @@ from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "fuse_table_ops"
-
-
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context  # fusing refuses nothing: what cannot be fused stays as it is
+AFTER = ("optimizer_updates", "shard_exchange")  # fuses the table ops they leave
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    handles = {c.table.handle.name for c in conversions if c.table is not None}
+    # Fusing refuses nothing: what cannot be fused stays as it is.
+    handles = {context.built("gather_to_lookup", c).table.handle.name for c in conversions}
     # (A single op an earlier rule replaced, e.g. shard_exchange's one-rank
     # lookups, is used no more and must not join a live fused op.)
     candidates = [op for op in rw.index.of_type(*fused.FUSES)
@@ -57,8 +55,6 @@ def rewrite(rw, conversions, context: Context) -> None:
                 op.get_attr("by_address") if apply else None,
                 frozenset(c.name for c in rw.index.control_consumers(op)) if apply else None,
                 )].append(op)
-    replaced: Dict[str, tf.Tensor] = {}
-    fused_of: Dict[str, tf.Operation] = {}  # single op name -> the fused op doing its work
     for (kind, device, *_), ops in groups.items():
         if len(ops) < 2:
             continue
@@ -69,15 +65,8 @@ def rewrite(rw, conversions, context: Context) -> None:
             for op, new in zip(ops, outputs):
                 for old, t in zip(op.outputs, new):
                     rw.reroute(old, t)
-                    replaced[old.name] = t
                 rw.replace_control_input(op, fused_op)
-                fused_of[op.name] = fused_op
         done = context.fused.setdefault(kind, [0, 0])
         done[0] += len(ops)
         done[1] += 1
-    for c in conversions:  # the conversions' records follow their ops
-        c.outputs = [replaced.get(t.name, t) for t in c.outputs]
-        c.lookups = [(k, replaced.get(r.name, r)) for k, r in c.lookups]
-        if c.apply is not None:
-            c.apply = fused_of.get(c.apply.name, c.apply)
 

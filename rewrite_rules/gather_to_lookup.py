@@ -13,7 +13,12 @@ the variable's static shape become constants. Gradients are not taken here:
 the optimizer rule takes the one the variable's update consumes, so whatever
 the model did between tf.gradients and the update still applies.
 Refuses gathers with batch dimensions, on another axis, or with non-integer ids.
+Builds, per conversion, its Lookups: the table, each lookup's keys and rows,
+and the tensors the gathers' consumers now read.
 """
+import dataclasses
+from typing import List, Tuple
+
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
@@ -24,6 +29,14 @@ from graphmod.rewrite.plan import SEGMENT_READS, Conversion, Gather
 from graphmod.rewrite.rule import Context, Refused
 
 NAME = "gather_to_lookup"
+AFTER = ("collisionless_keys",)  # lookups read the keys as that rule left them
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookups:
+    table: "graphmod.Table"
+    reads: List[Tuple[tf.Tensor, tf.Tensor]]  # (int64 keys, rows read) of each lookup
+    outputs: List[tf.Tensor]                  # what the variable's readers now read
 
 
 def check(conversion: Conversion, context: Context) -> None:
@@ -39,22 +52,23 @@ def check(conversion: Conversion, context: Context) -> None:
 
 def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
-        _rewrite_one(rw, c)
+        translation = context.match("optimizer_updates", c)
+        context.build(NAME, c, _rewrite_one(rw, c, translation.layout if c.training else None))
 
 
-def _rewrite_one(rw, conversion: Conversion) -> None:
+def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
     s = conversion.settings
+    reads, outputs = [], []
     with rw.rule(NAME):
         table = graphmod.create_table(
             conversion.table_name, conversion.dim, initializer=conversion.initializer,
-            optimizer=conversion.translation.layout if conversion.training else None,
+            optimizer=optimizer,
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
             when_full=s.when_full, admission_sketch_width=s.admission_sketch_width,
             seed=conversion.seed, shape_hint=[conversion.rows, conversion.dim])
         rw.track_added(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)[-1],
                        label=f"table {table.name}")
-        conversion.table = table
         for g in conversion.gathers:
             with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):
                 keys = g.op.inputs[1]  # the current input: keys may have been unsqueezed
@@ -64,15 +78,16 @@ def _rewrite_one(rw, conversion: Conversion) -> None:
                     rows, _ = find_or_insert(table, keys)
                 else:
                     rows = ops.graphmod_table_find(table.handle, keys, dim=table.dim)
-                conversion.lookups.append((keys, rows))
+                reads.append((keys, rows))
                 if g.op.type in SEGMENT_READS:
                     rows = _combine_by_segment(g, rows)
             rw.reroute(g.op.outputs[0], rows)
-            conversion.outputs.append(rows)
+            outputs.append(rows)
         for read in conversion.shape_reads:  # the variable is never initialized now
             rows, dim = conversion.rows, conversion.dim
             value = {"Rank": 2, "Size": rows * dim}.get(read.op.type, [rows, dim])
             rw.reroute(read, tf.constant(value, read.dtype))
+    return Lookups(table, reads, outputs)
 
 
 def _combine_by_segment(read: Gather, rows: tf.Tensor) -> tf.Tensor:

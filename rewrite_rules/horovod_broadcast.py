@@ -20,10 +20,6 @@ from graphmod.rewrite.rule import Context
 NAME = "horovod_broadcast"
 
 
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context
-
-
 def _assigns(index, v: tf.Variable):
     """v's broadcast assigns and the reads waiting for them."""
     handle = v.op.outputs[0]

@@ -19,7 +19,9 @@ shares at each key's owner).
 Refuses (the variable then stays dense): centered RMSProp, Keras momentum and
 Adam forms, TF1 Adam when exact=True (a table's Adam is lazy: rows outside
 the batch keep their moments, which the report states otherwise), and
-anything else it does not recognise.
+anything else it does not recognise. Its match (check) is the update's
+Translation, which gather_to_lookup builds the table's slots from; it builds
+the table's apply op per conversion.
 """
 from typing import List, Optional, Tuple, Union
 
@@ -31,6 +33,7 @@ from graphmod.rewrite.plan import Combined, Conversion, Update
 from graphmod.rewrite.rule import Context, Refused
 
 NAME = "optimizer_updates"
+AFTER = ("gather_to_lookup", "l2_penalties")  # applies to the table, with the penalty's rows
 LAZY_ADAM = ("Adam is lazy on a table: rows outside the batch keep their moments "
              "(TF's dense Adam decays every row's)")
 UNREAD_ROWS = ("its gradient is dense, and the dense {} update moves rows the batch did not "
@@ -189,17 +192,17 @@ def _concat(tensors: List[tf.Tensor]) -> tf.Tensor:
     return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
 
 
-def check(conversion: Conversion, context: Context) -> None:
-    """Translates the update of a variable the graph trains (noting the
-    translation on the conversion); Adam is an approximation (lazy)."""
+def check(conversion: Conversion, context: Context) -> Optional[Translation]:
+    """Translates the update of a variable the graph trains; Adam is an
+    approximation (lazy)."""
     if not conversion.training:
-        return
+        return None
     translation = translate(conversion.update)
     if translation.kind == "adam":
         if context.exact:
             raise Untranslatable("its Adam update would become lazy Adam on a table "
                                  "(exact=True keeps it dense)")
-        conversion.approximations.append(LAZY_ADAM)
+        context.approximate(conversion, LAZY_ADAM)
     if translation.dense and not conversion.penalties and _moves_unread_rows(
             translation, conversion.initializer):
         # A dense gradient (e.g. Horovod's sparse_as_dense) is zero for rows
@@ -207,9 +210,9 @@ def check(conversion: Conversion, context: Context) -> None:
         if context.exact:
             raise Untranslatable(f"its dense {translation.kind} update moves rows the batch did "
                                  "not read (exact=True keeps it dense)")
-        conversion.approximations.append(UNREAD_ROWS.format(translation.kind))
+        context.approximate(conversion, UNREAD_ROWS.format(translation.kind))
     translation.layout = translation.slot_layout()  # refuses slots a table cannot start as
-    conversion.translation = translation
+    return translation
 
 
 def _moves_unread_rows(translation: Translation, initializer) -> bool:
@@ -228,11 +231,13 @@ def _moves_unread_rows(translation: Translation, initializer) -> bool:
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    del context
     hparams = {}  # one stacked vector per distinct set of hyper-parameters
     for c in conversions:
         if c.training:
-            _rewrite_one(rw, c, hparams)
+            apply = _rewrite_one(rw, context.built("gather_to_lookup", c).table, c.update,
+                                 context.match(NAME, c), context.built("l2_penalties", c, []),
+                                 hparams)
+            context.build(NAME, c, apply)
 
 
 def _as_rows(t: tf.Tensor, shape: List[int], dtype: tf.DType) -> tf.Tensor:
@@ -274,11 +279,12 @@ def _as_combined(grads: tf.Tensor, combined: Combined) -> tf.Tensor:
     return grads
 
 
-def _rewrite_one(rw, conversion: Conversion, hparams: dict) -> None:
-    """The table apply of the gradient the update consumes; swapped in for the update."""
-    table, update, translation = conversion.table, conversion.update, conversion.translation
+def _rewrite_one(rw, table, update: Update, translation: Translation,
+                 penalty_parts: List[Tuple[tf.Tensor, tf.Tensor]], hparams: dict) -> tf.Operation:
+    """The table apply of the gradient the update consumes (and of the rows'
+    L2 penalty, when l2_penalties built one); swapped in for the update."""
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{table.name}/apply"):
-        parts = update.local_gradients
+        parts = list(update.local_gradients) + penalty_parts
         keys = _concat([_as_rows(i, [-1], tf.int64) for _, i in parts])
         grads = _concat([_as_rows(v, [-1, table.dim], tf.float32) for v, _ in parts])
         if update.combined is not None:
@@ -288,4 +294,4 @@ def _rewrite_one(rw, conversion: Conversion, hparams: dict) -> None:
                                          optimizer=translation.kind, by_address=False,
                                          nesterov=translation.nesterov)
         rw.replace_control_input(update.update_op, apply)
-    conversion.apply = apply
+    return apply

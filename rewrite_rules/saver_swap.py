@@ -15,10 +15,6 @@ from graphmod.rewrite.rule import Context
 NAME = "saver_swap"
 
 
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context
-
-
 def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
         context.dense_bytes_freed += _rewrite_one(rw, c)

@@ -29,6 +29,7 @@ from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
 
 NAME = "shard_exchange"
+AFTER = ("optimizer_updates", "dense_reads")
 _LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
 
 
@@ -54,55 +55,56 @@ def check(conversion: Conversion, context: Context) -> None:
 def rewrite(rw, conversions, context: Context) -> None:
     if context.ranks <= 1:
         return
+    built = {c.name: context.built("gather_to_lookup", c) for c in conversions}
     with rw.rule(NAME):
-        _exchange_lookups(rw, conversions)
-        _exchange_applies(rw, conversions)
+        _exchange_lookups(rw, list(built.values()))
+        _exchange_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
+                               for c in conversions if c.training])
 
 
-def _exchange_lookups(rw, conversions) -> None:
-    reads = [(c, i) for c in conversions for i, (_, rows) in enumerate(c.lookups)
+def _exchange_lookups(rw, lookups) -> None:
+    """Each dependency level's lookups (of every table) become one exchange."""
+    reads = [(lk.table, keys, rows) for lk in lookups for keys, rows in lk.reads
              if rows.op.type in _LOOKUPS]
     if not reads:
         return
-    levels, _ = levels_and_sources([c.lookups[i][1].op for c, i in reads])
+    levels, _ = levels_and_sources([rows.op for _, _, rows in reads])
     groups = collections.defaultdict(list)
-    for c, i in reads:
-        op = c.lookups[i][1].op
-        groups[(op.type, levels[op])].append((c, i))
+    for read in reads:
+        op = read[2].op
+        groups[(op.type, levels[op])].append(read)
     for (kind, _), group in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
-        tables = [c.table for c, _ in group]
-        keys = [c.lookups[i][0] for c, i in group]
+        tables = [table for table, _, _ in group]
+        keys = [k for _, k, _ in group]
         if kind == "GraphmodTableFindOrInsert":
             # "sum": the hook's gradients do not flow back through the rows
             # (they travel by _exchange_applies), so no scaling is built.
             rows = distributed.exchanged_find_or_insert(tables, keys, combine="sum")
         else:
             rows = distributed.exchanged_find(tables, keys)
-        for (c, i), new in zip(group, rows):
-            old = c.lookups[i][1]
+        for (_, _, old), new in zip(group, rows):
             rw.reroute(old, new)
-            c.lookups[i] = (c.lookups[i][0], new)
-            c.outputs = [new if t is old else t for t in c.outputs]
 
 
-def _exchange_applies(rw, conversions) -> None:
+def _exchange_applies(rw, applies) -> None:
+    """The applies one set of ops waits for (one optimizer's step) exchange
+    their gradients with the keys' owners, which apply them in one fused op."""
     groups = collections.defaultdict(list)
-    for c in conversions:
-        if c.apply is not None:
-            waiting = frozenset(op.name for op in rw.index.control_consumers(c.apply))
-            groups[waiting].append(c)
+    for table, apply in applies:
+        waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
+        groups[waiting].append((table, apply))
     for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
-        old = [c.apply for c in group]
+        tables = [table for table, _ in group]
+        old = [op for _, op in group]
         owned = distributed.exchanged_gradients(
-            [c.table for c in group], [op.inputs[1] for op in old], [op.inputs[2] for op in old])
+            tables, [op.inputs[1] for op in old], [op.inputs[2] for op in old])
         with tf.compat.v1.name_scope("graphmod/owner_apply"):
-            apply = fused.apply([c.table.handle for c in group], [k for k, _ in owned],
+            apply = fused.apply([t.handle for t in tables], [k for k, _ in owned],
                                 [g for _, g in owned], [op.inputs[3] for op in old],
                                 [_text(op.get_attr("optimizer")) for op in old],
                                 [op.get_attr("nesterov") for op in old], by_address=False)
-        for c, op in zip(group, old):
+        for op in old:
             rw.replace_control_input(op, apply)
-            c.apply = apply
 
 
 def _text(value) -> str:

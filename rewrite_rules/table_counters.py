@@ -13,14 +13,11 @@ from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "table_counters"
-
-
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context
+AFTER = ("gather_to_lookup",)
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    tables = [c.table for c in conversions if c.training]
+    tables = [context.built("gather_to_lookup", c).table for c in conversions if c.training]
     if not tables:
         return
     with rw.rule(NAME):

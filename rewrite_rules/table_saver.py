@@ -30,32 +30,21 @@ from typing import List
 import tensorflow as tf
 
 from graphmod import saver as table_saver
-from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.plan import Conversion, checkpoint_name
 from graphmod.rewrite.rule import Context, Refused
 
 NAME = "table_saver"
+AFTER = ("gather_to_lookup",)
 
 
-def checkpoint_name(v: tf.Variable) -> str:
-    """A variable's name in checkpoints (a partitioned variable's parts are
-    saved as slices of the whole)."""
-    info = getattr(v, "_save_slice_info", None)
-    return info.full_name if info is not None else v.op.name
-
-
-def held_densely(conversion: Conversion, context: Context) -> bool:
-    names = context.checkpoint_names
-    return (checkpoint_name(conversion.variable) in names
-            and f"{conversion.table_name}-keys" not in names)
-
-
-def _slot_names(conversion: Conversion) -> List[str]:
-    slots = conversion.translation.slot_vars if conversion.translation is not None else []
+def _slot_names(conversion: Conversion, context: Context) -> List[str]:
+    translation = context.match("optimizer_updates", conversion)
+    slots = translation.slot_vars if translation is not None else []
     return [checkpoint_name(s) for s in slots]
 
 
 def check(conversion: Conversion, context: Context) -> None:
-    if not held_densely(conversion, context):
+    if not context.held_densely(conversion):
         return
     v = conversion.variable
     why = " (the checkpoint in model_dir holds it densely)"
@@ -64,11 +53,11 @@ def check(conversion: Conversion, context: Context) -> None:
     if context.ranks > 1:
         raise Refused(f"adopting it into a table sharded across {context.ranks} Horovod ranks "
                       "is not built" + why)
-    if conversion.unsqueezed:  # a replayed plan's
+    if conversion.planned_keys:
         raise Refused("its table was trained on the full ids of "
-                      f"{', '.join(conversion.unsqueezed)}, which no bucket row can be "
+                      f"{', '.join(conversion.planned_keys)}, which no bucket row can be "
                       "adopted as" + why)
-    missing = [n for n in _slot_names(conversion) if n not in context.checkpoint_names]
+    missing = [n for n in _slot_names(conversion, context) if n not in context.checkpoint_names]
     if conversion.training and missing:
         raise Refused(f"its optimizer slots {', '.join(missing)} are not in the checkpoint" + why)
     if context.scaffold_saver:
@@ -87,10 +76,12 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
         table_saver.replaceable_saver(context.graph)
     except table_saver.NotReplaceable:
         return  # no conversion was adopted (check refused them): the graph's Saver stays
-    adopted = [c for c in conversions if held_densely(c, context)]
+    adopted = [c for c in conversions if context.held_densely(c)]
+    tables = {c.name: context.built("gather_to_lookup", c).table for c in adopted}
     with rw.rule(NAME):
         table_saver.install(rw, context.graph, [
-            table_saver.Adoption(c.table, checkpoint_name(c.variable),
-                                 _slot_names(c) if c.table.num_slots else [], c.rows)
+            table_saver.Adoption(tables[c.name], checkpoint_name(c.variable),
+                                 _slot_names(c, context) if tables[c.name].num_slots else [],
+                                 c.rows)
             for c in adopted])
     context.adopted.extend(c.variable.op.name for c in adopted)

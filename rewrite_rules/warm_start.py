@@ -21,23 +21,21 @@ from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "warm_start"
+AFTER = ("gather_to_lookup",)
 tf1 = tf.compat.v1
-
-
-def check(conversion: Conversion, context: Context) -> None:
-    del conversion, context
 
 
 def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
         if c.warm_start is None:
             continue
-        flag_name = f"graphmod/{c.table.name}/graphmod_warm_started"
+        table = context.built("gather_to_lookup", c).table
+        flag_name = f"graphmod/{table.name}/graphmod_warm_started"
         if context.checkpoint_names and flag_name not in context.checkpoint_names:
             continue  # the model's checkpoint (from before the warm start) restores the table
-        with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{c.table.name}"):
+        with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{table.name}"):
             rows = tf.reshape(c.warm_start, [c.rows, c.dim])
-            imported = c.table.import_rows(tf.range(c.rows, dtype=tf.int64), rows)
+            imported = table.import_rows(tf.range(c.rows, dtype=tf.int64), rows)
             with tf.control_dependencies([imported]):
                 done = tf.constant(True)
             flag = tf1.Variable(done, trainable=False, name="graphmod_warm_started",

@@ -12,7 +12,7 @@ the tables' policies) and raised.
 """
 import dataclasses
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -20,10 +20,11 @@ from graphmod import distributed, features
 from graphmod.distributed.checkpoints import TableParts
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.index import GraphIndex
-from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, plan, trains_anything
+from graphmod.rewrite.plan import (PlanMismatch, RewriteSettings, checkpoint_name, plan,
+                                   trains_anything)
 from graphmod.rewrite.report import RewriteReport
 from graphmod.rewrite.rewriter import Rewriter
-from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite.rule import Context, Refused, Rule
 from graphmod.table import graph_state
 
 tf1 = tf.compat.v1
@@ -42,16 +43,20 @@ def _checkpoint_names(ckpt: Optional[str]) -> frozenset:
 def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             model_dir: Optional[str] = None, timestamp: Optional[tf.Tensor] = None,
             timestamp_name: str = "", full_check: bool = False,
-            estimator_training: bool = False) -> RewriteReport:
+            estimator_training: bool = False, rules: Optional[Sequence[Rule]] = None
+            ) -> RewriteReport:
     """Rewrites graph's embedding variables into tables; returns the report.
 
     mode: "train" (lookups insert ids, updates become table applies), "eval"
     or "predict". model_dir: where the model's plan is read from (and, when
     training, written to). timestamp: the batch's timestamp tensor, which
-    training lookups then stamp rows with (see graphmod.features).
+    training lookups then stamp rows with (see graphmod.features). rules: the
+    registry to run (graphmod.rewrite.rule.registry), default graphmod's own
+    (graphmod.rewrite_rules.RULES).
     """
-    # Imported here: the rules import graphmod.rewrite modules themselves.
-    from graphmod.rewrite_rules import RULES
+    if rules is None:
+        # Imported here: the rules import graphmod.rewrite modules themselves.
+        from graphmod.rewrite_rules import RULES as rules  # pylint: disable=import-outside-toplevel
 
     if mode not in MODES:
         raise ValueError(f"graphmod: mode must be one of {MODES}, got {mode!r}")
@@ -71,16 +76,18 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
+    rw = Rewriter(graph, index)
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
                       ranks=distributed.horovod_ranks() if mode != "predict" else 1,
-                      checkpoint_names=names, scaffold_saver=scaffold_saver)
+                      checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current)
     ready = []
     for c in conversions:
-        name = c.variable.op.name
+        name = c.name
         try:
-            for rule in RULES:
-                rule.check(c, context)
+            for rule in rules:
+                if rule.check is not None:
+                    context.matched(rule.name, c, rule.check(c, context))
         except Refused as e:
             if replay is not None and name in replay:
                 raise PlanMismatch(f"graphmod: '{name}' was converted to a table when training, "
@@ -89,7 +96,6 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             continue
         ready.append(c)
     planned = time.time()
-    rw = Rewriter(graph, index)
     state = graph_state(graph)
     clocks, old_timestamp = dict(state.clocks), state.timestamp
     was_sharded = state.sharded
@@ -105,7 +111,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             features.set_timestamp(timestamp, timestamp_name, graph)
         for c in ready:
             features.set_policy(c.table_name, c.settings.policy, graph)
-        for rule in RULES:
+        for rule in rules:
             rule.rewrite(rw, ready, context)
         warm_started = []
         if training and settings.warm_start is not None and not names:
@@ -113,14 +119,15 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             # also imports the sources' rows (graphmod.warm_start).
             from graphmod.warm_start import WarmStarter
             warm_started = WarmStarter(settings.warm_start, graph, rw).started
-        roots = [op for c in ready for t in c.outputs for op in t.consumers()]
-        roots += [op for c in ready if c.apply is not None
-                  for op in rw.index.control_consumers(c.apply)]
+        outputs = [t for c in ready for t in _outputs(c, context)]
+        roots = [op for t in outputs for op in t.consumers()]
+        roots += [op for c in ready if context.built("optimizer_updates", c) is not None
+                  for op in rw.index.control_consumers(context.built("optimizer_updates", c))]
         rewritten = time.time()
         validate.check(graph, [c.variable for c in ready], roots, training=training,
                        full=full_check)
         if training and model_dir:
-            _save_plan(model_dir, replay, ready)
+            _save_plan(model_dir, replay, ready, context)
     except Exception:
         rw.undo()
         state.sharded = was_sharded
@@ -128,25 +135,17 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         state.clocks, state.timestamp = clocks, old_timestamp
         for c in ready:
             state.policies.pop(c.table_name, None)
-            if c.table is not None:
-                state.tables.pop(c.table.name, None)
+            state.tables.pop(c.table_name, None)
         raise
     report = RewriteReport(
         graph=mode,
         seconds=time.time() - start,
         phase_seconds=dict(plan=planned - start, rewrite=rewritten - planned,
                            validate=time.time() - rewritten),
-        tables=[dict(variable=c.variable.op.name, table=c.table.name, rows=c.rows, dim=c.dim,
-                     slots=c.table.num_slots, lookups=len(c.gathers),
-                     optimizer=c.translation.kind if c.translation else None,
-                     initializer=dataclasses.asdict(c.table.initializer),
-                     unsqueezed=c.unsqueezed, dense_reads=len(c.dense_reads),
-                     warm_started=c.warm_start is not None,
-                     ranks_combine=_ranks_combine(c))
-                for c in ready],
+        tables=[_table_entry(c, context) for c in ready],
         skipped=[dict(variable=v, reason=r) for v, r in skipped],
-        approximations=[dict(variable=c.variable.op.name, what=a)
-                        for c in ready for a in c.approximations],
+        approximations=[dict(variable=c.name, what=a)
+                        for c in ready for a in context.approximations.get(c.name, [])],
         rules=rw.summary(), dense_bytes_freed=context.dense_bytes_freed,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
@@ -154,6 +153,25 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         warm_started=warm_started, sharded_ranks=context.ranks if ready else 1,
         counters=context.counters, record=rw.record())
     return report
+
+
+def _outputs(c, context: Context) -> List[tf.Tensor]:
+    """What the converted variable's readers read now (lookups, dense reads)."""
+    dense = context.built("dense_reads", c)
+    return context.built("gather_to_lookup", c).outputs + ([dense] if dense is not None else [])
+
+
+def _table_entry(c, context: Context) -> dict:
+    table = context.built("gather_to_lookup", c).table
+    translation = context.match("optimizer_updates", c)
+    keys = context.built("collisionless_keys", c)
+    return dict(variable=c.name, table=table.name, rows=c.rows, dim=c.dim,
+                slots=table.num_slots, lookups=len(c.gathers),
+                optimizer=translation.kind if translation else None,
+                initializer=dataclasses.asdict(table.initializer),
+                unsqueezed=keys.names if keys is not None else None,
+                dense_reads=len(c.dense_reads), warm_started=c.warm_start is not None,
+                ranks_combine=_ranks_combine(c))
 
 
 def _ranks_combine(c) -> str:
@@ -164,12 +182,12 @@ def _ranks_combine(c) -> str:
         combined.collective.runs else ""
 
 
-def _save_plan(model_dir: str, replay, ready: List) -> None:
+def _save_plan(model_dir: str, replay, ready: List, context: Context) -> None:
     """The training graph's decisions, added to those of earlier runs."""
     planned = dict(replay or {})
-    from graphmod.rewrite_rules.table_saver import checkpoint_name
     for c in ready:
-        t = c.translation
+        t = context.match("optimizer_updates", c)
+        keys = context.built("collisionless_keys", c)
         slots = [[checkpoint_name(v), float(init)]
                  for v, init in zip(t.slot_vars, t.layout.slot_init)] if t is not None else []
         info = getattr(c.variable, "_save_slice_info", None)
@@ -177,5 +195,6 @@ def _save_plan(model_dir: str, replay, ready: List) -> None:
             if info is not None else None
         planned[c.variable.op.name] = plan_file.Planned(
             c.variable.op.name, c.table_name, c.rows, c.dim, c.settings, c.initializer,
-            c.seed, list(c.unsqueezed or []), list(c.unsqueezed_types or []), slots, part_of)
+            c.seed, list(keys.names) if keys else [], list(keys.types) if keys else [], slots,
+            part_of)
     plan_file.write(model_dir, planned)

@@ -121,7 +121,7 @@ class Gather:
     ids: tf.Tensor
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Update:
     """The optimizer's update of one variable and the gradient it consumes."""
     scope: str                 # e.g. "Adagrad/update_emb"
@@ -155,8 +155,10 @@ class Combined:
     scales: List[Tuple[tf.Tensor, bool]]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Conversion:
+    """The planner's facts about one variable to convert; rules read them and
+    keep what they build in their own results (graphmod.rewrite.rule)."""
     variable: tf.Variable
     table_name: str
     settings: TableSettings
@@ -165,23 +167,22 @@ class Conversion:
     initializer: TableInitializer
     seed: Optional[int]          # None: the table's own (derived from its name)
     training: bool = False       # the graph trains this variable (lookups insert new ids)
-    summaries: List[tf.Operation] = dataclasses.field(default_factory=list)
     # summaries that read the variable densely (they leave the graph's collections)
-    dense_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    summaries: List[tf.Operation] = dataclasses.field(default_factory=list)
     # whole-value reads in a graph that does not train the variable
+    dense_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    # reads of its static shape
     shape_reads: List[tf.Tensor] = dataclasses.field(default_factory=list)
     warm_start: Optional[tf.Tensor] = None  # checkpoint rows the variable starts from
-    penalties: List[tf.Operation] = dataclasses.field(default_factory=list)
     # L2Loss ops over the whole variable (become the penalty of the rows read)
-    lookups: List[Tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=list)
-    # (int64 keys, rows read) of each lookup, set by the gather rule
-    unsqueezed: Optional[List[str]] = None  # replayed: squeezing ops the plan unsqueezes
-    unsqueezed_types: Optional[List[str]] = None  # and their op types
-    approximations: List[str] = dataclasses.field(default_factory=list)
-    translation: Any = None      # the optimizer rule's match (training graphs)
-    table: Any = None            # set by the gather rule
-    outputs: List[tf.Tensor] = dataclasses.field(default_factory=list)  # lookup rows
-    apply: Optional[tf.Operation] = None  # set by the optimizer rule
+    penalties: List[tf.Operation] = dataclasses.field(default_factory=list)
+    # A replayed plan's squeezing ops that training unsqueezed, and their op types
+    planned_keys: Optional[List[str]] = None
+    planned_key_types: Optional[List[str]] = None
+
+    @property
+    def name(self) -> str:
+        return self.variable.op.name
 
     @property
     def rows(self) -> int:
@@ -190,6 +191,13 @@ class Conversion:
     @property
     def dim(self) -> int:
         return int(self.variable.shape[1])
+
+
+def checkpoint_name(v: tf.Variable) -> str:
+    """A variable's name in checkpoints (a partitioned variable's parts are
+    saved as slices of the whole)."""
+    info = getattr(v, "_save_slice_info", None)
+    return info.full_name if info is not None else v.op.name
 
 
 def trains_anything(graph) -> bool:
@@ -556,7 +564,7 @@ def plan(view: GraphIndex, settings: RewriteSettings, training: bool,
             [Gather(op, op.inputs[1]) for op in uses["gathers"]], update, initializer, seed,
             training=trains, summaries=summaries, dense_reads=dense_reads,
             shape_reads=uses["shapes"], penalties=uses["penalties"], warm_start=warm_start,
-            unsqueezed=planned.unsqueezed if planned is not None else None,
-            unsqueezed_types=planned.unsqueezed_types if planned is not None else None))
+            planned_keys=planned.unsqueezed if planned is not None else None,
+            planned_key_types=planned.unsqueezed_types if planned is not None else None))
     return conversions, skipped
 

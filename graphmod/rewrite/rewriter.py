@@ -38,6 +38,9 @@ class Rewriter:
         # the rule behind every change (see record()).
         self._built: Dict[str, str] = {}
         self._edges: List[dict] = []
+        # What each replaced tensor (by ref) or op became: results that hold
+        # the old one read the new one through current().
+        self._replaced: Dict[Any, Any] = {}
 
     @contextlib.contextmanager
     def rule(self, name: str):
@@ -67,10 +70,13 @@ class Rewriter:
 
     def reroute(self, old: tf.Tensor, new: tf.Tensor, consumers: Optional[List[tf.Operation]] = None,
                 ignore: Optional[List[tf.Operation]] = None) -> int:
-        """Makes consumers of `old` (default: all but `ignore`) read `new`; returns how many."""
+        """Makes consumers of `old` (default: all but `ignore`) read `new`; returns
+        how many. Without `consumers`, new replaces old (see current())."""
         if old.dtype != new.dtype:
             raise TypeError(f"cannot reroute {old.name} ({old.dtype.name}) to {new.name} "
                             f"({new.dtype.name})")
+        if consumers is None:
+            self._replaced[old.ref()] = new
         ignore = set(ignore or [])
         count = 0
         for op in list(consumers if consumers is not None else old.consumers()):
@@ -87,7 +93,10 @@ class Rewriter:
         return count
 
     def replace_control_input(self, old: tf.Operation, new: Optional[tf.Operation]) -> int:
-        """Ops that waited for `old` wait for `new` instead (or for nothing)."""
+        """Ops that waited for `old` wait for `new` instead (or for nothing); a
+        new op replaces old (see current())."""
+        if new is not None:
+            self._replaced[old] = new
         count = 0
         for op in self.index.control_consumers(old):
             before = list(op.control_inputs)
@@ -129,8 +138,19 @@ class Rewriter:
         self._record("collection_add", f"{label or getattr(item, 'name', item)} to {key}",
                      lambda: coll.remove(item))
 
+    def current(self, item: Any) -> Any:
+        """What replaced the op or tensor item, after every replacement so far
+        (item itself when nothing did)."""
+        for _ in range(len(self._replaced) + 1):
+            new = self._replaced.get(item.ref() if isinstance(item, tf.Tensor) else item)
+            if new is None:
+                return item
+            item = new
+        raise ValueError(f"graphmod: replacements of {item.name} form a cycle")
+
     def undo(self) -> None:
         """Reverts every recorded change, newest first."""
+        self._replaced.clear()
         while self._undo:
             self._undo.pop()()
         self.changes.append(Change("(rewriter)", "undo", "all changes reverted"))
