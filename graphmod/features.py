@@ -24,7 +24,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphmod.table import Table, graph_state
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 
@@ -142,7 +142,7 @@ def set_policy(table_name: str, policy: TablePolicy, graph: Optional[tf.Graph] =
     state.policies[table_name] = policy
 
 
-def policy_of(table: Table) -> TablePolicy:
+def policy_of(table: "graphmod.Table") -> TablePolicy:
     return graph_state(table.graph).policies.get(table.name, NO_POLICY)
 
 
@@ -192,13 +192,13 @@ def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> 
                    name="graphmod/clock_wall")
 
 
-def counters(table: Table) -> Dict[str, tf.Tensor]:
+def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
     """Scalars: rows, admitted, rejected (lookups given no row), evicted, pending."""
     info = table.info()
     return {k: info[k] for k in ("size", "admitted", "rejected", "evicted", "pending")}
 
 
-def add_summaries(tables: List[Table]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:
+def add_summaries(tables: List["graphmod.Table"]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:
     """TensorBoard scalars graphmod/<table>/<counter> for each (of at least one)
     table; returns ({table: counters}, the summary, added to SUMMARIES). One
     summary op writes them all (an op per scalar costs a millisecond each to

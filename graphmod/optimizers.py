@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from graphmod import fused
 from graphmod._ops import ops
-from graphmod.table import Lookup, Table, graph_state, training_lookups
+from graphmod.state import Lookup, graph_state, training_lookups
 
 tf1 = tf.compat.v1
 
@@ -62,7 +62,7 @@ class SparseOptimizer:
         """Ops that advance per-step state once every table was updated."""
         return []
 
-    def _check_table(self, table: Table) -> None:
+    def _check_table(self, table: "graphmod.Table") -> None:
         own = table.optimizer
         if own is None and self.slot_init:
             raise ValueError(f"graphmod table '{table.name}' keeps no optimizer slots (created "
@@ -72,7 +72,7 @@ class SparseOptimizer:
             raise ValueError(f"graphmod table '{table.name}' was created for "
                              f"{type(own).__name__}, cannot be trained by {type(self).__name__}")
 
-    def _apply_op(self, table: Table, ids: tf.Tensor, grads: Any, by_address: bool):
+    def _apply_op(self, table: "graphmod.Table", ids: tf.Tensor, grads: Any, by_address: bool):
         self._check_table(table)
         grads = tf.convert_to_tensor(grads, tf.float32)  # IndexedSlices become dense
         return ops.graphmod_table_apply(
@@ -80,7 +80,7 @@ class SparseOptimizer:
             optimizer=self.kind, by_address=by_address,
             nesterov=bool(getattr(self, "use_nesterov", False)))
 
-    def apply(self, table: Table, ids: Any, grads: Any, by_address: bool = False) -> tf.Operation:
+    def apply(self, table: "graphmod.Table", ids: Any, grads: Any, by_address: bool = False) -> tf.Operation:
         """One update of table's rows: ids are keys, or row handles when by_address."""
         self._before_step()
         op = self._apply_op(table, tf.convert_to_tensor(ids, tf.int64), grads, by_address)

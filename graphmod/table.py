@@ -9,9 +9,7 @@ saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
 ...                               optimizer=graphmod.optimizers.Adagrad(0.05))
 >>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
 """
-import dataclasses
 import math
-import weakref
 import zlib
 from typing import Any, Callable, Dict, List, Optional
 
@@ -22,52 +20,9 @@ from tensorflow.python.training.saving import saveable_object
 
 from graphmod._ops import ops
 from graphmod.initializers import TableInitializer, to_table_initializer
+from graphmod.state import Lookup, graph_state, tables, training_lookups  # noqa: F401 (public names)
 
 tf1 = tf.compat.v1
-
-
-@dataclasses.dataclass
-class Lookup:
-    """One training lookup: the raw rows it read and their row handles."""
-    table: "Table"
-    keys: tf.Tensor      # int64 [N]
-    rows: tf.Tensor      # float [N, dim], before any combiner
-    handles: tf.Tensor   # int64 [N], row addresses for by-address optimizers
-
-
-class _GraphState:
-    def __init__(self):
-        self.tables: Dict[str, "Table"] = {}
-        self.lookups: List[Lookup] = []
-        self.policies: Dict[str, Any] = {}  # table name -> graphmod.features.TablePolicy
-        self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
-        self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
-        self.format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
-        # Whether this graph's tables are sharded across Horovod ranks, as
-        # GraphModifierHook's rewrite decided (None: graphmod.distributed.enable()'s)
-        self.sharded: Optional[bool] = None
-        # The model_dir's latest checkpoint holds tables in parts (graphmod.saver)
-        self.reads_parts = False
-
-
-_STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
-
-
-def graph_state(graph: Optional[tf.Graph] = None) -> _GraphState:
-    graph = graph or tf1.get_default_graph()
-    if graph not in _STATES:
-        _STATES[graph] = _GraphState()
-    return _STATES[graph]
-
-
-def tables(graph: Optional[tf.Graph] = None) -> List["Table"]:
-    """The tables created in graph (default: the default graph)."""
-    return list(graph_state(graph).tables.values())
-
-
-def training_lookups(graph: Optional[tf.Graph] = None) -> List[Lookup]:
-    """Training lookups made in graph, in creation order."""
-    return list(graph_state(graph).lookups)
 
 
 class Table:

@@ -49,7 +49,7 @@ def _build(checkpoint: str):
     """(tables, variables) recreating what `checkpoint` holds, in the default graph."""
     import graphmod  # pylint: disable=import-outside-toplevel
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
-    from graphmod.table import graph_state  # pylint: disable=import-outside-toplevel
+    from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
     graph_state().reads_parts = True  # a sharded checkpoint's parts
     entries = _tables_of(checkpoint)
     tables = []
