@@ -24,38 +24,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graphmod.settings import NO_POLICY, TablePolicy, check_policy  # noqa: F401 (public here)
 from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
-
-UNITS = ("seconds", "steps")
-
-
-def check_policy(owner: str, access_threshold, eviction_threshold, eviction_unit) -> None:
-    """Raises ValueError naming owner (a table, feature or pattern) for bad settings."""
-    for what, value in (("access_threshold", access_threshold),
-                        ("eviction_threshold", eviction_threshold)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-            raise ValueError(f"{owner}: {what} must be an integer >= -1 (-1 disables), "
-                             f"got {value!r}")
-    if eviction_unit not in UNITS:
-        raise ValueError(f"{owner}: eviction_unit must be one of {UNITS}, got {eviction_unit!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TablePolicy:
-    """Admission and eviction settings of one table (-1 disables either)."""
-    access_threshold: int = -1
-    eviction_threshold: int = -1
-    eviction_unit: str = "seconds"
-
-    @property
-    def evicts(self) -> bool:
-        return self.eviction_threshold >= 0
-
-
-NO_POLICY = TablePolicy()
-
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:

@@ -20,6 +20,7 @@ from tensorflow.python.training.saving import saveable_object
 
 from graphmod._ops import ops
 from graphmod.initializers import TableInitializer, to_table_initializer
+from graphmod.settings import NUM_SHARDS, check_table
 from graphmod.state import Lookup, graph_state, tables, training_lookups  # noqa: F401 (public names)
 
 tf1 = tf.compat.v1
@@ -341,7 +342,7 @@ def _check_name(name: Any) -> str:
 
 
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
-                 default_value: Optional[float] = None, num_shards: int = 16,
+                 default_value: Optional[float] = None, num_shards: int = NUM_SHARDS,
                  seed: Optional[int] = None, max_rows: Optional[int] = None,
                  when_full: str = "lru", admission_sketch_width: Optional[int] = None,
                  shape_hint: Optional[List[int]] = None) -> Table:
@@ -386,23 +387,8 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
     if optimizer is not None and not isinstance(optimizer, SparseOptimizer):
         raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
                         f"optimizer, got {type(optimizer).__name__}")
-    if not isinstance(num_shards, int) or num_shards < 1 or num_shards > 4096 or \
-            num_shards & (num_shards - 1):
-        raise ValueError(f"graphmod table '{name}': num_shards must be a power of two in "
-                         f"[1, 4096], got {num_shards!r}")
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                 or max_rows <= 0):
-        raise ValueError(f"graphmod table '{name}': max_rows must be a positive integer or None, "
-                         f"got {max_rows!r}")
-    if admission_sketch_width is not None and (
-            isinstance(admission_sketch_width, bool) or
-            not isinstance(admission_sketch_width, int) or
-            not 0 < admission_sketch_width <= 2**32):
-        raise ValueError(f"graphmod table '{name}': admission_sketch_width must be None or an "
-                         f"integer in [1, 2**32], got {admission_sketch_width!r}")
-    if when_full not in ("lru", "lfu", "refuse"):
-        raise ValueError(f"graphmod table '{name}': when_full must be 'lru', 'lfu' or 'refuse', "
-                         f"got {when_full!r}")
+    check_table(f"graphmod table '{name}'", num_shards, max_rows, when_full,
+                admission_sketch_width)
     if max_rows is not None and when_full != "refuse" and max_rows < 64 * num_shards:
         from absl import logging
         logging.warning("graphmod table '%s': max_rows %d over %d shards leaves about %d rows "
