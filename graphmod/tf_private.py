@@ -1,0 +1,83 @@
+"""Every private or undocumented TensorFlow surface graphmod's hook uses.
+
+A SessionRunHook is told neither the Estimator whose session it joins, nor
+that Estimator's input batch, nor MonitoredTrainingSession's saving
+arguments, and TF offers no public way to ask. Each use below says what it
+relies on and the version it was checked on (tensorflow-cpu 2.15.1,
+tensorflow-estimator 2.15.0, the last TF with tf.estimator);
+tests/test_tf_private.py fails when TF changes any of it.
+"""
+import inspect
+from typing import Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.training import training_util
+
+tf1 = tf.compat.v1
+
+
+def running_estimator() -> Optional[tf1.estimator.Estimator]:
+    """The Estimator whose train/evaluate/predict is creating this session.
+
+    Relies on (TF 2.15.1): those methods create their MonitoredSession, which
+    calls every hook's begin(), inside their own call, so a frame whose `self`
+    is the Estimator is on the stack. The innermost one is the Estimator
+    whose session it is (an Estimator's method may call another's).
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, tf1.estimator.Estimator):  # tf.estimator.Estimator subclasses it
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def estimator_trains(graph: tf.Graph) -> bool:
+    """Whether graph was built by Estimator.train.
+
+    Relies on (TF 2.15.1): both of Estimator.train's paths put a read of the
+    global step in the collection training_util.GLOBAL_STEP_READ_KEY before
+    calling the model_fn; evaluate, predict and export do not (only training
+    hooks such as StepCounterHook, in their own begin(), add it).
+    """
+    return bool(graph.get_collection(training_util.GLOBAL_STEP_READ_KEY))
+
+
+def session_saves() -> Optional[Tuple[Optional[str], Optional[float], Optional[int]]]:
+    """(checkpoint_dir, save_checkpoint_secs, save_checkpoint_steps) of the
+    MonitoredTrainingSession call creating this session, if any.
+
+    Relies on (TF 2.15.1): the function's code is named
+    MonitoredTrainingSession, has those parameters, and has replaced their
+    defaults (USE_DEFAULT) by the values it saves with before hooks begin.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        args = frame.f_locals
+        if frame.f_code.co_name == "MonitoredTrainingSession" and "checkpoint_dir" in args:
+            return args["checkpoint_dir"], args["save_checkpoint_secs"], args["save_checkpoint_steps"]
+        frame = frame.f_back
+    return None
+
+
+def input_feature(name: str) -> tf.Tensor:
+    """The feature `name` of the batch the Estimator on the call stack feeds
+    its model_fn.
+
+    Relies on (TF 2.15.1): Estimator._train_model_default holds that batch
+    in its local `features` (a dict for dict-of-features input_fns) while
+    its session's hooks begin.
+    """
+    frame = inspect.currentframe()
+    seen = None
+    while frame is not None:
+        batch = frame.f_locals.get("features")
+        if isinstance(batch, dict):
+            if name in batch:
+                return batch[name]
+            seen = sorted(batch)
+        frame = frame.f_back
+    raise ValueError(f"GraphModifierHook: timestamp_feature '{name}' is not in the input batch "
+                     f"({'its features: ' + str(seen) if seen else 'no features dict found'}); "
+                     "pass the timestamp tensor itself when not training an Estimator")
