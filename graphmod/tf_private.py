@@ -44,6 +44,16 @@ def estimator_trains(graph: tf.Graph) -> bool:
     return bool(graph.get_collection(training_util.GLOBAL_STEP_READ_KEY))
 
 
+def global_step_read(graph: tf.Graph) -> Optional[tf.Tensor]:
+    """The global step's value as TF's own step-counting hooks read it (one
+    cached read per graph; None without a global step).
+
+    Relies on (TF 2.15.1): training_util._get_or_create_global_step_read,
+    which keeps it in the collection estimator_trains reads.
+    """
+    return training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
+
+
 def session_saves() -> Optional[Tuple[Optional[str], Optional[float], Optional[int]]]:
     """(checkpoint_dir, save_checkpoint_secs, save_checkpoint_steps) of the
     MonitoredTrainingSession call creating this session, if any.

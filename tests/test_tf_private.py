@@ -79,3 +79,16 @@ def test_monitored_training_session_saving_arguments_are_found(tmp_path, args, s
     (seen,) = probe.seen
     assert seen["saves"] == (str(tmp_path),) + saves
     assert seen["estimator"] is None and seen["feature"] is None
+
+
+def test_the_global_step_read_is_cached_in_the_collection_estimator_trains_reads():
+    with tf.Graph().as_default() as graph:
+        assert tf_private.global_step_read(graph) is None  # no global step yet
+        step = tf1.train.get_or_create_global_step()
+        assert not tf_private.estimator_trains(graph)
+        read = tf_private.global_step_read(graph)
+        assert tf_private.global_step_read(graph) is read and tf_private.estimator_trains(graph)
+        with tf1.Session() as sess:
+            sess.run(step.initializer)
+            sess.run(step.assign(7))
+            assert sess.run(read) == 7
