@@ -1,11 +1,12 @@
-"""Every private or undocumented TensorFlow surface graphmod's hook uses.
+"""Every private or undocumented TensorFlow surface graphmod's hooks use.
 
 A SessionRunHook is told neither the Estimator whose session it joins, nor
 that Estimator's input batch, nor MonitoredTrainingSession's saving
 arguments, and TF offers no public way to ask. Each use below says what it
 relies on and the version it was checked on (tensorflow-cpu 2.15.1,
 tensorflow-estimator 2.15.0, the last TF with tf.estimator);
-tests/test_tf_private.py fails when TF changes any of it.
+tests/test_tf_private.py fails when TF changes any of it. (export_saved_model
+needs none: it goes through the public Estimator.model_fn.)
 """
 import inspect
 from typing import Optional, Tuple
@@ -16,6 +17,14 @@ from tensorflow.python.training import training_util
 tf1 = tf.compat.v1
 
 
+def _callers():
+    """The frames of the Python call stack, innermost first."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
 def running_estimator() -> Optional[tf1.estimator.Estimator]:
     """The Estimator whose train/evaluate/predict is creating this session.
 
@@ -24,13 +33,9 @@ def running_estimator() -> Optional[tf1.estimator.Estimator]:
     is the Estimator is on the stack. The innermost one is the Estimator
     whose session it is (an Estimator's method may call another's).
     """
-    frame = inspect.currentframe()
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, tf1.estimator.Estimator):  # tf.estimator.Estimator subclasses it
-            return owner
-        frame = frame.f_back
-    return None
+    owners = (frame.f_locals.get("self") for frame in _callers())
+    # tf.estimator.Estimator subclasses tf.compat.v1.estimator.Estimator.
+    return next((o for o in owners if isinstance(o, tf1.estimator.Estimator)), None)
 
 
 def estimator_trains(graph: tf.Graph) -> bool:
@@ -62,12 +67,10 @@ def session_saves() -> Optional[Tuple[Optional[str], Optional[float], Optional[i
     MonitoredTrainingSession, has those parameters, and has replaced their
     defaults (USE_DEFAULT) by the values it saves with before hooks begin.
     """
-    frame = inspect.currentframe()
-    while frame is not None:
+    for frame in _callers():
         args = frame.f_locals
         if frame.f_code.co_name == "MonitoredTrainingSession" and "checkpoint_dir" in args:
             return args["checkpoint_dir"], args["save_checkpoint_secs"], args["save_checkpoint_steps"]
-        frame = frame.f_back
     return None
 
 
@@ -79,15 +82,13 @@ def input_feature(name: str) -> tf.Tensor:
     in its local `features` (a dict for dict-of-features input_fns) while
     its session's hooks begin.
     """
-    frame = inspect.currentframe()
     seen = None
-    while frame is not None:
+    for frame in _callers():
         batch = frame.f_locals.get("features")
         if isinstance(batch, dict):
             if name in batch:
                 return batch[name]
             seen = sorted(batch)
-        frame = frame.f_back
     raise ValueError(f"GraphModifierHook: timestamp_feature '{name}' is not in the input batch "
                      f"({'its features: ' + str(seen) if seen else 'no features dict found'}); "
                      "pass the timestamp tensor itself when not training an Estimator")
