@@ -37,7 +37,7 @@ from graphmod.hooks.incremental_save import IncrementalSaveHook
 from graphmod.warm_start import WarmStartSettings
 from graphmod.rewrite.mode import graph_mode
 from graphmod.rewrite.pipeline import rewrite
-from graphmod.rewrite.plan import RewriteSettings, TableSettings
+from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
 from graphmod.table import tables as graphmod_tables
 
@@ -112,7 +112,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
     hook for variables of the plan do not change their tables).
     """
 
-    def __init__(self, min_rows: int = 10_000, tables: Optional[dict] = None,
+    def __init__(self, min_rows: int = MIN_ROWS, tables: Optional[dict] = None,
                  collision_free: bool = True, exact: bool = False, dump_graph: bool = False,
                  full_check: bool = False, model_dir: Optional[str] = None,
                  timestamp_feature=None, evict_time_interval: Optional[float] = 86400,
@@ -120,22 +120,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  incremental_every_steps: Optional[int] = None,
                  incremental_every_secs: Optional[float] = None,
                  warm_start: Optional[WarmStartSettings] = None):
-        if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
-            raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
-        table_settings = {}
-        for pattern, settings in (tables or {}).items():
-            if isinstance(settings, dict):
-                try:
-                    settings = TableSettings(**settings)
-                except (TypeError, ValueError) as e:
-                    raise ValueError(f"GraphModifierHook: bad settings for tables pattern "
-                                     f"'{pattern}': {e}") from None
-            if not isinstance(settings, TableSettings):
-                raise TypeError(f"GraphModifierHook: settings for '{pattern}' must be a dict or "
-                                f"TableSettings, got {type(settings).__name__}")
-            table_settings[pattern] = settings
-        self.settings = RewriteSettings(min_rows, table_settings, bool(collision_free),
-                                        bool(exact), warm_start)
+        # (validates min_rows and the tables' settings, naming the hook)
+        self.settings = RewriteSettings(min_rows, tables, collision_free, exact, warm_start)
         self.dump_graph = dump_graph
         self.full_check = full_check
         self.model_dir = model_dir
