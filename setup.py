@@ -1,6 +1,5 @@
 """Builds graphmod's op library (graphmod/_graphmod_ops.so) with the compile and
-link flags of the TensorFlow it will be loaded into, and maps the top-level
-hooks/ and rewrite_rules/ folders to graphmod.hooks and graphmod.rewrite_rules."""
+link flags of the TensorFlow it will be loaded into."""
 import json
 import os
 import subprocess
@@ -87,10 +86,10 @@ class TfBuildExt(build_ext):
 
 
 setup(
-    packages=["graphmod", "graphmod.rewrite", "graphmod.distributed", "graphmod.cli",
-              "graphmod.hooks", "graphmod.rewrite_rules"],
-    package_dir={"graphmod": "graphmod", "graphmod.hooks": "hooks",
-                 "graphmod.rewrite_rules": "rewrite_rules"},
+    # graphmod/hooks and graphmod/rewrite_rules are links to the top-level
+    # hooks/ and rewrite_rules/ folders: the wheel holds their files there.
+    packages=["graphmod", "graphmod.embeddings", "graphmod.checkpoint", "graphmod.rewrite",
+              "graphmod.distributed", "graphmod.cli", "graphmod.hooks", "graphmod.rewrite_rules"],
     ext_modules=[Extension("graphmod._graphmod_ops", NATIVE_SOURCES, include_dirs=["."],
                            language="c++", depends=["native/table.h", "native/table_resource.h"])],
     cmdclass={"build_ext": TfBuildExt},

@@ -94,7 +94,7 @@ def files_bytes(prefix: str) -> int:
 
 def build(n_keys):
     import graphmod
-    from graphmod.saver import TableSaver
+    from graphmod.checkpoint.saver import TableSaver
     step = tf1.train.get_or_create_global_step()
     opt = graphmod.optimizers.Adagrad(0.1)
     table = graphmod.create_table("bench", DIM, optimizer=opt)

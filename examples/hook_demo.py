@@ -18,7 +18,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 import graphmod
-from graphmod import data
+import synthetic as data
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS

@@ -1,6 +1,6 @@
 """graphmod on several Horovod ranks: embedding tables sharded by key.
 
-Each of the 26 categorical features of graphmod.data's Criteo-like stream
+Each of the 26 categorical features of synthetic.py's Criteo-like stream
 gets a table (dim 8); with `graphmod.distributed.enable()`, every key lives
 on one owner rank, and each step's lookups of all 26 tables exchange ids
 and rows with the owners in one exchange. The dense layers are
@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import graphmod  # noqa: E402
-from graphmod import data  # noqa: E402
+import synthetic as data  # noqa: E402
 
 tf1 = tf.compat.v1
 

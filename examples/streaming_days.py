@@ -22,7 +22,7 @@ import tensorflow as tf
 from absl import logging
 
 import graphmod
-from graphmod import data
+import synthetic as data
 
 tf1 = tf.compat.v1
 DAY = 86400

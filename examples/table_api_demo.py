@@ -5,7 +5,7 @@ What it shows
 * A plain ``tf.estimator.Estimator`` whose ``model_fn`` uses graphmod's explicit
   table API: one dynamic embedding table per categorical feature (C1..C26),
   created with ``graphmod.create_table`` and read with ``graphmod.sparse_lookup``.
-* The ids are raw 63-bit "hashed-looking" int64 values (graphmod.data's
+* The ids are raw 63-bit "hashed-looking" int64 values (synthetic.py's
   synthetic Criteo-like stream). There is no vocabulary file, no hash-bucket
   size and no collisions: a table inserts a row the first time a *training*
   lookup sees an id, so tables grow with the data.
@@ -40,7 +40,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_estimator as tf_estimator  # noqa: E402
 
 import graphmod  # noqa: E402
-from graphmod import data  # noqa: E402
+import synthetic as data  # noqa: E402
 
 tf1 = tf.compat.v1
 ModeKeys = tf_estimator.estimator.ModeKeys

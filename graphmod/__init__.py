@@ -4,33 +4,53 @@
 >>> opt = graphmod.optimizers.Adagrad(0.05)
 >>> table = graphmod.create_table("user", dim=16, optimizer=opt)
 >>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
+
+The library's core (this package) never imports the hooks (graphmod.hooks,
+the top-level hooks/ folder) or the rewrite rules (graphmod.rewrite_rules,
+rewrite_rules/), which import the core: the hooks' public names resolve here
+on first use, and the rules' registry is handed to the rewrite pipeline.
 """
-import os as _os
+import importlib
 
-# From a checkout, graphmod.hooks and graphmod.rewrite_rules live in the
-# top-level hooks/ and rewrite_rules/ folders (an installed wheel puts them
-# inside graphmod/): extending __path__ makes both import the same way.
-_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "hooks")) and \
-        _os.path.isfile(_os.path.join(_checkout, "hooks", "__init__.py")):
-    __path__.append(_checkout)  # noqa: F821 (a package's __path__)
+from graphmod import optimizers
+from graphmod.checkpoint import export as _export
+from graphmod.checkpoint.saver import TableSaver
+from graphmod.checkpoint.warm_start import WarmStartSettings
+from graphmod.embeddings.features import FeatureSpec, use_feature_specs
+from graphmod.embeddings.initializers import TableInitializer
+from graphmod.embeddings.lookup import fused_lookup, sparse_lookup
+from graphmod.embeddings.table import Table, create_table
+from graphmod.rewrite.report import RewriteReport
+from graphmod.settings import TableSettings
+from graphmod.state import Lookup, tables, training_lookups
 
-from graphmod import optimizers  # noqa: E402
-from graphmod.initializers import TableInitializer  # noqa: E402
-from graphmod.lookup import fused_lookup, sparse_lookup  # noqa: E402
-from graphmod.table import Lookup, Table, create_table, tables, training_lookups  # noqa: E402
+_HOOKS = {"GraphModifierHook": "graphmod.hooks.graph_modifier",
+          "EvictHook": "graphmod.hooks.evict",
+          "IncrementalSaveHook": "graphmod.hooks.incremental_save"}
 
-from graphmod.features import FeatureSpec, use_feature_specs  # noqa: E402
-from graphmod.settings import TableSettings  # noqa: E402
-from graphmod.export import export_saved_model  # noqa: E402
-from graphmod.hooks.evict import EvictHook  # noqa: E402
-from graphmod.hooks.incremental_save import IncrementalSaveHook  # noqa: E402
-from graphmod.hooks.graph_modifier import GraphModifierHook
-from graphmod.rewrite.report import RewriteReport  # noqa: E402
-from graphmod.warm_start import WarmStartSettings  # noqa: E402
+
+def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: str,
+                       **kwargs) -> bytes:
+    """A SavedModel of an Estimator trained with GraphModifierHook: its serving
+    graph rewritten by graphmod's rules, restoring the tables (see
+    graphmod.checkpoint.export). Extra keyword arguments go to
+    Estimator.export_saved_model. Returns its path.
+
+    >>> path = graphmod.export_saved_model(estimator, serving_input_receiver_fn, "/tmp/export")
+    """
+    from graphmod.rewrite_rules import RULES  # pylint: disable=import-outside-toplevel
+    return _export.export_saved_model(estimator, serving_input_receiver_fn, export_dir_base,
+                                      rules=RULES, **kwargs)
+
+
+def __getattr__(name: str):
+    if name in _HOOKS:
+        return getattr(importlib.import_module(_HOOKS[name]), name)
+    raise AttributeError(f"module 'graphmod' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 __all__ = ["GraphModifierHook", "EvictHook", "IncrementalSaveHook", "export_saved_model", "RewriteReport",
-           "TableSettings", "WarmStartSettings", "FeatureSpec", "use_feature_specs", "create_table",
-           "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup", "TableInitializer", "tables",
-           "training_lookups"]
+           "TableSaver", "TableSettings", "WarmStartSettings", "FeatureSpec", "use_feature_specs",
+           "create_table", "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup",
+           "TableInitializer", "tables", "training_lookups"]

@@ -23,7 +23,7 @@ from typing import Any, Iterable, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphmod import fused
+from graphmod.embeddings import fused
 from graphmod._ops import ops
 from graphmod.state import Lookup, graph_state, training_lookups
 

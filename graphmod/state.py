@@ -1,7 +1,7 @@
 """What graphmod keeps per tf.Graph: its tables, training lookups, admission
 and eviction policies, clocks and sharding decision.
 
-Kept apart from the Table handle (graphmod.table) so that the modules that
+Kept apart from the Table handle (graphmod.embeddings.table) so that the modules that
 read it (features, fused, optimizers, distributed) import no table code.
 A rewrite changes it only through its Rewriter, which snapshots it when the
 rewrite starts and restores it on undo.
@@ -34,7 +34,7 @@ class GraphState:
     # Whether this graph's tables are sharded across Horovod ranks, as
     # GraphModifierHook's rewrite decided (None: graphmod.distributed.enable()'s)
     sharded: Optional[bool] = None
-    # The model_dir's latest checkpoint holds tables in parts (graphmod.saver)
+    # The model_dir's latest checkpoint holds tables in parts (graphmod.checkpoint.saver)
     reads_parts: bool = False
 
     def snapshot(self) -> "GraphState":

@@ -3,7 +3,7 @@
 >>> estimator.train(input_fn, hooks=[graphmod.EvictHook(evict_step_interval=1000)])
 
 Every evict_time_interval seconds and/or every evict_step_interval global
-steps of training, each table whose policy (graphmod.features) has an
+steps of training, each table whose policy (graphmod.embeddings.features) has an
 eviction_threshold drops the rows and counted ids not seen within that
 threshold of the table's newest lookup, and the hook logs what went. Add it to
 training only; GraphModifierHook builds and drives one by itself.
@@ -14,8 +14,9 @@ from typing import List, Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod import distributed, features, tf_private
-from graphmod.table import Table, tables
+from graphmod import distributed, tf_private
+from graphmod.embeddings import features
+from graphmod.embeddings.table import Table, tables
 
 tf1 = tf.compat.v1
 

@@ -12,7 +12,7 @@ failed rewrite is undone and raised; a variable a rule refuses stays dense,
 with a warning naming it and the reason.
 
 Per-table admission and eviction settings (TableSettings) become the tables'
-policies (graphmod.features); when training, the hook then drives an
+policies (graphmod.embeddings.features); when training, the hook then drives an
 EvictHook (and, when asked, an IncrementalSaveHook), adds TensorBoard
 summaries of each table's counters and logs them at the end. The rewrite also
 makes the graph's Saver graphmod's TableSaver (incremental deltas, adoption
@@ -31,15 +31,17 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod import features, tf_private
+from graphmod import tf_private
+from graphmod.embeddings import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
-from graphmod.warm_start import WarmStartSettings
+from graphmod.checkpoint.warm_start import WarmStartSettings
 from graphmod.rewrite.mode import graph_mode
 from graphmod.rewrite.pipeline import rewrite
+from graphmod.rewrite_rules import RULES
 from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
-from graphmod.table import tables as graphmod_tables
+from graphmod.embeddings.table import tables as graphmod_tables
 
 tf1 = tf.compat.v1
 
@@ -163,7 +165,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 ts = self.timestamp_feature
                 timestamp = tf_private.input_feature(ts) if isinstance(ts, str) else ts
                 ts_name = ts if isinstance(ts, str) else ts.name
-            self.report = rewrite(graph, self.settings, mode, model_dir, timestamp, ts_name,
+            self.report = rewrite(graph, self.settings, mode, rules=RULES, model_dir=model_dir,
+                                  timestamp=timestamp, timestamp_name=ts_name,
                                   full_check=self.full_check,
                                   estimator_training=estimator is not None and mode == "train")
         except Exception as e:

@@ -5,7 +5,7 @@
 >>> estimator.train(input_fn, hooks=[graphmod.IncrementalSaveHook(every_steps=100)])
 
 Every every_steps global steps and/or every_secs seconds of training, it
-writes a delta after the latest full checkpoint (graphmod.deltas): the table
+writes a delta after the latest full checkpoint (graphmod.checkpoint.deltas): the table
 rows inserted or updated since the previous save, the keys removed since
 (evicted, pushed out of a full table, removed), the admission counts that
 changed, and every other variable whole. The full checkpoints stay the
@@ -20,10 +20,11 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod import deltas, tf_private
-from graphmod import saver as table_saver
+from graphmod import tf_private
+from graphmod.checkpoint import deltas
+from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite.rewriter import Rewriter
-from graphmod.table import tables
+from graphmod.embeddings.table import tables
 
 tf1 = tf.compat.v1
 

@@ -3,7 +3,7 @@
 After the other rules, a step holds one lookup per converted read and one
 apply per converted variable. This rule replaces each set of single-table ops
 that always run together, and can run as one, with one fused op
-(graphmod.fused), so the step pays one kernel for its reads and one for its
+(graphmod.embeddings.fused), so the step pays one kernel for its reads and one for its
 updates however many features the model has. Ops join one fused op only when
 they
   - are of one type, on one device, with their tables on one device, outside
@@ -18,7 +18,7 @@ they
     lookup's rows (or an apply waiting for another) lands in a later group,
     so fusing never makes a cycle.
 Consumers read the fused op's outputs; ops that waited for an apply wait for
-the fused apply. The fused op's outputs equal the ops' (graphmod.fused), so
+the fused apply. The fused op's outputs equal the ops' (graphmod.embeddings.fused), so
 this rule changes no number.
 """
 import collections
@@ -26,7 +26,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from graphmod import fused
+from graphmod.embeddings import fused
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context

@@ -24,7 +24,7 @@ from tensorflow.python.framework import tensor_util
 
 import graphmod
 from graphmod._ops import ops
-from graphmod.lookup import find_or_insert
+from graphmod.embeddings.lookup import find_or_insert
 from graphmod.rewrite.plan import SEGMENT_READS, Conversion, Gather
 from graphmod.rewrite.rule import Context, Refused
 

@@ -23,7 +23,8 @@ import collections
 
 import tensorflow as tf
 
-from graphmod import distributed, fused
+from graphmod import distributed
+from graphmod.embeddings import fused
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused

@@ -2,13 +2,13 @@
 
 Matches every table a training graph converted; builds one summary op of
 their counters (graphmod/<table>/rows, admitted, rejected, evicted, pending;
-see graphmod.features.add_summaries) and adds it to the SUMMARIES
+see graphmod.embeddings.features.add_summaries) and adds it to the SUMMARIES
 collection, which Estimators merge after the hooks' begin(). Refuses nothing.
 The counters are also handed to the hook, which logs them at the end.
 """
 import tensorflow as tf
 
-from graphmod import features
+from graphmod.embeddings import features
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 

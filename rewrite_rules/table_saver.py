@@ -1,4 +1,4 @@
-"""Rule: the graph's Saver becomes graphmod.saver.TableSaver, which restores a
+"""Rule: the graph's Saver becomes graphmod.checkpoint.saver.TableSaver, which restores a
 table checkpoint with its incremental deltas and adopts dense checkpoints.
 
 Matches every conversion: the deferred Saver an Estimator put in the SAVERS
@@ -29,7 +29,7 @@ from typing import List
 
 import tensorflow as tf
 
-from graphmod import saver as table_saver
+from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite.plan import Conversion, checkpoint_name
 from graphmod.rewrite.rule import Context, Refused
 

@@ -2,7 +2,7 @@
 (GraphModifierHook(warm_start=graphmod.WarmStartSettings(...))).
 
 Matches a training graph whose model_dir holds no checkpoint yet, given
-WarmStartSettings. Builds graphmod.warm_start.WarmStarter's flag variable,
+WarmStartSettings. Builds graphmod.checkpoint.warm_start.WarmStarter's flag variable,
 whose initializer imports the sources' rows into the tables (renamed, key
 filtered, as the settings say) and assigns the dense variables, so the import
 runs exactly when the model is initialized and never after a restore.
@@ -10,7 +10,7 @@ Refuses nothing: a mapping naming no table or variable of the graph is an
 error (the rewrite fails and is undone).
 """
 from graphmod.rewrite.rule import Context
-from graphmod.warm_start import WarmStarter
+from graphmod.checkpoint.warm_start import WarmStarter
 
 NAME = "warm_start_sources"
 AFTER = ("gather_to_lookup", "saver_swap")  # the graph's tables, and its variables left dense

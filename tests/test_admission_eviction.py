@@ -1,4 +1,4 @@
-"""Feature admission and eviction (graphmod.features, graphmod.EvictHook):
+"""Feature admission and eviction (graphmod.embeddings.features, graphmod.EvictHook):
 exact admission on the threshold-th sighting, no gradient before it, eviction
 by timestamp feature, global step and wall clock, LRU/LFU capacity bounds,
 counts and timestamps through checkpoints, and settings refused up front."""
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod import features
+from graphmod.embeddings import features
 
 tf1 = tf.compat.v1
 

@@ -8,6 +8,8 @@ copies of one checkpoint on the same batches and are compared number for
 number, then again after a restart from the table checkpoint the adopted
 model wrote.
 """
+import os
+import sys
 import shutil
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod.saver import Adoption, TableSaver
+from graphmod.checkpoint.saver import Adoption, TableSaver
 
 tf1 = tf.compat.v1
 VOCAB, DIM, BATCH = 300, 4, 32
@@ -229,7 +231,8 @@ def test_deepfm_with_hash_bucket_columns_is_adopted_at_the_dense_models_auc(tmp_
     adopted, its eval AUC right after adoption is the dense model's, and
     after both train on it is the dense model's still."""
     deepctr_estimator = pytest.importorskip("deepctr.estimator")
-    from graphmod import data
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import synthetic as data  # examples/synthetic.py: the demos' data
     cfg = data.SyntheticCriteo(n_dense=2, n_categorical=3, vocab_sizes=(30_000, 20_000, 50),
                                seed=3)
     fc = tf1.feature_column

@@ -3,12 +3,15 @@ Estimators, DNNLinearCombinedClassifier and a tf-slim model_fn. Each trains,
 evaluates, predicts and resumes; its checkpoint holds tables instead of the
 converted variables, and its eval AUC is not worse by more than 0.01 than the
 unmodified model trained on the same data."""
+import os
+import sys
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod import data
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import synthetic as data  # noqa: E402 (examples/synthetic.py: the demos' data)
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.slow

@@ -1,10 +1,13 @@
-"""Tests for graphmod.data, the synthetic Criteo-like stream."""
+"""Tests for examples/synthetic.py, the synthetic Criteo-like stream."""
 
+import os
+import sys
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from graphmod import data
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import synthetic as data  # noqa: E402 (examples/synthetic.py: the demos' data)
 
 # Small vocabularies keep most tests fast; the default config (up to 1M ids)
 # is exercised where its size matters.

@@ -185,7 +185,7 @@ def test_the_example_runs_on_two_ranks():
 
 CHECKPOINT_SCRIPT = textwrap.dedent("""
     import sys
-    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.saver
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.checkpoint.saver
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     mode, folder, out = sys.argv[1:4]  # out last, as run_script passes it
@@ -206,7 +206,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent("""
     if size > 1:
         dense = hvd.DistributedOptimizer(dense)
     train = tf.group(opt.minimize(loss), dense.minimize(loss, var_list=[w]), step.assign_add(1))
-    saver = graphmod.saver.TableSaver(sharded=True, max_to_keep=2)
+    saver = graphmod.checkpoint.saver.TableSaver(sharded=True, max_to_keep=2)
     saver.build()
     tables = {t.name: dict(t.export(), **{"pending_" + k: v for k, v in
                                            t.export_pending().items() if k != "sketch"})
@@ -262,7 +262,7 @@ def test_a_checkpoint_of_two_ranks_restores_on_one_two_and_three(tmp_path):
 
 MISMATCH_SCRIPT = textwrap.dedent("""
     import sys
-    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.saver
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod, graphmod.checkpoint.saver
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     hvd.init()
@@ -270,7 +270,7 @@ MISMATCH_SCRIPT = textwrap.dedent("""
     ids = tf1.placeholder(tf.int64, [None])
     table = graphmod.create_table("user", 4)
     rows = graphmod.sparse_lookup(table, ids)
-    saver = graphmod.saver.TableSaver(sharded=True)
+    saver = graphmod.checkpoint.saver.TableSaver(sharded=True)
     saver.build()
     with tf1.Session() as sess:
         sess.run(rows, {ids: [1, 2, 3]})
@@ -627,7 +627,7 @@ FAILURE_SCRIPT = textwrap.dedent("""
     part = slice(rank * B // size, (rank + 1) * B // size)
     latest = tf.train.latest_checkpoint(model_dir)
     start = int(latest.rsplit("-", 1)[1]) if latest else 0
-    chain = graphmod.deltas.read_manifest(latest) if latest else []
+    chain = graphmod.checkpoint.deltas.read_manifest(latest) if latest else []
     start = chain[-1]["step"] if chain else start  # the restore applies the deltas too
 
     class Steps(tf1.train.SessionRunHook):

@@ -2,16 +2,19 @@
 
 The model_fn below uses the explicit table API (create_table + sparse_lookup +
 a graphmod sparse optimizer grouped with a dense tf.compat.v1 optimizer), as a
-user's model would. Expected values come from the numpy data (graphmod.data)
+user's model would. Expected values come from the numpy data (examples/synthetic.py)
 and from the checkpoint itself, read with tf.train.load_checkpoint.
 """
+import os
+import sys
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_estimator as tf_estimator
 
 import graphmod
-from graphmod import data
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import synthetic as data  # noqa: E402 (examples/synthetic.py: the demos' data)
 
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")
 

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod import fused
+from graphmod.embeddings import fused
 
 tf1 = tf.compat.v1
 
@@ -33,12 +33,12 @@ def run_lookups(fuse_them):
         if fuse_them:
             rows, handles = fused.find_or_insert(chosen, keys)
         else:
-            pairs = [graphmod.lookup.find_or_insert(t, k) for t, k in zip(chosen, keys)]
+            pairs = [graphmod.embeddings.lookup.find_or_insert(t, k) for t, k in zip(chosen, keys)]
             rows, handles = [r for r, _ in pairs], [h for _, h in pairs]
             # the single ops run one after another, entries in order
             for i in range(1, len(rows)):
                 with tf.control_dependencies([rows[i - 1]]):
-                    rows[i], handles[i] = graphmod.lookup.find_or_insert(chosen[i], keys[i])
+                    rows[i], handles[i] = graphmod.embeddings.lookup.find_or_insert(chosen[i], keys[i])
         exports = [t.export() for t in tables]
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
@@ -311,7 +311,7 @@ def run_policy_lookups(fuse_them):
     """Training lookups under admission (table 0, shared by entries 0 and 2,
     admits a key on its 3rd sighting) and a full refusing table (table 1):
     (handles == -1 per entry, admission counters per table), two steps."""
-    from graphmod import features
+    from graphmod.embeddings import features
     with tf.Graph().as_default():
         tables = make_tables()
         t1 = graphmod.create_table("bounded", 8, num_shards=4, max_rows=6, when_full="refuse")
@@ -326,7 +326,7 @@ def run_policy_lookups(fuse_them):
             handles, after = [], []
             for t, k in zip(chosen, keys):
                 with tf.control_dependencies(after):
-                    _, h = graphmod.lookup.find_or_insert(t, k)
+                    _, h = graphmod.embeddings.lookup.find_or_insert(t, k)
                 handles.append(h)
                 after = [h]
         infos = [t.info() for t in tables]

@@ -15,7 +15,7 @@ import tensorflow_estimator as tf_estimator
 
 import graphmod
 from graphmod.rewrite import validate
-from graphmod.table import _TableSaveable
+from graphmod.embeddings.table import _TableSaveable
 
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")
 
@@ -622,7 +622,7 @@ def test_partitioned_variables_and_keras_embedding_layers(kind):
     (lambda: tf1.constant_initializer(0.25), "constant", 0.25, 0.0),
 ])
 def test_tables_inherit_the_variables_initializer(make, kind, a, b):
-    from graphmod.initializers import from_variable
+    from graphmod.embeddings.initializers import from_variable
     with tf.Graph().as_default():
         v = tf1.get_variable("emb", [20_000, 8], initializer=make())
         init = from_variable(v)

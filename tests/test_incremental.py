@@ -234,7 +234,7 @@ def test_a_new_session_of_the_same_graph_tracks_removals_again(tmp_path):
     """MonitoredSession makes a new session after an Aborted error: its tables
     are new, and the TableSaver must make them track again (else deltas lose
     their tombstones and evicted keys come back)."""
-    from graphmod.saver import TableSaver
+    from graphmod.checkpoint.saver import TableSaver
     with tf.Graph().as_default():
         table = graphmod.create_table("t", 2)
         ids = tf1.placeholder(tf.int64, [None])
@@ -264,7 +264,7 @@ def test_a_new_session_of_the_same_graph_tracks_removals_again(tmp_path):
 def test_rows_imported_while_training_are_in_the_next_delta(tmp_path):
     """A table-API import_rows without versions after tracking began carries
     the coming step's version, so the next delta holds the rows."""
-    from graphmod.saver import TableSaver
+    from graphmod.checkpoint.saver import TableSaver
     with tf.Graph().as_default():
         table = graphmod.create_table("t", 2)
         keys = tf1.placeholder(tf.int64, [None])

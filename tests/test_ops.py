@@ -15,7 +15,7 @@ import tensorflow as tf
 from hypothesis import given, settings, strategies as st
 
 import graphmod
-import graphmod.saver
+import graphmod.checkpoint.saver
 from graphmod._ops import library_path
 
 tf1 = tf.compat.v1
@@ -247,7 +247,7 @@ def test_a_checkpoint_format_this_version_cannot_read_is_refused_naming_the_tabl
             sess.run(rows)
             tf1.train.Saver().save(sess, ckpt)
     reader = tf.train.load_checkpoint(ckpt)
-    assert reader.get_tensor("item-format") == graphmod.table.CHECKPOINT_FORMAT == 1
+    assert reader.get_tensor("item-format") == graphmod.embeddings.table.CHECKPOINT_FORMAT == 1
     newer = os.path.join(tempfile.mkdtemp(), "newer")
     names = sorted(reader.get_variable_to_shape_map())
     values = [np.int64(2) if n == "item-format" else reader.get_tensor(n) for n in names]
@@ -286,7 +286,7 @@ def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_pat
         rows = graphmod.sparse_lookup(table, ids)
         train = opt.minimize(tf.reduce_sum(tf.sin(rows)))
         tf1.get_variable("dense", [2], initializer=tf1.ones_initializer())
-        saver = graphmod.saver.TableSaver(sharded=True)
+        saver = graphmod.checkpoint.saver.TableSaver(sharded=True)
         saver.build()
         return table, ids, train, saver
 

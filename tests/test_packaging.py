@@ -34,9 +34,13 @@ def clean_checkout(dest):
     op library built in place, no build folders)."""
     files = run(["git", "ls-files", "-co", "--exclude-standard"], REPO).stdout.split()
     for rel in files:
-        if os.path.isfile(os.path.join(REPO, rel)):
-            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-            shutil.copy2(os.path.join(REPO, rel), os.path.join(dest, rel))
+        src, to = os.path.join(REPO, rel), os.path.join(dest, rel)
+        if os.path.islink(src):  # graphmod/hooks -> ../hooks: a clone keeps the link
+            os.makedirs(os.path.dirname(to), exist_ok=True)
+            os.symlink(os.readlink(src), to)
+        elif os.path.isfile(src):
+            os.makedirs(os.path.dirname(to), exist_ok=True)
+            shutil.copy2(src, to)
     return str(dest)
 
 
@@ -83,6 +87,7 @@ def test_the_wheel_keeps_the_users_tensorflow_and_trains_the_demo(wheel, checkou
         assert "usage: graphmod diff" in help_.stdout
 
         shutil.copy(os.path.join(REPO, "examples", "table_api_demo.py"), elsewhere)
+        shutil.copy(os.path.join(REPO, "examples", "synthetic.py"), elsewhere)
         demo = run([python, "table_api_demo.py", "--train_steps", "150", "--eval_examples",
                     "4000", "--model_dir", str(tmp_path / "model")], str(elsewhere))
         out = demo.stdout + demo.stderr

@@ -1,12 +1,15 @@
 """Model quality with the hook: where hash buckets collide, collision-free
 tables learn what the bucketed variable cannot; where nothing collides, the
 hook matches the unmodified model."""
+import os
+import sys
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod import data
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import synthetic as data  # noqa: E402 (examples/synthetic.py: the demos' data)
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.slow

@@ -66,8 +66,8 @@ def _build(checkpoint: str):
 def compact(model_dir: str) -> str:
     """Writes `model.ckpt-<step of the last delta>` holding the latest full
     checkpoint with its deltas applied; returns its path."""
-    from graphmod import deltas  # pylint: disable=import-outside-toplevel
-    from graphmod.saver import TableSaver  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
     latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
@@ -112,7 +112,7 @@ def to_dense(model_dir: str, out: str) -> Tuple[str, List[str]]:
     whole, as the variable's checkpoints hold it. Returns the written
     checkpoint's path and what did not convert exactly (findings)."""
     from graphmod.rewrite import plan_file  # pylint: disable=import-outside-toplevel
-    from graphmod.saver import TableSaver  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
     latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
@@ -260,7 +260,7 @@ def to_tables(checkpoint: str, out: str, variables: List[str]) -> str:
     their optimizer slots (`<variable>/<slot>` of the same shape) as the
     tables' slot rows; every other entry as it is. Returns the written
     checkpoint's path."""
-    from graphmod.saver import TableSaver  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
     import graphmod  # pylint: disable=import-outside-toplevel
     _empty_output(out)
     try:

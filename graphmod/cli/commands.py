@@ -118,6 +118,7 @@ def rewrite(model: str, fv) -> int:
     from graphmod.rewrite.pipeline import rewrite as run_rewrite  # pylint: disable=import-outside-toplevel
     from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, trains_anything  # pylint: disable=import-outside-toplevel
     from graphmod.rewrite.validate import InvalidRewrite  # pylint: disable=import-outside-toplevel
+    from graphmod.rewrite_rules import RULES  # pylint: disable=import-outside-toplevel
     meta = _as_the_hook_sees(_meta_graph(model))
     graph = tf.Graph()
     with graph.as_default():
@@ -132,7 +133,7 @@ def rewrite(model: str, fv) -> int:
         # No model_dir: nothing is read or written (no plan replayed or saved).
         try:
             report = run_rewrite(graph, RewriteSettings(fv.min_rows, {}, fv.collision_free,
-                                                        fv.exact), mode)
+                                                        fv.exact), mode, rules=RULES)
         except (InvalidRewrite, PlanMismatch) as e:
             print(f"graphmod rewrite: the hook's rewrite of {model} fails: "
                   f"{render.printable(str(e))}", file=sys.stderr)
@@ -194,7 +195,7 @@ def _table_entries(checkpoint: str) -> dict:
 
 def inspect(model_dir: str, fv) -> int:
     """Exit status 1 when a delta of the latest checkpoint is torn."""
-    from graphmod import deltas  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     if not tf.io.gfile.isdir(model_dir):
         raise InputError(f"{model_dir}: no such directory")
     latest = tf.train.latest_checkpoint(model_dir)

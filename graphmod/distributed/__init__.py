@@ -18,7 +18,7 @@ Two ways in:
 - the table API, opt-in (`enable()`): lookups exchange, and gradients come
   back through the exchange's autodiff, averaged over ranks.
 
-Checkpoints of sharded tables are written by graphmod.saver.TableSaver on
+Checkpoints of sharded tables are written by graphmod.checkpoint.saver.TableSaver on
 every rank at the same steps (each rank its keys, full checkpoints and
 deltas: graphmod.distributed.checkpoints) and restore on any number of
 ranks; another Saver's save or restore of a sharded table fails when it

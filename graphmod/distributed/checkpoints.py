@@ -1,6 +1,6 @@
 """Checkpoints of tables sharded across Horovod ranks.
 
-A save runs on every rank at once (graphmod.saver.TableSaver under
+A save runs on every rank at once (graphmod.checkpoint.saver.TableSaver under
 sharding): rank r writes the keys it owns as a part of the checkpoint,
 `<checkpoint>.tables-0000r-of-0000N` (the tables' usual entries, written
 one table shard at a time), all ranks meet in an allreduce once their parts
@@ -25,8 +25,8 @@ from typing import List, Optional
 import tensorflow as tf
 
 from graphmod.distributed.partition import owner_of
-from graphmod import deltas
-from graphmod.table import _import, _TableDeltaSaveable, _TableSaveable, write_tables
+from graphmod.checkpoint import deltas
+from graphmod.embeddings.table import _import, _TableDeltaSaveable, _TableSaveable, write_tables
 
 tf1 = tf.compat.v1
 
@@ -126,7 +126,7 @@ class TableParts:
         return _import(saveable.table, restored, replace=False, part=True, keep=keep)
 
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
-        """The imports of deltas' parts (graphmod.deltas)."""
+        """The imports of deltas' parts (graphmod.checkpoint.deltas)."""
         with tf1.name_scope("graphmod_table_parts"):
             self._delta_own, self._delta_mine = self._imports(saveables)
 
@@ -193,7 +193,7 @@ class ShardedTables(TableParts):
                                             name="graphmod_checkpoint_committed")
 
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
-        """The ops of deltas (graphmod.deltas): this rank writes the changes
+        """The ops of deltas (graphmod.checkpoint.deltas): this rank writes the changes
         to the keys it owns as a part of the delta, all ranks meet once all
         parts are written; a restore imports the parts as the full ones."""
         super().build_deltas(saveables)

@@ -30,7 +30,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphmod import features, fused
+from graphmod.embeddings import features, fused
 from graphmod.distributed.partition import owner_of
 from graphmod.state import Lookup, graph_state
 

@@ -8,7 +8,8 @@ returns the RewriteReport; a training rewrite saves its plan for every later
 graph of the model. A failed rewrite is undone (graph edits, collections and
 the tables' policies) and raised.
 
->>> report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "train", "/tmp/model")
+>>> report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "train",
+...                  rules=graphmod.rewrite_rules.RULES, model_dir="/tmp/model")
 """
 import dataclasses
 import time
@@ -16,7 +17,8 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from graphmod import distributed, features
+from graphmod import distributed
+from graphmod.embeddings import features
 from graphmod.distributed.checkpoints import TableParts
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.index import GraphIndex
@@ -40,23 +42,19 @@ def _checkpoint_names(ckpt: Optional[str]) -> frozenset:
     return frozenset(n for n, _ in tf.train.list_variables(ckpt)) if ckpt else frozenset()
 
 
-def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
+def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Sequence[Rule],
             model_dir: Optional[str] = None, timestamp: Optional[tf.Tensor] = None,
             timestamp_name: str = "", full_check: bool = False,
-            estimator_training: bool = False, rules: Optional[Sequence[Rule]] = None
-            ) -> RewriteReport:
+            estimator_training: bool = False) -> RewriteReport:
     """Rewrites graph's embedding variables into tables; returns the report.
 
     mode: "train" (lookups insert ids, updates become table applies), "eval"
     or "predict". model_dir: where the model's plan is read from (and, when
     training, written to). timestamp: the batch's timestamp tensor, which
-    training lookups then stamp rows with (see graphmod.features). rules: the
-    registry to run (graphmod.rewrite.rule.registry), default graphmod's own
-    (graphmod.rewrite_rules.RULES).
+    training lookups then stamp rows with (see graphmod.embeddings.features).
+    rules: the registry to run (graphmod.rewrite.rule.registry; graphmod's
+    own is graphmod.rewrite_rules.RULES, which its callers hand in).
     """
-    if rules is None:
-        # Imported here: the rules import graphmod.rewrite modules themselves.
-        from graphmod.rewrite_rules import RULES as rules  # pylint: disable=import-outside-toplevel
 
     if mode not in MODES:
         raise ValueError(f"graphmod: mode must be one of {MODES}, got {mode!r}")

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from graphmod.settings import RewriteSettings, TableSettings  # noqa: F401 (read here)
-from graphmod.initializers import (TableInitializer, Unreadable, default_initializer,
+from graphmod.embeddings.initializers import (TableInitializer, Unreadable, default_initializer,
                                    from_variable, to_table_initializer)
 from graphmod.rewrite import collectives, gradients
 from graphmod.rewrite.ids import squeezed_ids

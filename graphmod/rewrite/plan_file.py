@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from graphmod.initializers import TableInitializer
+from graphmod.embeddings.initializers import TableInitializer
 from graphmod.settings import TableSettings
 
 FORMAT = 1

@@ -3,7 +3,7 @@
 Each full checkpoint `<dir>/model.ckpt-100` may have a chain of deltas in
 `<dir>/graphmod/deltas/model.ckpt-100/`:
   manifest.json                        the committed deltas, in order, with checksums
-  delta-000001.index, .data-00000-of-00002 ...  each a TF checkpoint (graphmod.saver)
+  delta-000001.index, .data-00000-of-00002 ...  each a TF checkpoint (graphmod.checkpoint.saver)
 A delta is written under a temporary name, checksummed, renamed to its name,
 and only then listed in the manifest, which is itself replaced by an atomic
 rename: the manifest is the commit point. A crash at any moment leaves the
@@ -60,7 +60,7 @@ def _sync(path: str) -> None:
 
 def files(prefix: str) -> List[str]:
     """The files of the checkpoint at `prefix`: its index and data shards
-    (the tables' part and the rest's, graphmod.saver)."""
+    (the tables' part and the rest's, graphmod.checkpoint.saver)."""
     folder, name = os.path.split(prefix)
     data = re.compile(re.escape(name) + r"\.data-\d{5}-of-\d{5}")
     return [prefix + ".index"] + sorted(os.path.join(folder, f)
@@ -158,7 +158,7 @@ def publish(base: str, tmp: Optional[str], index: int, step: int) -> str:
 
 def discard(tmp: str) -> None:
     """Removes a delta's half-written temporary files (and the folder its
-    parts are written to before they are merged, graphmod.saver)."""
+    parts are written to before they are merged, graphmod.checkpoint.saver)."""
     for path in files(tmp):
         if tf.io.gfile.exists(path):
             tf.io.gfile.remove(path)

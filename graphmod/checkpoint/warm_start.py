@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from graphmod import deltas
+from graphmod.checkpoint import deltas
 
 tf1 = tf.compat.v1
 
@@ -155,7 +155,7 @@ class WarmStarter:
         return None, name
 
     def _start_table(self, table, source: _Source, name: str) -> tf.Operation:
-        from graphmod import features
+        from graphmod.embeddings import features
         unit = features.policy_of(table).eviction_unit
 
         def rows():

@@ -4,7 +4,7 @@ A tf.compat.v1.train.Saver (build deferred, saving what the graph's
 collections hold) that also:
 - restores the incremental checkpoints written after a full one: a restore
   of `model.ckpt-100` applies its committed deltas in order
-  (graphmod.deltas), in training, evaluation, prediction and export alike;
+  (graphmod.checkpoint.deltas), in training, evaluation, prediction and export alike;
 - writes those deltas (`save_delta`, driven by graphmod.IncrementalSaveHook):
   each holds the table rows inserted or updated since the previous save, the
   keys removed since (tombstones), the admission counts that changed, and
@@ -33,9 +33,11 @@ from tensorflow.core.protobuf import saver_pb2
 from tensorflow.python.ops import variables as tf_variables
 from tensorflow.python.training import saver as saver_lib
 
-from graphmod import deltas
+from graphmod.checkpoint import deltas
 from graphmod._ops import ops
 from graphmod.distributed import checkpoints
+from graphmod.embeddings import features
+from graphmod.settings import UNITS
 from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
@@ -55,20 +57,20 @@ def _restore(path: tf.Tensor, name: str) -> tf.Tensor:
 
 
 def _is_table(saveable) -> bool:
-    from graphmod.table import _TableSaveable
+    from graphmod.embeddings.table import _TableSaveable
     return isinstance(saveable, _TableSaveable)
 
 
 def _writes_itself(saveable) -> bool:
-    """A table's saveable, full or delta (graphmod.table): tables are written
+    """A table's saveable, full or delta (graphmod.embeddings.table): tables are written
     by one op, one table shard at a time."""
-    from graphmod.table import _TableDeltaSaveable
+    from graphmod.embeddings.table import _TableDeltaSaveable
     return _is_table(saveable) or isinstance(saveable, _TableDeltaSaveable)
 
 
 class _PartsBuilder(saver_lib.BulkSaverBuilder):
     """Saves a device's tables as a part of their own in a sharded (V2)
-    checkpoint, written by graphmod.table.write_tables one table shard at a
+    checkpoint, written by graphmod.embeddings.table.write_tables one table shard at a
     time, beside the usual part for everything else; TensorFlow's merge
     makes the parts one checkpoint. A SaveV2 of a table's entries would take
     the whole table as tensors: a second copy of it in memory while it
@@ -85,7 +87,7 @@ class _PartsBuilder(saver_lib.BulkSaverBuilder):
         if len(groups) > 1:  # an unsharded Saver's
             return self._AddShardedSaveOpsForV2(filename_tensor, [("", saveables)])
         if groups and _writes_itself(groups[0][0]):
-            from graphmod.table import write_tables
+            from graphmod.embeddings.table import write_tables
             with tf.control_dependencies([write_tables(groups[0], filename_tensor)]):
                 return tf.identity(filename_tensor)
         return super()._AddSaveOps(filename_tensor, saveables)
@@ -187,7 +189,7 @@ class TableSaver(tf1.train.Saver):
         """The delta's save and restore: a Saver of the dense variables and
         the tables' changes, or, with sharded tables, of the dense variables
         alone (None when there are none) beside the tables' parts."""
-        from graphmod.table import _TableDeltaSaveable
+        from graphmod.embeddings.table import _TableDeltaSaveable
         with tf1.name_scope("graphmod_delta"):
             parts = []
             for t in tables:
@@ -208,13 +210,12 @@ class TableSaver(tf1.train.Saver):
     def _build_adoption(self, saveables) -> None:
         adopted = {a.table.name for a in self.adoptions}
         others = [x for x in saveables if not (_is_table(x) and x.table.name in adopted)]
-        from graphmod import features
         with tf1.name_scope("graphmod_adopt"):
             self._adopt_path = tf1.placeholder(tf.string, [], name="checkpoint_path")
             # Adopted rows count as seen at adoption, in each table's
             # eviction clock (the global step, or seconds).
             self._adopt_clock = {unit: tf1.placeholder(tf.int64, [], name=f"now_{unit}")
-                                 for unit in features.UNITS}
+                                 for unit in UNITS}
             for a in self.adoptions:
                 with tf1.name_scope(a.table.name):
                     values = tf.reshape(_restore(self._adopt_path, a.variable),
@@ -229,7 +230,7 @@ class TableSaver(tf1.train.Saver):
                     self._adopt_ops.append(a.table.import_rows(
                         keys, values, slots, last_seen=tf.fill([a.rows], now), replace=True))
             self._others = tf1.train.Saver(
-                var_list=others or None, sharded=self._sharded, allow_empty=True,
+                var_list=others, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
 
     # ---------------------------------------------------------------- restore

@@ -17,7 +17,7 @@ from typing import List, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphmod import features
+from graphmod.embeddings import features
 from graphmod._ops import ops
 
 # single-table op type -> the fused op type that does the work of many

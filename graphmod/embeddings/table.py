@@ -19,7 +19,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
 from graphmod._ops import ops
-from graphmod.initializers import TableInitializer, to_table_initializer
+from graphmod.embeddings.initializers import TableInitializer, to_table_initializer
 from graphmod.settings import NUM_SHARDS, check_table
 from graphmod.state import Lookup, graph_state, tables, training_lookups  # noqa: F401 (public names)
 
@@ -163,9 +163,9 @@ class _TableSaveable(saveable_object.SaveableObject):
 
 class _TableDeltaSaveable(saveable_object.SaveableObject):
     """What changed in a table since a save made at table version `since`
-    (an incremental checkpoint, graphmod.deltas): the rows updated or
+    (an incremental checkpoint, graphmod.checkpoint.deltas): the rows updated or
     inserted since (entries as _TableSaveable's), the keys removed since
-    (`<name>-removed_keys`, noted once graphmod.saver starts tracking), the
+    (`<name>-removed_keys`, noted once graphmod.checkpoint.saver starts tracking), the
     admission counts that changed and the whole sketch.
 
     Restoring applies it on top of the table's contents: removals first,
@@ -196,7 +196,7 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
                  prefix: tf.Tensor, part: bool = False) -> tf.Operation:
     """Writes the entries of tables' saveables (all _TableSaveable, or all
     _TableDeltaSaveable) as one checkpoint at `prefix`, one table shard at a
-    time (a part of a sharded checkpoint: graphmod.saver). part: the keys
+    time (a part of a sharded checkpoint: graphmod.checkpoint.saver). part: the keys
     this rank owns of sharded tables (graphmod.distributed.checkpoints)."""
     kinds = {type(s) for s in saveables}
     if len(kinds) != 1 or not kinds <= {_TableSaveable, _TableDeltaSaveable}:
@@ -226,8 +226,8 @@ def _unless_sharded(table: Table) -> List[tf.Operation]:
     never = tf1.placeholder_with_default(False, [], name=f"graphmod/{table.name}/unsharded")
     return [tf.debugging.Assert(
         never, [f"graphmod table '{table.name}' is sharded across Horovod ranks: save and "
-                "restore it with graphmod.saver.TableSaver on every rank (e.g. "
-                "Scaffold(saver=graphmod.saver.TableSaver(...))), which writes every rank's "
+                "restore it with graphmod.checkpoint.saver.TableSaver on every rank (e.g. "
+                "Scaffold(saver=graphmod.checkpoint.saver.TableSaver(...))), which writes every rank's "
                 "keys; this Saver would treat this rank's keys as all of them"],
         name=f"graphmod/{table.name}/sharded")]
 
@@ -352,7 +352,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
       name: unique in the graph; also the table's name in checkpoints.
       dim: row width.
       initializer: None (truncated normal, stddev 1/sqrt(dim)), a number, a
-        graphmod.initializers.TableInitializer or a tf/keras initializer.
+        graphmod.embeddings.initializers.TableInitializer or a tf/keras initializer.
       optimizer: the graphmod.optimizers instance that will train the table
         (decides the optimizer slot rows each key keeps); None = no slots (SGD).
       default_value: what read-only (eval/predict) lookups return for unknown

@@ -7,10 +7,11 @@ from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from graphmod import distributed, features, fused
+from graphmod import distributed
+from graphmod.embeddings import features, fused
 from graphmod._ops import ops
 from graphmod.state import Lookup, graph_state
-from graphmod.table import Table
+from graphmod.embeddings.table import Table
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -33,7 +34,7 @@ def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool) -> tf.Tensor:
     """Rows of int64 keys (any shape) -> keys.shape + [dim].
 
     Training lookups insert new keys (as the table's admission policy allows,
-    see graphmod.features), stamp them with the graph's clock, and are
+    see graphmod.embeddings.features), stamp them with the graph's clock, and are
     recorded (graphmod.training_lookups) so the sparse optimizers can find
     their gradients and row handles. Sharded across Horovod ranks
     (graphmod.distributed), the keys' owners look them up.

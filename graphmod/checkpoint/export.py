@@ -12,12 +12,13 @@ tf.compat.v1.saved_model.load(sess, ["serve"], path).
 from absl import logging
 
 
-def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: str,
-                       **kwargs) -> bytes:
+def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: str, *,
+                       rules, **kwargs) -> bytes:
     """Estimator.export_saved_model with graphmod's rewrite of the serving graph.
 
     The Estimator builds its export graph, Saver and restore without running
-    hooks; this rewrites that graph right after the model_fn, so the Saver
+    hooks; this rewrites that graph right after the model_fn with the rules
+    given (graphmod.export_saved_model hands in graphmod's own), so the Saver
     restores the checkpoint's tables. Extra keyword arguments go to
     Estimator.export_saved_model. Returns its path.
     """
@@ -26,7 +27,7 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
     from graphmod.rewrite import plan_file
     from graphmod.rewrite.pipeline import rewrite
     from graphmod.rewrite.plan import RewriteSettings
-    from graphmod.saver import TableSaver
+    from graphmod.checkpoint.saver import TableSaver
 
     if plan_file.read(estimator.model_dir) is None:
         logging.warning("graphmod: %s holds no conversion plan (not trained with "
@@ -37,7 +38,8 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
     def rewritten_model_fn(features, labels, mode, config):
         spec = model_fn(features, labels, mode, config)
         graph = tf.compat.v1.get_default_graph()
-        report = rewrite(graph, RewriteSettings(), "predict", estimator.model_dir)
+        report = rewrite(graph, RewriteSettings(), "predict", rules=rules,
+                         model_dir=estimator.model_dir)
         report.log()
         # The export restores with the scaffold's Saver (or a plain one it
         # makes): the rewrite's TableSaver also applies the checkpoint's deltas.

@@ -1,0 +1,4 @@
+"""Tables and their lookups: the Table handle and create_table (table), the
+lookups (lookup), the fused ops of many tables (fused), admission and
+eviction policies and clocks (features), and row initializers (initializers).
+"""
