@@ -21,7 +21,7 @@ from graphmod.lookup import fused_lookup, sparse_lookup  # noqa: E402
 from graphmod.table import Lookup, Table, create_table, tables, training_lookups  # noqa: E402
 
 from graphmod.features import FeatureSpec, use_feature_specs  # noqa: E402
-from graphmod.rewrite.plan import TableSettings  # noqa: E402
+from graphmod.settings import TableSettings  # noqa: E402
 from graphmod.export import export_saved_model  # noqa: E402
 from graphmod.hooks.evict import EvictHook  # noqa: E402
 from graphmod.hooks.incremental_save import IncrementalSaveHook  # noqa: E402

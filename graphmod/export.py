@@ -32,10 +32,10 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
         logging.warning("graphmod: %s holds no conversion plan (not trained with "
                         "GraphModifierHook?); the export converts what a default hook would",
                         estimator.model_dir)
-    call_model_fn = estimator._call_model_fn  # pylint: disable=protected-access
+    model_fn = estimator.model_fn  # public: the model_fn bound to the Estimator's params
 
-    def call_and_rewrite(*args, **kw):
-        spec = call_model_fn(*args, **kw)
+    def rewritten_model_fn(features, labels, mode, config):
+        spec = model_fn(features, labels, mode, config)
         graph = tf.compat.v1.get_default_graph()
         report = rewrite(graph, RewriteSettings(), "predict", estimator.model_dir)
         report.log()
@@ -48,8 +48,7 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
                 saver=savers[0], copy_from_scaffold=spec.scaffold))
         return spec
 
-    estimator._call_model_fn = call_and_rewrite  # pylint: disable=protected-access
-    try:
-        return estimator.export_saved_model(export_dir_base, serving_input_receiver_fn, **kwargs)
-    finally:
-        del estimator._call_model_fn  # pylint: disable=protected-access
+    # An Estimator of the same model_dir and config whose model_fn is the
+    # estimator's followed by the rewrite exports what the estimator would.
+    rewriting = tf.estimator.Estimator(rewritten_model_fn, estimator.model_dir, estimator.config)
+    return rewriting.export_saved_model(export_dir_base, serving_input_receiver_fn, **kwargs)

@@ -24,38 +24,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphmod.table import Table, graph_state
+from graphmod.settings import NO_POLICY, TablePolicy, check_policy  # noqa: F401 (public here)
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
-
-UNITS = ("seconds", "steps")
-
-
-def check_policy(owner: str, access_threshold, eviction_threshold, eviction_unit) -> None:
-    """Raises ValueError naming owner (a table, feature or pattern) for bad settings."""
-    for what, value in (("access_threshold", access_threshold),
-                        ("eviction_threshold", eviction_threshold)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-            raise ValueError(f"{owner}: {what} must be an integer >= -1 (-1 disables), "
-                             f"got {value!r}")
-    if eviction_unit not in UNITS:
-        raise ValueError(f"{owner}: eviction_unit must be one of {UNITS}, got {eviction_unit!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TablePolicy:
-    """Admission and eviction settings of one table (-1 disables either)."""
-    access_threshold: int = -1
-    eviction_threshold: int = -1
-    eviction_unit: str = "seconds"
-
-    @property
-    def evicts(self) -> bool:
-        return self.eviction_threshold >= 0
-
-
-NO_POLICY = TablePolicy()
-
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
@@ -142,7 +114,7 @@ def set_policy(table_name: str, policy: TablePolicy, graph: Optional[tf.Graph] =
     state.policies[table_name] = policy
 
 
-def policy_of(table: Table) -> TablePolicy:
+def policy_of(table: "graphmod.Table") -> TablePolicy:
     return graph_state(table.graph).policies.get(table.name, NO_POLICY)
 
 
@@ -192,13 +164,13 @@ def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> 
                    name="graphmod/clock_wall")
 
 
-def counters(table: Table) -> Dict[str, tf.Tensor]:
+def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
     """Scalars: rows, admitted, rejected (lookups given no row), evicted, pending."""
     info = table.info()
     return {k: info[k] for k in ("size", "admitted", "rejected", "evicted", "pending")}
 
 
-def add_summaries(tables: List[Table]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:
+def add_summaries(tables: List["graphmod.Table"]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:
     """TensorBoard scalars graphmod/<table>/<counter> for each (of at least one)
     table; returns ({table: counters}, the summary, added to SUMMARIES). One
     summary op writes them all (an op per scalar costs a millisecond each to

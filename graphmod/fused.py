@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from graphmod import features
 from graphmod._ops import ops
-from graphmod.table import Table
 
 # single-table op type -> the fused op type that does the work of many
 FUSES = {"GraphmodTableFindOrInsert": "GraphmodFusedFindOrInsert",
@@ -27,7 +26,7 @@ FUSES = {"GraphmodTableFindOrInsert": "GraphmodFusedFindOrInsert",
          "GraphmodTableApply": "GraphmodFusedApply"}
 
 
-def find_or_insert(tables: Sequence[Table], keys: Sequence[tf.Tensor]
+def find_or_insert(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor]
                    ) -> Tuple[List[tf.Tensor], List[tf.Tensor]]:
     """(rows, row handles) of training lookups of keys[i] in tables[i], each
     under its table's admission policy and clock."""
@@ -38,7 +37,7 @@ def find_or_insert(tables: Sequence[Table], keys: Sequence[tf.Tensor]
         dims=[t.dim for t in tables], access_thresholds=[p.access_threshold for p in policies])
 
 
-def find(tables: Sequence[Table], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+def find(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Read-only rows of keys[i] in tables[i]."""
     return ops.graphmod_fused_find([t.handle for t in tables], list(keys),
                                    dims=[t.dim for t in tables])

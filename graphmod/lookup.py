@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from graphmod import distributed, features, fused
 from graphmod._ops import ops
-from graphmod.table import Lookup, Table, graph_state
+from graphmod.state import Lookup, graph_state
+from graphmod.table import Table
 
 COMBINERS = ("sum", "mean", "sqrtn")
 

@@ -25,9 +25,27 @@ import tensorflow as tf
 
 from graphmod import fused
 from graphmod._ops import ops
-from graphmod.table import Lookup, Table, graph_state, training_lookups
+from graphmod.state import Lookup, graph_state, training_lookups
 
 tf1 = tf.compat.v1
+
+
+# Every optimizer a table can be trained by: its hyper-parameters, in the
+# order of the native apply's `hparams` input, and its slot rows, in the
+# order the table keeps them. The one description of each for Python, the
+# native kernels (native/table_resource.h's HparamFields, and the op's
+# `optimizer` attribute) and `graphmod ckpt`; tests/test_optimizers.py checks
+# that all of them agree. A new optimizer is an entry here, its class below,
+# its math in native/, and the TF update it translates (rewrite_rules.
+# optimizer_updates).
+SPECS = {
+    "sgd": (("lr",), ()),
+    "adagrad": (("lr", "epsilon"), ("accum",)),
+    "momentum": (("lr", "momentum"), ("accum",)),
+    "adam": (("lr", "beta1", "beta2", "epsilon", "beta1_power", "beta2_power"), ("m", "v")),
+    "ftrl": (("lr", "l1", "l2", "l2_shrinkage", "lr_power"), ("accum", "linear")),
+    "rmsprop": (("lr", "rho", "momentum", "epsilon"), ("ms", "mom")),
+}
 
 
 def _value(h: Any) -> tf.Tensor:
@@ -62,7 +80,7 @@ class SparseOptimizer:
         """Ops that advance per-step state once every table was updated."""
         return []
 
-    def _check_table(self, table: Table) -> None:
+    def _check_table(self, table: "graphmod.Table") -> None:
         own = table.optimizer
         if own is None and self.slot_init:
             raise ValueError(f"graphmod table '{table.name}' keeps no optimizer slots (created "
@@ -72,7 +90,7 @@ class SparseOptimizer:
             raise ValueError(f"graphmod table '{table.name}' was created for "
                              f"{type(own).__name__}, cannot be trained by {type(self).__name__}")
 
-    def _apply_op(self, table: Table, ids: tf.Tensor, grads: Any, by_address: bool):
+    def _apply_op(self, table: "graphmod.Table", ids: tf.Tensor, grads: Any, by_address: bool):
         self._check_table(table)
         grads = tf.convert_to_tensor(grads, tf.float32)  # IndexedSlices become dense
         return ops.graphmod_table_apply(
@@ -80,7 +98,7 @@ class SparseOptimizer:
             optimizer=self.kind, by_address=by_address,
             nesterov=bool(getattr(self, "use_nesterov", False)))
 
-    def apply(self, table: Table, ids: Any, grads: Any, by_address: bool = False) -> tf.Operation:
+    def apply(self, table: "graphmod.Table", ids: Any, grads: Any, by_address: bool = False) -> tf.Operation:
         """One update of table's rows: ids are keys, or row handles when by_address."""
         self._before_step()
         op = self._apply_op(table, tf.convert_to_tensor(ids, tf.int64), grads, by_address)
@@ -142,6 +160,19 @@ class SparseOptimizer:
                              "the optimizer instance as create_table(..., optimizer=...)")
         grads = tf.gradients(loss, [l.rows for l in lookups]) if lookups else []
         return self.apply_gradients(zip(grads, lookups), name=name)
+
+
+def with_slots(kind: str, slot_init: Sequence[float]) -> SparseOptimizer:
+    """An optimizer of `kind` whose slot rows start at slot_init, for what it
+    gives a table (its slots), not to train with (its hyper-parameters are
+    unset). kind "" (no optimizer): any number of slot rows, for tools that
+    restore or convert checkpoints."""
+    opt = BY_KIND[kind](0.0) if kind else SparseOptimizer(0.0, "slots")
+    if kind and len(slot_init) != len(SPECS[kind][1]):
+        raise ValueError(f"graphmod.optimizers: {kind} keeps {len(SPECS[kind][1])} slot rows, "
+                         f"got {len(slot_init)} start values")
+    opt.slot_init = tuple(float(x) for x in slot_init)
+    return opt
 
 
 class SGD(SparseOptimizer):
@@ -274,3 +305,6 @@ class RMSProp(SparseOptimizer):
 
 __all__: Sequence[str] = ("SparseOptimizer", "SGD", "Adagrad", "Momentum", "Adam", "LazyAdam",
                           "Ftrl", "RMSProp")
+
+
+BY_KIND = {c.kind: c for c in (SGD, Adagrad, Momentum, Adam, Ftrl, RMSProp)}

@@ -36,7 +36,7 @@ from tensorflow.python.training import saver as saver_lib
 from graphmod import deltas
 from graphmod._ops import ops
 from graphmod.distributed import checkpoints
-from graphmod.table import graph_state
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 
@@ -492,7 +492,6 @@ def install(rw, graph: tf.Graph, adoptions: Optional[List[Adoption]] = None) -> 
         rw.remove_from_collections(old, [tf1.GraphKeys.SAVERS], label="the graph's Saver")
     saver = TableSaver(adoptions, **settings)
     graph.add_to_collection(tf1.GraphKeys.SAVERS, saver)
-    rw.track_added(tf1.GraphKeys.SAVERS, saver, label="graphmod.saver.TableSaver")
     return saver
 
 

@@ -9,9 +9,7 @@ saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
 ...                               optimizer=graphmod.optimizers.Adagrad(0.05))
 >>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
 """
-import dataclasses
 import math
-import weakref
 import zlib
 from typing import Any, Callable, Dict, List, Optional
 
@@ -22,52 +20,10 @@ from tensorflow.python.training.saving import saveable_object
 
 from graphmod._ops import ops
 from graphmod.initializers import TableInitializer, to_table_initializer
+from graphmod.settings import NUM_SHARDS, check_table
+from graphmod.state import Lookup, graph_state, tables, training_lookups  # noqa: F401 (public names)
 
 tf1 = tf.compat.v1
-
-
-@dataclasses.dataclass
-class Lookup:
-    """One training lookup: the raw rows it read and their row handles."""
-    table: "Table"
-    keys: tf.Tensor      # int64 [N]
-    rows: tf.Tensor      # float [N, dim], before any combiner
-    handles: tf.Tensor   # int64 [N], row addresses for by-address optimizers
-
-
-class _GraphState:
-    def __init__(self):
-        self.tables: Dict[str, "Table"] = {}
-        self.lookups: List[Lookup] = []
-        self.policies: Dict[str, Any] = {}  # table name -> graphmod.features.TablePolicy
-        self.timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
-        self.clocks: Dict[str, tf.Tensor] = {}  # eviction unit -> clock (graphmod.features)
-        self.format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
-        # Whether this graph's tables are sharded across Horovod ranks, as
-        # GraphModifierHook's rewrite decided (None: graphmod.distributed.enable()'s)
-        self.sharded: Optional[bool] = None
-        # The model_dir's latest checkpoint holds tables in parts (graphmod.saver)
-        self.reads_parts = False
-
-
-_STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
-
-
-def graph_state(graph: Optional[tf.Graph] = None) -> _GraphState:
-    graph = graph or tf1.get_default_graph()
-    if graph not in _STATES:
-        _STATES[graph] = _GraphState()
-    return _STATES[graph]
-
-
-def tables(graph: Optional[tf.Graph] = None) -> List["Table"]:
-    """The tables created in graph (default: the default graph)."""
-    return list(graph_state(graph).tables.values())
-
-
-def training_lookups(graph: Optional[tf.Graph] = None) -> List[Lookup]:
-    """Training lookups made in graph, in creation order."""
-    return list(graph_state(graph).lookups)
 
 
 class Table:
@@ -386,7 +342,7 @@ def _check_name(name: Any) -> str:
 
 
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
-                 default_value: Optional[float] = None, num_shards: int = 16,
+                 default_value: Optional[float] = None, num_shards: int = NUM_SHARDS,
                  seed: Optional[int] = None, max_rows: Optional[int] = None,
                  when_full: str = "lru", admission_sketch_width: Optional[int] = None,
                  shape_hint: Optional[List[int]] = None) -> Table:
@@ -431,23 +387,8 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
     if optimizer is not None and not isinstance(optimizer, SparseOptimizer):
         raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
                         f"optimizer, got {type(optimizer).__name__}")
-    if not isinstance(num_shards, int) or num_shards < 1 or num_shards > 4096 or \
-            num_shards & (num_shards - 1):
-        raise ValueError(f"graphmod table '{name}': num_shards must be a power of two in "
-                         f"[1, 4096], got {num_shards!r}")
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                                 or max_rows <= 0):
-        raise ValueError(f"graphmod table '{name}': max_rows must be a positive integer or None, "
-                         f"got {max_rows!r}")
-    if admission_sketch_width is not None and (
-            isinstance(admission_sketch_width, bool) or
-            not isinstance(admission_sketch_width, int) or
-            not 0 < admission_sketch_width <= 2**32):
-        raise ValueError(f"graphmod table '{name}': admission_sketch_width must be None or an "
-                         f"integer in [1, 2**32], got {admission_sketch_width!r}")
-    if when_full not in ("lru", "lfu", "refuse"):
-        raise ValueError(f"graphmod table '{name}': when_full must be 'lru', 'lfu' or 'refuse', "
-                         f"got {when_full!r}")
+    check_table(f"graphmod table '{name}'", num_shards, max_rows, when_full,
+                admission_sketch_width)
     if max_rows is not None and when_full != "refuse" and max_rows < 64 * num_shards:
         from absl import logging
         logging.warning("graphmod table '%s': max_rows %d over %d shards leaves about %d rows "

@@ -115,8 +115,8 @@ class WarmStarter:
     checkpoint included), and never again in a session made after an error,
     which restores instead. `started` names what it warm-starts."""
 
-    def __init__(self, settings: WarmStartSettings, graph: tf.Graph, rw):
-        from graphmod.table import tables
+    def __init__(self, settings: WarmStartSettings, graph: tf.Graph):
+        from graphmod.state import tables
         self.settings = settings
         table_by_name = {t.name: t for t in tables(graph)}
         variables = {v.op.name: v for v in graph.get_collection(
@@ -142,8 +142,7 @@ class WarmStarter:
                 return
             with tf.control_dependencies(starts):
                 done = tf.constant(True)
-            flag = tf1.Variable(done, trainable=False, name="done", use_resource=True)
-        rw.track_added(tf1.GraphKeys.GLOBAL_VARIABLES, flag, label=flag.op.name)
+            tf1.Variable(done, trainable=False, name="done", use_resource=True)
 
     def _find(self, sources: List[_Source], target: str, is_table: bool):
         name = self.settings.mapping.get(target, target)

@@ -12,10 +12,9 @@ import time
 from typing import List, Optional
 
 import tensorflow as tf
-from tensorflow.python.training import training_util
 from absl import logging
 
-from graphmod import distributed, features
+from graphmod import distributed, features, tf_private
 from graphmod.table import Table, tables
 
 tf1 = tf.compat.v1
@@ -76,7 +75,7 @@ class EvictHook(tf1.train.SessionRunHook):
             logging.info("EvictHook: no training lookup in this graph; eviction is off")
             self.enabled = False
         # The step read CheckpointSaverHook uses (see after_run).
-        self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
+        self._step = tf_private.global_step_read(graph)
         if self.enabled and self.step_interval is not None and self._step is None:
             raise ValueError("EvictHook: evict_step_interval needs a global step in the graph")
         # Tables sharded across Horovod ranks hold their owner's keys only:

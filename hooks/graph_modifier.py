@@ -25,56 +25,23 @@ train with the same model_dir and save at the same steps
 (RunConfig(save_checkpoints_steps=N), incremental_every_steps), which begin()
 checks, and evaluate with the hook too.
 """
-import inspect
 import os
-from typing import Optional, Tuple
+from typing import Optional
 
 import tensorflow as tf
 from absl import logging
-from tensorflow.python.training import monitored_session
 
-from graphmod import features
+from graphmod import features, tf_private
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
 from graphmod.warm_start import WarmStartSettings
+from graphmod.rewrite.mode import graph_mode
 from graphmod.rewrite.pipeline import rewrite
-from graphmod.rewrite.plan import RewriteSettings, TableSettings
+from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
 from graphmod.table import tables as graphmod_tables
 
 tf1 = tf.compat.v1
-
-
-def _estimator_call() -> Tuple[Optional[tf.compat.v1.estimator.Estimator], Optional[str]]:
-    """(Estimator, method) of the Estimator call building this graph, if any:
-    hooks are not told either, but the Estimator is on the call stack."""
-    frame = inspect.currentframe()
-    found = (None, None)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, tf.compat.v1.estimator.Estimator):  # V2 subclasses it
-            found = (owner, frame.f_code.co_name)  # the outermost call wins
-        frame = frame.f_back
-    return found
-
-
-def _session_saves() -> Optional[Tuple[Optional[str], Optional[float], Optional[int]]]:
-    """(checkpoint_dir, save_checkpoint_secs, save_checkpoint_steps) of the
-    MonitoredTrainingSession call building this session, if any, with its
-    defaults resolved as it resolves them."""
-    default = monitored_session.USE_DEFAULT
-    frame = inspect.currentframe()
-    while frame is not None:
-        args = frame.f_locals
-        if frame.f_code.co_name == "MonitoredTrainingSession" and "checkpoint_dir" in args:
-            secs, steps = args["save_checkpoint_secs"], args["save_checkpoint_steps"]
-            if secs is default and steps is default:
-                secs, steps = 600, None
-            secs = None if secs is default else secs
-            steps = None if steps is default else steps
-            return args["checkpoint_dir"], secs, steps
-        frame = frame.f_back
-    return None
 
 
 def _check_sharded_training(estimator, ranks: int) -> None:
@@ -88,7 +55,7 @@ def _check_sharded_training(estimator, ranks: int) -> None:
         secs = estimator.config.save_checkpoints_secs
         steps = estimator.config.save_checkpoints_steps
     else:
-        saves = _session_saves()
+        saves = tf_private.session_saves()
         if saves is None:
             logging.warning("graphmod: the tables are sharded across %d Horovod ranks: every "
                             "rank must save at the same steps, into one model_dir", ranks)
@@ -103,33 +70,6 @@ def _check_sharded_training(estimator, ranks: int) -> None:
             "save_checkpoint_steps=N, save_checkpoint_secs=None)")
     from graphmod.distributed.checkpoints import check_same_saves  # pylint: disable=import-outside-toplevel
     check_same_saves(model_dir, steps)
-
-
-def _input_feature(name: str) -> tf.Tensor:
-    """The feature `name` of the batch the Estimator on the call stack feeds
-    its model_fn (the `features` dict of its train/evaluate/predict frame)."""
-    frame = inspect.currentframe()
-    seen = None
-    while frame is not None:
-        batch = frame.f_locals.get("features")
-        if isinstance(batch, dict):
-            if name in batch:
-                return batch[name]
-            seen = sorted(batch)
-        frame = frame.f_back
-    raise ValueError(f"GraphModifierHook: timestamp_feature '{name}' is not in the input batch "
-                     f"({'its features: ' + str(seen) if seen else 'no features dict found'}); "
-                     "pass the timestamp tensor itself when not training an Estimator")
-
-
-def _graph_mode(graph: tf.Graph, method: Optional[str]) -> str:
-    """'train', 'eval' or 'predict'. An Estimator's model_fn may build its
-    optimizer in every mode, so the optimizer alone does not tell."""
-    if method == "predict" or method == "export_saved_model":
-        return "predict"
-    if graph.get_collection(tf1.GraphKeys.EVAL_STEP):
-        return "eval"
-    return "train"
 
 
 class GraphModifierHook(tf1.train.SessionRunHook):
@@ -172,7 +112,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
     hook for variables of the plan do not change their tables).
     """
 
-    def __init__(self, min_rows: int = 10_000, tables: Optional[dict] = None,
+    def __init__(self, min_rows: int = MIN_ROWS, tables: Optional[dict] = None,
                  collision_free: bool = True, exact: bool = False, dump_graph: bool = False,
                  full_check: bool = False, model_dir: Optional[str] = None,
                  timestamp_feature=None, evict_time_interval: Optional[float] = 86400,
@@ -180,22 +120,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  incremental_every_steps: Optional[int] = None,
                  incremental_every_secs: Optional[float] = None,
                  warm_start: Optional[WarmStartSettings] = None):
-        if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows < 0:
-            raise ValueError(f"GraphModifierHook: min_rows must be an integer >= 0, got {min_rows!r}")
-        table_settings = {}
-        for pattern, settings in (tables or {}).items():
-            if isinstance(settings, dict):
-                try:
-                    settings = TableSettings(**settings)
-                except (TypeError, ValueError) as e:
-                    raise ValueError(f"GraphModifierHook: bad settings for tables pattern "
-                                     f"'{pattern}': {e}") from None
-            if not isinstance(settings, TableSettings):
-                raise TypeError(f"GraphModifierHook: settings for '{pattern}' must be a dict or "
-                                f"TableSettings, got {type(settings).__name__}")
-            table_settings[pattern] = settings
-        self.settings = RewriteSettings(min_rows, table_settings, bool(collision_free),
-                                        bool(exact), warm_start)
+        # (validates min_rows and the tables' settings, naming the hook)
+        self.settings = RewriteSettings(min_rows, tables, collision_free, exact, warm_start)
         self.dump_graph = dump_graph
         self.full_check = full_check
         self.model_dir = model_dir
@@ -223,23 +149,23 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
-        estimator, method = _estimator_call()
+        estimator = tf_private.running_estimator()
         estimator_dir = estimator.model_dir if estimator is not None else None
         # The plan lives beside the checkpoints it describes (the Estimator's
         # model_dir); model_dir= only redirects the reports and graph dumps.
         model_dir = estimator_dir or self.model_dir
         out_dir = self.model_dir or estimator_dir
-        mode = _graph_mode(graph, method)
+        mode = graph_mode(graph, estimator is not None)
         before = graph.as_graph_def() if self.dump_graph else None
         timestamp, ts_name = None, ""
         try:
             if mode == "train" and self.timestamp_feature is not None:
                 ts = self.timestamp_feature
-                timestamp = _input_feature(ts) if isinstance(ts, str) else ts
+                timestamp = tf_private.input_feature(ts) if isinstance(ts, str) else ts
                 ts_name = ts if isinstance(ts, str) else ts.name
             self.report = rewrite(graph, self.settings, mode, model_dir, timestamp, ts_name,
                                   full_check=self.full_check,
-                                  estimator_training=method == "train")
+                                  estimator_training=estimator is not None and mode == "train")
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()

@@ -18,10 +18,9 @@ import time
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.python.training import training_util
 from absl import logging
 
-from graphmod import deltas
+from graphmod import deltas, tf_private
 from graphmod import saver as table_saver
 from graphmod.rewrite.rewriter import Rewriter
 from graphmod.table import tables
@@ -53,7 +52,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
         graph = tf1.get_default_graph()
         self.saver = None
         # The step read CheckpointSaverHook uses (see after_run).
-        self._step = training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
+        self._step = tf_private.global_step_read(graph)
         if self._step is None:
             raise ValueError("IncrementalSaveHook: the graph has no global step")
         savers = graph.get_collection(tf1.GraphKeys.SAVERS)

@@ -23,7 +23,11 @@ on (a table of full ids would have no row for a key it has not seen).
 
 When a training plan is replayed (evaluation, prediction, export, resume),
 the table gets exactly the keys training gave it: the plan's squeezing ops are
-unsqueezed (an error if this graph cannot), and no other.
+unsqueezed, and no other. Where this graph also reads the squeezed ids as
+values (an evaluation metric over the bucket ids, a one_hot of them), only
+the path to the table's lookups gets the full keys (its id carriers copied)
+and every other reader keeps the bucket ids it always read; an error names
+the table when even that path cannot carry 63-bit keys (a cast to 32 bits).
 """
 import dataclasses
 from typing import Dict, List, Optional, Set
@@ -128,20 +132,57 @@ def refusal(graph: GraphIndex, source: tf.Operation, converted_gathers: Set[str]
     return reasons[0] if reasons else None
 
 
-def _unsqueeze(rw, source: tf.Operation) -> tf.Tensor:
+def _full_keys(source: tf.Operation) -> tf.Tensor:
+    """The ids the source squeezed, non-negative in the ids' own width (a
+    sign check must answer as before)."""
+    dtype = source.outputs[0].dtype
+    if source.type == "FloorMod":
+        raw = source.inputs[0]
+    else:
+        strings = source.inputs[0]
+        raw = tf.cast(tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])),
+                                            tf.int64), tf.shape(strings)), dtype)
+    return tf.bitwise.bitwise_and(raw, tf.constant(dtype.max, dtype))
+
+
+def _unsqueeze(rw, source: tf.Operation) -> None:
     """Makes the source's consumers read the unsqueezed keys."""
     with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/keys/{source.name}"):
-        dtype = source.outputs[0].dtype
-        if source.type == "FloorMod":
-            raw = source.inputs[0]
-        else:
-            strings = source.inputs[0]
-            raw = tf.cast(tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])),
-                                                tf.int64), tf.shape(strings)), dtype)
-        # Non-negative in the ids' own width (a sign check must answer as before).
-        keys = tf.bitwise.bitwise_and(raw, tf.constant(dtype.max, dtype))
-        rw.reroute(source.outputs[0], keys)
-    return keys
+        rw.reroute(source.outputs[0], _full_keys(source))
+
+
+def _unsqueeze_along(rw, source: tf.Operation, gathers: List[tf.Operation], table: str) -> None:
+    """Feeds the full keys to the given gathers only, through copies of the id
+    carriers between them and the source; other readers keep the source's ids."""
+    memo: Dict = {}
+
+    def on_path(t: tf.Tensor) -> bool:  # t carries the source's ids
+        if t.ref() not in memo:
+            memo[t.ref()] = t.op is source or any(on_path(x) for x in carrying_inputs(t.op))
+        return memo[t.ref()]
+
+    with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/keys/{source.name}"):
+        full = {source.outputs[0].ref(): _full_keys(source)}
+
+        def copy(t: tf.Tensor) -> tf.Tensor:
+            if t.ref() not in full:
+                op = t.op
+                for i, x in enumerate(op.inputs):
+                    if on_path(x) and carried(op, i) is None:
+                        raise PlanMismatch(
+                            f"graphmod: table '{table}' was trained on the unsqueezed ids of "
+                            f"'{source.name}', but here they reach it through {op.type} "
+                            f"'{op.name}', which cannot carry them")
+                clone = rw.graph.create_op(
+                    op.type, [copy(x) if on_path(x) else x for x in op.inputs],
+                    [o.dtype for o in op.outputs], name=op.name.rsplit("/", 1)[-1],
+                    attrs=dict(op.node_def.attr))
+                full.update((o.ref(), n) for o, n in zip(op.outputs, clone.outputs))
+            return full[t.ref()]
+
+        for g in gathers:
+            if on_path(g.inputs[1]):
+                rw.reroute(g.inputs[1], copy(g.inputs[1]), consumers=[g])
 
 
 def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
@@ -172,14 +213,16 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
                 decided[source.name] = refusal(rw.index, source, converted, replaced_ops)
                 if decided[source.name] is None:
                     _unsqueeze(rw, source)
+                elif planned is not None:  # the plan's keys, along the lookups' path only
+                    _unsqueeze_along(rw, source, [g.op for d in conversions for g in d.gathers],
+                                     c.table_name)
+                    decided[source.name] = None
+                if decided[source.name] is None:
                     context.unsqueezed.append(source.name)
             reason = decided[source.name]
             if reason is None:
                 keys.names.append(source.name)
                 keys.types.append(source.type)
-            elif planned is not None:
-                raise PlanMismatch(f"graphmod: table '{c.table_name}' was trained on the "
-                                   f"unsqueezed ids of '{source.name}', but here {reason}")
             elif (source.name, reason) not in context.squeezed_kept:
                 context.squeezed_kept.append((source.name, reason))
         context.build(NAME, c, keys)

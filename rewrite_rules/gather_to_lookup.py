@@ -66,9 +66,6 @@ def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
             when_full=s.when_full, admission_sketch_width=s.admission_sketch_width,
             seed=conversion.seed, shape_hint=[conversion.rows, conversion.dim])
-        rw.track_added(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
-                       tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)[-1],
-                       label=f"table {table.name}")
         for g in conversion.gathers:
             with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):
                 keys = g.op.inputs[1]  # the current input: keys may have been unsqueezed

@@ -44,22 +44,23 @@ class Untranslatable(Refused):
     pass
 
 
-# op type -> (table optimizer kind, names of our hparams in the op's input args
-# (a float stands for a constant), names of the slot args in our slot order)
-# Keyed by the op type without "Resource" and "Sparse": a variable whose
-# dense gradient the planner split into rows (an L2 penalty made it dense)
-# has a dense Apply op with the same argument names.
+# op type -> (table optimizer kind, {hyper-parameter (optimizers.SPECS) or slot
+# name: the op's input arg holding it, or a constant}). Keyed by the op type
+# without "Resource" and "Sparse": a variable whose dense gradient the
+# planner split into rows (an L2 penalty made it dense) has a dense Apply op
+# with the same argument names.
+_SAME = {n: n for n in ("lr", "epsilon", "l1", "l2", "l2_shrinkage", "lr_power", "momentum",
+                        "rho", "beta1", "beta2", "beta1_power", "beta2_power", "accum",
+                        "linear", "ms", "mom", "m", "v")}
 _FUSED = {
-    "ApplyAdagrad": ("adagrad", ["lr", 0.0], ["accum"]),
-    "ApplyAdagradV2": ("adagrad", ["lr", "epsilon"], ["accum"]),
-    "ApplyFtrl": ("ftrl", ["lr", "l1", "l2", 0.0, "lr_power"], ["accum", "linear"]),
-    "ApplyFtrlV2": ("ftrl", ["lr", "l1", "l2", "l2_shrinkage", "lr_power"],
-                    ["accum", "linear"]),
-    "ApplyMomentum": ("momentum", ["lr", "momentum"], ["accum"]),
-    "ApplyRMSProp": ("rmsprop", ["lr", "rho", "momentum", "epsilon"], ["ms", "mom"]),
-    "ApplyGradientDescent": ("sgd", ["alpha"], []),
-    "ApplyAdam": ("adam", ["lr", "beta1", "beta2", "epsilon", "beta1_power", "beta2_power"],
-                  ["m", "v"]),
+    "ApplyAdagrad": ("adagrad", dict(_SAME, epsilon=0.0)),
+    "ApplyAdagradV2": ("adagrad", _SAME),
+    "ApplyFtrl": ("ftrl", dict(_SAME, l2_shrinkage=0.0)),
+    "ApplyFtrlV2": ("ftrl", _SAME),
+    "ApplyMomentum": ("momentum", _SAME),
+    "ApplyRMSProp": ("rmsprop", _SAME),
+    "ApplyGradientDescent": ("sgd", dict(_SAME, lr="alpha")),
+    "ApplyAdam": ("adam", _SAME),
 }
 
 
@@ -79,14 +80,10 @@ class Translation:
     def slot_layout(self) -> optimizers.SparseOptimizer:
         """A graphmod optimizer whose slot rows start as the variable's slots did."""
         init = tuple(_constant(s.initial_value, s.op.name) for s in self.slot_vars)
-        opt = {"sgd": optimizers.SGD, "adagrad": optimizers.Adagrad,
-               "momentum": optimizers.Momentum, "adam": optimizers.Adam,
-               "ftrl": optimizers.Ftrl, "rmsprop": optimizers.RMSProp}[self.kind](0.0)
-        if len(init) != len(opt.slot_init):
-            raise Untranslatable(f"found {len(init)} slot variables, {self.kind} keeps "
-                                 f"{len(opt.slot_init)}")
-        opt.slot_init = init
-        return opt
+        try:
+            return optimizers.with_slots(self.kind, init)
+        except ValueError as e:
+            raise Untranslatable(f"found {len(init)} slot variables: {e}") from None
 
 
 def _constant(t: tf.Tensor, what: str) -> float:
@@ -110,10 +107,12 @@ def translate(update: Update) -> Translation:
             raise Untranslatable("Keras momentum has no table equivalent (use tf.compat.v1 "
                                  "MomentumOptimizer)")
         if base in _FUSED:
-            kind, names, slot_args = _FUSED[base]
+            kind, arg_of = _FUSED[base]
+            names, slot_names = optimizers.SPECS[kind]
             args = {a.name: op.inputs[i] for i, a in enumerate(op.op_def.input_arg)}
-            hparams = [n if isinstance(n, float) else args[n] for n in names]
-            slots = [by_op[args[a].op] for a in slot_args]
+            hparams = [arg_of[n] if isinstance(arg_of[n], float) else args[arg_of[n]]
+                       for n in names]
+            slots = [by_op[args[arg_of[n]].op] for n in slot_names]
             nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr \
                 else False
             return Translation(kind, hparams, slots, nesterov, dense="Sparse" not in op.type)

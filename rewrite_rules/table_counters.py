@@ -21,5 +21,4 @@ def rewrite(rw, conversions, context: Context) -> None:
     if not tables:
         return
     with rw.rule(NAME):
-        context.counters, summary = features.add_summaries(tables)
-        rw.track_added(tf.compat.v1.GraphKeys.SUMMARIES, summary, label="table counters")
+        context.counters, _ = features.add_summaries(tables)

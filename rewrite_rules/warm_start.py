@@ -38,6 +38,5 @@ def rewrite(rw, conversions, context: Context) -> None:
             imported = table.import_rows(tf.range(c.rows, dtype=tf.int64), rows)
             with tf.control_dependencies([imported]):
                 done = tf.constant(True)
-            flag = tf1.Variable(done, trainable=False, name="graphmod_warm_started",
+            tf1.Variable(done, trainable=False, name="graphmod_warm_started",
                                 use_resource=True)
-            rw.track_added(tf1.GraphKeys.GLOBAL_VARIABLES, flag, label=flag.op.name)

@@ -390,3 +390,42 @@ def test_lookups_sharing_a_table_are_one_update():
     for out in results:
         np.testing.assert_allclose(out["slots"][0, 0, 0], 0.1 + 3.5 ** 2, rtol=1e-6)
         np.testing.assert_allclose(out["values"][0, 0], -3.5 / np.sqrt(0.1 + 3.5 ** 2), rtol=1e-6)
+
+
+def test_one_table_describes_every_optimizer_for_python_and_the_kernels():
+    """graphmod.optimizers.SPECS is what the classes, the native op and its
+    kernels take: the op allows exactly its kinds, each class gives its
+    hyper-parameters and slot rows in its counts, and the kernel asks for the
+    hyper-parameters by the same names, in the same order."""
+    from graphmod._ops import ops
+    from tensorflow.python.framework import op_def_registry
+    op_def = op_def_registry.get("GraphmodTableApply")
+    allowed = next(a for a in op_def.attr if a.name == "optimizer").allowed_values.list.s
+    assert sorted(x.decode() for x in allowed) == sorted(gmo.SPECS)
+    assert sorted(gmo.BY_KIND) == sorted(gmo.SPECS)
+    for kind, (hparams, slots) in gmo.SPECS.items():
+        with tf.Graph().as_default():
+            opt = gmo.BY_KIND[kind](0.1)
+            assert len(opt.hparams()) == len(hparams), kind
+            assert len(opt.slot_init) == len(slots), kind
+            table = graphmod.create_table(f"t_{kind}", DIM, optimizer=opt)
+            apply = ops.graphmod_table_apply(
+                table.handle, tf.constant([1], tf.int64), tf.zeros([1, DIM]), tf.zeros([0]),
+                optimizer=kind, by_address=False, nesterov=False)
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                with pytest.raises(tf.errors.InvalidArgumentError) as e:
+                    sess.run(apply)
+            assert f"hyper-parameters must be the vector [{', '.join(hparams)}]" in str(e.value)
+
+
+def test_with_slots_gives_a_table_any_number_of_slot_rows():
+    """What checkpoint tools need (graphmod ckpt): a table of n slot rows, for
+    any n; a kind must keep its own count."""
+    with tf.Graph().as_default():
+        for n in (1, 3):
+            table = graphmod.create_table(f"t{n}", DIM, optimizer=gmo.with_slots("", [0.5] * n))
+            assert table.num_slots == n and table.slot_init == (0.5,) * n
+        assert gmo.with_slots("ftrl", [0.1, 0.0]).slot_init == (0.1, 0.0)
+        with pytest.raises(ValueError, match="ftrl keeps 2 slot rows, got 1"):
+            gmo.with_slots("ftrl", [0.1])

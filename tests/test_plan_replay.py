@@ -79,36 +79,66 @@ def test_sampled_softmax_in_training_full_softmax_in_eval(tmp_path):
     assert plain["loss"] < np.log(ITEMS) - 0.1, plain  # training moved the full-softmax loss
 
 
-def hashed_model_fn(features, labels, mode):
+def hashed_model_fn(features, labels, mode, params):
     bucket = tf.strings.to_hash_bucket_fast(features["word"], 50)
     emb = tf1.get_variable("word_emb", [50, 4], initializer=tf1.constant_initializer(0.1))
+    if mode == tf.estimator.ModeKeys.EVAL and params.get("narrow_eval_ids"):
+        bucket = tf.cast(bucket, tf.int32)  # 63-bit keys cannot pass
     logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, bucket), 1)
     if mode == tf.estimator.ModeKeys.PREDICT:
         return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     if mode == tf.estimator.ModeKeys.EVAL:
-        # eval also reads the bucket numbers' values: the table's keys cannot follow
+        # eval also reads the bucket numbers' values, which training did not
         metric = tf1.metrics.mean(tf.cast(tf.reduce_max(bucket), tf.float32))
         return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={"m": metric})
     train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss, tf1.train.get_global_step())
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
 
 
-def test_a_graph_that_cannot_follow_the_plan_fails_naming_the_table(tmp_path):
+def _words_input():
     words = np.array([f"w{i}".encode() for i in range(200)])
     labels = (np.arange(200) % 2).astype(np.float32)
 
     def input_fn():
         return tf.data.Dataset.from_tensor_slices(({"word": words}, labels)).batch(50)
+    return words, labels, input_fn
 
-    est = tf.estimator.Estimator(hashed_model_fn, str(tmp_path))
+
+def test_an_eval_graph_reading_bucket_ids_follows_the_plan(tmp_path):
+    """Training fed the table the full keys; evaluation also reads the bucket
+    ids as values (a metric): the table still gets the full keys, the metric
+    the bucket ids, and the loss is predict's."""
+    words, labels, input_fn = _words_input()
+    est = tf.estimator.Estimator(hashed_model_fn, str(tmp_path), params={})
     est.train(input_fn, steps=4, hooks=[graphmod.GraphModifierHook()])
     with open(os.path.join(str(tmp_path), "graphmod", "plan.json")) as f:
         saved = json.load(f)
     assert saved["format"] == plan_file.FORMAT
     (entry,) = saved["variables"]
     assert entry["variable"] == "word_emb" and entry["unsqueezed"]
-    with pytest.raises(RuntimeError, match="'word_emb'.*unsqueezed ids.*Max"):
+    evaluating = graphmod.GraphModifierHook()
+    metrics = est.evaluate(input_fn, hooks=[evaluating])
+    (table,) = evaluating.report.tables
+    assert table["unsqueezed"] == entry["unsqueezed"]
+    buckets = tf.strings.to_hash_bucket_fast(words, 50).numpy()
+    assert metrics["m"] == pytest.approx(buckets.reshape(4, 50).max(1).mean())
+    logits = np.array([p["logits"] for p in est.predict(
+        lambda: tf.data.Dataset.from_tensor_slices({"word": words}).batch(50),
+        hooks=[graphmod.GraphModifierHook()])])
+    losses = np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
+    assert metrics["loss"] == pytest.approx(losses.mean(), rel=1e-5)
+    # Keyed by full ids, each word's row moved by its own label only (two
+    # values); rows of 50 buckets, shared by words of both labels, would not.
+    assert len(set(logits.round(5))) == 2
+
+
+def test_a_graph_that_cannot_follow_the_plan_fails_naming_the_table(tmp_path):
+    _, _, input_fn = _words_input()
+    est = tf.estimator.Estimator(hashed_model_fn, str(tmp_path),
+                                 params={"narrow_eval_ids": True})
+    est.train(input_fn, steps=4, hooks=[graphmod.GraphModifierHook()])
+    with pytest.raises(RuntimeError, match="'word_emb'.*unsqueezed ids.*Cast"):
         est.evaluate(input_fn, hooks=[graphmod.GraphModifierHook()])
 
 

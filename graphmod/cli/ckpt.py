@@ -49,16 +49,14 @@ def _build(checkpoint: str):
     """(tables, variables) recreating what `checkpoint` holds, in the default graph."""
     import graphmod  # pylint: disable=import-outside-toplevel
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
-    from graphmod.table import graph_state  # pylint: disable=import-outside-toplevel
+    from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
     graph_state().reads_parts = True  # a sharded checkpoint's parts
     entries = _tables_of(checkpoint)
     tables = []
     for name, e in sorted(entries.items()):
         slots = e["slots"][1] if "slots" in e else 0
         # Only the number of slot rows matters to saving and restoring.
-        opt = {0: None, 1: optimizers.Adagrad(0.0), 2: optimizers.Ftrl(0.0)}.get(slots)
-        if slots > 2:
-            raise InputError(f"{checkpoint}: table '{name}' keeps {slots} slot rows per key")
+        opt = optimizers.with_slots("", [0.0] * slots) if slots else None
         tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt))
     variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
                  for name, (shape, dtype) in sorted(_dense_entries(checkpoint, entries).items())]
@@ -290,10 +288,7 @@ def to_tables(checkpoint: str, out: str, variables: List[str]) -> str:
             # by name, TF1's optimizers' slots come in the order tables keep.
             slot_names = sorted(n for n, shape in shapes.items()
                                 if _is_slot_of(n, v) and list(shape) == list(value.shape))
-            if len(slot_names) > 2:
-                raise InputError(f"{checkpoint}: variable {v} has {len(slot_names)} slot "
-                                 f"variables ({', '.join(slot_names)}); tables keep up to 2")
-            opt = [None, optimizers.Adagrad(0.0), optimizers.Ftrl(0.0)][len(slot_names)]
+            opt = optimizers.with_slots("", [0.0] * len(slot_names)) if slot_names else None
             table = graphmod.create_table(v, value.shape[1], optimizer=opt)
             slots = np.stack([reader.get_tensor(n) for n in slot_names], 1) if slot_names \
                 else np.zeros([value.shape[0], 0, value.shape[1]], np.float32)

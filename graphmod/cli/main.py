@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional
 from absl import flags
 
 from graphmod.cli.graphs import InputError
+from graphmod.settings import MIN_ROWS
 
 OK, FINDINGS, USAGE = 0, 1, 2
 
@@ -46,7 +47,7 @@ def _rewrite_flags(fv):
     flags.DEFINE_boolean("dry_run", False, "rewrite without training or writing anything "
                          "(required: the rewrite itself runs in GraphModifierHook)",
                          flag_values=fv)
-    flags.DEFINE_integer("min_rows", 10_000, "GraphModifierHook's min_rows", flag_values=fv)
+    flags.DEFINE_integer("min_rows", MIN_ROWS, "GraphModifierHook's min_rows", flag_values=fv)
     flags.DEFINE_boolean("exact", False, "GraphModifierHook's exact", flag_values=fv)
     flags.DEFINE_boolean("collision_free", True, "GraphModifierHook's collision_free",
                          flag_values=fv)

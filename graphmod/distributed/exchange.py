@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from graphmod import features, fused
 from graphmod.distributed.partition import owner_of
-from graphmod.table import Lookup, Table, graph_state
+from graphmod.state import Lookup, graph_state
 
 tf1 = tf.compat.v1
 
@@ -88,7 +88,7 @@ def active(graph: Optional[tf.Graph] = None) -> bool:
     return hvd.is_initialized() and hvd.size() > 1
 
 
-def exchanged_find_or_insert(tables: Sequence[Table], keys: Sequence[tf.Tensor],
+def exchanged_find_or_insert(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
                              combine: str = "average") -> List[tf.Tensor]:
     """Training lookups of keys[i] (any shape) in tables[i], each key's row
     kept by its owner: rows of shape keys[i].shape + [dim]."""
@@ -113,14 +113,14 @@ def exchanged_find_or_insert(tables: Sequence[Table], keys: Sequence[tf.Tensor],
     return _exchange(tables, keys, serve, "graphmod_exchange")
 
 
-def exchanged_find(tables: Sequence[Table], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+def exchanged_find(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Read-only lookups as exchanged_find_or_insert's (keys without a row
     read their table's missing value, as on one rank)."""
     return _exchange(tables, keys, lambda t, k: (fused.find(t, k), None),
                      "graphmod_exchange_find")
 
 
-def exchanged_gradients(tables: Sequence[Table], keys: Sequence[tf.Tensor],
+def exchanged_gradients(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
                         grads: Sequence[tf.Tensor]) -> List[Tuple[tf.Tensor, tf.Tensor]]:
     """Gradient rows sent to their keys' owners, for applies there: this
     rank's rows grads[i] ([n, dim]) of keys[i] ([n] int64) of tables[i]
@@ -190,8 +190,8 @@ def _scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
     return scaled(x)
 
 
-def _exchange(tables: Sequence[Table], keys: Sequence[tf.Tensor],
-              serve: Callable[[List[Table], List[tf.Tensor]], List[tf.Tensor]],
+def _exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
+              serve: Callable[[List["graphmod.Table"], List[tf.Tensor]], List[tf.Tensor]],
               name: str) -> List[tf.Tensor]:
     hvd = _horovod()
     size, rank = hvd.size(), hvd.rank()
@@ -310,7 +310,7 @@ def _refused(counts: tf.Tensor, key_of: tf.Tensor, handles: tf.Tensor) -> tf.Ten
     return tf.cast(tf.gather(no_row, start + counts) - tf.gather(no_row, start), tf.int32)
 
 
-def _without_refused(table: Table, rows: tf.Tensor, key_of: tf.Tensor, counts: tf.Tensor,
+def _without_refused(table: "graphmod.Table", rows: tf.Tensor, key_of: tf.Tensor, counts: tf.Tensor,
                      refused: tf.Tensor) -> tf.Tensor:
     """Rows per id (ids in batch order, of unique keys key_of occurring
     `counts` times) where the first `refused` occurrences of each key read

@@ -25,7 +25,7 @@ from graphmod.rewrite.plan import (PlanMismatch, RewriteSettings, checkpoint_nam
 from graphmod.rewrite.report import RewriteReport
 from graphmod.rewrite.rewriter import Rewriter
 from graphmod.rewrite.rule import Context, Refused, Rule
-from graphmod.table import graph_state
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 MODES = ("train", "eval", "predict")
@@ -76,11 +76,15 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
+    # (Not undone: the checkpoint's layout, whatever becomes of the rewrite.)
+    graph_state(graph).reads_parts = latest is not None and TableParts.is_sharded(latest)
     rw = Rewriter(graph, index)
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
                       ranks=distributed.horovod_ranks() if mode != "predict" else 1,
-                      checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current)
+                      checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current,
+                      # a fresh start (no checkpoint in model_dir) imports the sources' rows
+                      warm_start=settings.warm_start if training and not names else None)
     ready = []
     for c in conversions:
         name = c.name
@@ -97,9 +101,6 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         ready.append(c)
     planned = time.time()
     state = graph_state(graph)
-    clocks, old_timestamp = dict(state.clocks), state.timestamp
-    was_sharded = state.sharded
-    state.reads_parts = latest is not None and TableParts.is_sharded(latest)
     try:
         if ready and distributed.horovod_ranks() > 1:
             # Under Horovod, training and evaluation shard the tables across
@@ -113,12 +114,6 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
             features.set_policy(c.table_name, c.settings.policy, graph)
         for rule in rules:
             rule.rewrite(rw, ready, context)
-        warm_started = []
-        if training and settings.warm_start is not None and not names:
-            # A fresh start (no checkpoint in model_dir): the initialization
-            # also imports the sources' rows (graphmod.warm_start).
-            from graphmod.warm_start import WarmStarter
-            warm_started = WarmStarter(settings.warm_start, graph, rw).started
         outputs = [t for c in ready for t in _outputs(c, context)]
         roots = [op for t in outputs for op in t.consumers()]
         roots += [op for c in ready if context.built("optimizer_updates", c) is not None
@@ -129,13 +124,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         if training and model_dir:
             _save_plan(model_dir, replay, ready, context)
     except Exception:
-        rw.undo()
-        state.sharded = was_sharded
-        # So that the rewrite can run again on this graph:
-        state.clocks, state.timestamp = clocks, old_timestamp
-        for c in ready:
-            state.policies.pop(c.table_name, None)
-            state.tables.pop(c.table_name, None)
+        rw.undo()  # graph, collections and graphmod's state: the rewrite can run again
         raise
     report = RewriteReport(
         graph=mode,
@@ -150,7 +139,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str,
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
         replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
-        warm_started=warm_started, sharded_ranks=context.ranks if ready else 1,
+        warm_started=context.warm_started, sharded_ranks=context.ranks if ready else 1,
         counters=context.counters, record=rw.record())
     return report
 

@@ -26,14 +26,13 @@ variables convert and their table settings in every later graph; a planned
 variable that cannot convert there is an error, not a silent dense fallback.
 """
 import dataclasses
-import fnmatch
 import re
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from graphmod.features import TablePolicy, check_policy
+from graphmod.settings import RewriteSettings, TableSettings  # noqa: F401 (read here)
 from graphmod.initializers import (TableInitializer, Unreadable, default_initializer,
                                    from_variable, to_table_initializer)
 from graphmod.rewrite import collectives, gradients
@@ -57,60 +56,6 @@ _SHAPE_READS = {"Shape", "VariableShape", "Size", "Rank"}
 
 class PlanMismatch(ValueError):
     """A graph that cannot follow the model's conversion plan."""
-
-
-@dataclasses.dataclass
-class TableSettings:
-    """Per-table settings of the hook; None inherits from the variable / defaults.
-
-    Training decides them; evaluation and prediction graphs of a model read
-    its tables as training built them, except for default_value (what they
-    read for ids the table has never seen), which they may set.
-
-    initializer, default_value, max_rows, when_full, num_shards and
-    admission_sketch_width are those of graphmod.create_table; access_threshold, eviction_threshold and
-    eviction_unit those of graphmod.FeatureSpec; convert=False keeps the
-    variable dense.
-    """
-    initializer: Any = None
-    default_value: Optional[float] = None
-    max_rows: Optional[int] = None
-    when_full: str = "lru"
-    num_shards: int = 16
-    access_threshold: int = -1
-    eviction_threshold: int = -1
-    eviction_unit: str = "seconds"
-    admission_sketch_width: Optional[int] = None
-    convert: bool = True
-
-    def __post_init__(self):
-        check_policy("TableSettings", self.access_threshold, self.eviction_threshold,
-                     self.eviction_unit)
-        if self.when_full not in ("lru", "lfu", "refuse"):
-            raise ValueError(f"TableSettings: when_full must be 'lru', 'lfu' or 'refuse', "
-                             f"got {self.when_full!r}")
-        if self.max_rows is not None and (isinstance(self.max_rows, bool) or
-                                          not isinstance(self.max_rows, int) or
-                                          self.max_rows <= 0):
-            raise ValueError(f"TableSettings: max_rows must be a positive integer or None, "
-                             f"got {self.max_rows!r}")
-
-    @property
-    def policy(self) -> TablePolicy:
-        return TablePolicy(self.access_threshold, self.eviction_threshold, self.eviction_unit)
-
-
-@dataclasses.dataclass
-class RewriteSettings:
-    """What the rewrite converts; the GraphModifierHook's arguments of the same names."""
-    min_rows: int = 10_000
-    tables: Dict[str, TableSettings] = dataclasses.field(default_factory=dict)
-    collision_free: bool = True
-    exact: bool = False
-    warm_start: Any = None  # a graphmod.WarmStartSettings (fresh training starts only)
-
-    def table_settings(self, name: str) -> Optional[TableSettings]:
-        return next((s for p, s in self.tables.items() if fnmatch.fnmatchcase(name, p)), None)
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from graphmod.initializers import TableInitializer
-from graphmod.rewrite.plan import TableSettings
+from graphmod.settings import TableSettings
 
 FORMAT = 1
 FILE = os.path.join("graphmod", "plan.json")

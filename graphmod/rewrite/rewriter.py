@@ -2,8 +2,11 @@
 
 Every change a rule makes goes through a Rewriter, which records it: the
 record feeds the RewriteReport and `graphmod diff`, and lets a failed rewrite
-be undone (reroutes, control inputs and collection edits are reverted; ops the
-rule had built stay in the graph, unreachable and harmless).
+be undone (reroutes, control inputs, the graph's collections and graphmod's
+per-graph state (graphmod.state) are reverted; ops the rule had built stay in
+the graph, unreachable and harmless). What library code a rule calls adds to
+the graph's collections (a table's saveable, a variable, a Saver) is recorded
+under the rule when the rule ends; undo() is the only rollback a rewrite needs.
 
 >>> rw = Rewriter(graph)
 >>> with rw.rule("gather_to_lookup"):
@@ -17,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow as tf
 
 from graphmod.rewrite.index import GraphIndex
+from graphmod.state import graph_state
 
 
 @dataclasses.dataclass
@@ -41,16 +45,24 @@ class Rewriter:
         # What each replaced tensor (by ref) or op became: results that hold
         # the old one read the new one through current().
         self._replaced: Dict[Any, Any] = {}
+        # The collections and per-graph state as the rewrite found them (undo
+        # restores them), and the collections as last recorded (_sync).
+        self._initial = {k: list(graph.get_collection_ref(k))
+                         for k in graph.get_all_collection_keys()}
+        self._state = graph_state(graph).snapshot()
+        self._known = {k: list(v) for k, v in self._initial.items()}
 
     @contextlib.contextmanager
     def rule(self, name: str):
         """Attributes the changes (and the ops built) inside to rule `name`."""
+        self._sync()  # edits made before the rule are not the rule's
         previous, self._rule = self._rule, name
         before = self.graph.version  # counts ops; O(1), unlike listing them
         try:
             with self.graph.as_default():
                 yield self
         finally:
+            self._sync()
             after = self.graph.version
             if after > before:
                 self._record("build", f"{after - before} ops")
@@ -121,22 +133,34 @@ class Rewriter:
     def remove_from_collections(self, item: Any, keys: Optional[List[str]] = None,
                                 label: Optional[str] = None) -> List[str]:
         """Removes item from the named collections (default: all); returns those it was in."""
+        self._sync()
         removed = []
         for key in list(keys if keys is not None else self.graph.get_all_collection_keys()):
             coll = self.graph.get_collection_ref(key)
             if any(x is item for x in coll):
-                index = next(i for i, x in enumerate(coll) if x is item)
-                del coll[index]
+                del coll[next(i for i, x in enumerate(coll) if x is item)]
                 removed.append(key)
-                self._record("collection_remove", f"{label or getattr(item, 'name', item)} "
-                             f"from {key}", lambda coll=coll, index=index: coll.insert(index, item))
+                self._known[key] = list(coll)
+                self._record("collection_remove", f"{label or _label(item)} from {key}")
         return removed
 
-    def track_added(self, key: str, item: Any, label: Optional[str] = None) -> None:
-        """Records an item library code already appended to collection key."""
-        coll = self.graph.get_collection_ref(key)
-        self._record("collection_add", f"{label or getattr(item, 'name', item)} to {key}",
-                     lambda: coll.remove(item))
+    def _sync(self) -> None:
+        """Records what was added to (or removed from) the graph's collections
+        since the last record, under the current rule. Cheap when nothing
+        changed: a collection only grows at its end or loses items here."""
+        for key in self.graph.get_all_collection_keys():
+            coll = self.graph.get_collection_ref(key)
+            known = self._known.get(key, [])
+            if len(coll) == len(known) and (not coll or coll[-1] is known[-1]):
+                continue
+            now, before = {id(x) for x in coll}, {id(x) for x in known}
+            for x in known:
+                if id(x) not in now:
+                    self._record("collection_remove", f"{_label(x)} from {key}")
+            for x in coll:
+                if id(x) not in before:
+                    self._record("collection_add", f"{_label(x)} to {key}")
+            self._known[key] = list(coll)
 
     def current(self, item: Any) -> Any:
         """What replaced the op or tensor item, after every replacement so far
@@ -153,6 +177,10 @@ class Rewriter:
         self._replaced.clear()
         while self._undo:
             self._undo.pop()()
+        for key in self.graph.get_all_collection_keys():
+            self.graph.get_collection_ref(key)[:] = self._initial.get(key, [])
+        graph_state(self.graph).restore(self._state)
+        self._known = {k: list(v) for k, v in self._initial.items()}
         self.changes.append(Change("(rewriter)", "undo", "all changes reverted"))
 
     def record(self) -> dict:
@@ -167,3 +195,8 @@ class Rewriter:
             out.setdefault(c.rule, {}).setdefault(c.kind, 0)
             out[c.rule][c.kind] += 1
         return out
+
+
+def _label(item: Any) -> str:
+    name = getattr(item, "name", None)
+    return name if isinstance(name, str) else type(item).__name__

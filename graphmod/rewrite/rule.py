@@ -73,6 +73,8 @@ class Context:
     # The model's Scaffold brings its own Saver (Estimator.train): graphmod's
     # TableSaver would never be used.
     scaffold_saver: bool = False
+    # graphmod.WarmStartSettings of a fresh training start (rule warm_start_sources)
+    warm_start: Any = None
     # Follows a replaced op or tensor to its replacement (Rewriter.current).
     current: Callable[[Any], Any] = lambda x: x
     # What the rules report (see graphmod.rewrite.report).
@@ -84,6 +86,7 @@ class Context:
     # variables whose tables adopt their rows from a dense checkpoint (table_saver)
     adopted: List[str] = dataclasses.field(default_factory=list)
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)
+    warm_started: List[str] = dataclasses.field(default_factory=list)  # warm_start_sources
     # variable -> the approximations rules accepted for it
     approximations: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     _matches: Dict[Tuple[str, str], Any] = dataclasses.field(default_factory=dict)

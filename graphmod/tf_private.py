@@ -1,0 +1,94 @@
+"""Every private or undocumented TensorFlow surface graphmod's hooks use.
+
+A SessionRunHook is told neither the Estimator whose session it joins, nor
+that Estimator's input batch, nor MonitoredTrainingSession's saving
+arguments, and TF offers no public way to ask. Each use below says what it
+relies on and the version it was checked on (tensorflow-cpu 2.15.1,
+tensorflow-estimator 2.15.0, the last TF with tf.estimator);
+tests/test_tf_private.py fails when TF changes any of it. (export_saved_model
+needs none: it goes through the public Estimator.model_fn.)
+"""
+import inspect
+from typing import Optional, Tuple
+
+import tensorflow as tf
+from tensorflow.python.training import training_util
+
+tf1 = tf.compat.v1
+
+
+def _callers():
+    """The frames of the Python call stack, innermost first."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def running_estimator() -> Optional[tf1.estimator.Estimator]:
+    """The Estimator whose train/evaluate/predict is creating this session.
+
+    Relies on (TF 2.15.1): those methods create their MonitoredSession, which
+    calls every hook's begin(), inside their own call, so a frame whose `self`
+    is the Estimator is on the stack. The innermost one is the Estimator
+    whose session it is (an Estimator's method may call another's).
+    """
+    owners = (frame.f_locals.get("self") for frame in _callers())
+    # tf.estimator.Estimator subclasses tf.compat.v1.estimator.Estimator.
+    return next((o for o in owners if isinstance(o, tf1.estimator.Estimator)), None)
+
+
+def estimator_trains(graph: tf.Graph) -> bool:
+    """Whether graph was built by Estimator.train.
+
+    Relies on (TF 2.15.1): both of Estimator.train's paths put a read of the
+    global step in the collection training_util.GLOBAL_STEP_READ_KEY before
+    calling the model_fn; evaluate, predict and export do not (only training
+    hooks such as StepCounterHook, in their own begin(), add it).
+    """
+    return bool(graph.get_collection(training_util.GLOBAL_STEP_READ_KEY))
+
+
+def global_step_read(graph: tf.Graph) -> Optional[tf.Tensor]:
+    """The global step's value as TF's own step-counting hooks read it (one
+    cached read per graph; None without a global step).
+
+    Relies on (TF 2.15.1): training_util._get_or_create_global_step_read,
+    which keeps it in the collection estimator_trains reads.
+    """
+    return training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
+
+
+def session_saves() -> Optional[Tuple[Optional[str], Optional[float], Optional[int]]]:
+    """(checkpoint_dir, save_checkpoint_secs, save_checkpoint_steps) of the
+    MonitoredTrainingSession call creating this session, if any.
+
+    Relies on (TF 2.15.1): the function's code is named
+    MonitoredTrainingSession, has those parameters, and has replaced their
+    defaults (USE_DEFAULT) by the values it saves with before hooks begin.
+    """
+    for frame in _callers():
+        args = frame.f_locals
+        if frame.f_code.co_name == "MonitoredTrainingSession" and "checkpoint_dir" in args:
+            return args["checkpoint_dir"], args["save_checkpoint_secs"], args["save_checkpoint_steps"]
+    return None
+
+
+def input_feature(name: str) -> tf.Tensor:
+    """The feature `name` of the batch the Estimator on the call stack feeds
+    its model_fn.
+
+    Relies on (TF 2.15.1): Estimator._train_model_default holds that batch
+    in its local `features` (a dict for dict-of-features input_fns) while
+    its session's hooks begin.
+    """
+    seen = None
+    for frame in _callers():
+        batch = frame.f_locals.get("features")
+        if isinstance(batch, dict):
+            if name in batch:
+                return batch[name]
+            seen = sorted(batch)
+    raise ValueError(f"GraphModifierHook: timestamp_feature '{name}' is not in the input batch "
+                     f"({'its features: ' + str(seen) if seen else 'no features dict found'}); "
+                     "pass the timestamp tensor itself when not training an Estimator")

@@ -1,0 +1,24 @@
+"""Rule: a fresh training start imports other models' checkpoints
+(GraphModifierHook(warm_start=graphmod.WarmStartSettings(...))).
+
+Matches a training graph whose model_dir holds no checkpoint yet, given
+WarmStartSettings. Builds graphmod.warm_start.WarmStarter's flag variable,
+whose initializer imports the sources' rows into the tables (renamed, key
+filtered, as the settings say) and assigns the dense variables, so the import
+runs exactly when the model is initialized and never after a restore.
+Refuses nothing: a mapping naming no table or variable of the graph is an
+error (the rewrite fails and is undone).
+"""
+from graphmod.rewrite.rule import Context
+from graphmod.warm_start import WarmStarter
+
+NAME = "warm_start_sources"
+AFTER = ("gather_to_lookup", "saver_swap")  # the graph's tables, and its variables left dense
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    del conversions
+    if context.warm_start is None:
+        return
+    with rw.rule(NAME):
+        context.warm_started.extend(WarmStarter(context.warm_start, context.graph).started)

@@ -1,0 +1,94 @@
+"""graphmod.tf_private: each private TensorFlow surface the hook relies on
+still behaves as it did on TF 2.15.1 / tensorflow-estimator 2.15.0.
+
+A failure here means TF changed what graphmod.tf_private reads: the hook
+would no longer find the Estimator, tell training from prediction, find the
+timestamp feature or check Horovod saves.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graphmod import tf_private
+
+tf1 = tf.compat.v1
+
+
+class Probe(tf1.train.SessionRunHook):
+    """Records, in begin(), what graphmod.tf_private finds."""
+
+    def __init__(self):
+        self.seen = []
+
+    def begin(self):
+        graph = tf1.get_default_graph()
+        try:
+            feature = tf_private.input_feature("ids")
+        except ValueError:
+            feature = None
+        self.seen.append(dict(estimator=tf_private.running_estimator(),
+                              trains=tf_private.estimator_trains(graph),
+                              feature=feature, saves=tf_private.session_saves()))
+
+
+def test_the_estimator_its_training_and_its_batch_are_found_in_every_mode(tmp_path):
+    batches = []
+
+    def model_fn(features, labels, mode):
+        batches.append(features["ids"])
+        w = tf1.get_variable("w", [3, 1])
+        logits = tf.squeeze(tf.matmul(tf.cast(features["ids"], tf.float32), w), 1)
+        # The optimizer in every mode: its TRAIN_OP and ops are no sign of training.
+        loss = tf.reduce_mean(tf.square(logits - (labels if labels is not None else 0.0)))
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss, tf1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train,
+                                          predictions={"p": logits})
+
+    def input_fn(labelled=True):
+        ids = np.arange(12, dtype=np.int64).reshape(4, 3)
+        data = ({"ids": ids}, np.ones(4, np.float32)) if labelled else {"ids": ids}
+        return lambda: tf.data.Dataset.from_tensor_slices(data).batch(4)
+
+    est = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path))
+    probe = Probe()
+    est.train(input_fn(), steps=1, hooks=[probe])
+    est.evaluate(input_fn(), steps=1, hooks=[probe])
+    list(est.predict(input_fn(labelled=False), hooks=[probe]))
+    train, evaluate, predict = probe.seen
+    assert all(s["estimator"] is est for s in probe.seen), probe.seen
+    assert [s["trains"] for s in probe.seen] == [True, False, False]
+    # Only Estimator.train's batch is looked up (timestamp_feature trains only).
+    assert train["feature"] is batches[0]
+    # Estimator.train runs a MonitoredTrainingSession of its own; the others none.
+    assert train["saves"][0] == est.model_dir
+    assert evaluate["saves"] is None and predict["saves"] is None
+
+
+@pytest.mark.parametrize("args, saves", [
+    ({}, (600, None)),  # its defaults
+    (dict(save_checkpoint_steps=5), (None, 5)),
+    (dict(save_checkpoint_secs=30), (30, None)),
+])
+def test_monitored_training_session_saving_arguments_are_found(tmp_path, args, saves):
+    with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        probe = Probe()
+        with tf1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), hooks=[probe],
+                                                **args):
+            pass
+    (seen,) = probe.seen
+    assert seen["saves"] == (str(tmp_path),) + saves
+    assert seen["estimator"] is None and seen["feature"] is None
+
+
+def test_the_global_step_read_is_cached_in_the_collection_estimator_trains_reads():
+    with tf.Graph().as_default() as graph:
+        assert tf_private.global_step_read(graph) is None  # no global step yet
+        step = tf1.train.get_or_create_global_step()
+        assert not tf_private.estimator_trains(graph)
+        read = tf_private.global_step_read(graph)
+        assert tf_private.global_step_read(graph) is read and tf_private.estimator_trains(graph)
+        with tf1.Session() as sess:
+            sess.run(step.initializer)
+            sess.run(step.assign(7))
+            assert sess.run(read) == 7
