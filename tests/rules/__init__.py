@@ -1,0 +1,1 @@
+"""One test file per rewrite rule (graphmod.rewrite_rules): what it matches, builds and refuses."""
