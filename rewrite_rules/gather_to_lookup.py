@@ -52,8 +52,10 @@ def check(conversion: Conversion, context: Context) -> None:
 
 def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
+        # The table keeps the slots of the update optimizer_updates matched
+        # (none in a registry without it, or in a graph that does not train).
         translation = context.match("optimizer_updates", c)
-        context.build(NAME, c, _rewrite_one(rw, c, translation.layout if c.training else None))
+        context.build(NAME, c, _rewrite_one(rw, c, translation.layout if translation else None))
 
 
 def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import graphmod
-from graphmod import features
+from graphmod.embeddings import features
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.plan import Conversion, RewriteSettings, plan
 from graphmod.rewrite.rewriter import Rewriter

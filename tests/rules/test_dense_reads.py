@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphmod.rewrite import pipeline, plan_file
-from graphmod.rewrite_rules import dense_reads
+from graphmod.rewrite_rules import RULES, dense_reads
 
 from .helpers import READING_RULES, apply_rules, settings, tiny_model
 
@@ -16,7 +16,7 @@ def _trained_plan(model_dir) -> dict:
     """The plan a training graph of the tiny model saves in model_dir."""
     with tf.Graph().as_default() as g:
         tiny_model(tf1.train.AdagradOptimizer(0.1), initializer=SEED)
-        pipeline.rewrite(g, settings(), "train", model_dir=str(model_dir))
+        pipeline.rewrite(g, settings(), "train", rules=RULES, model_dir=str(model_dir))
     return plan_file.read(str(model_dir))
 
 

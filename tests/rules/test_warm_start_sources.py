@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from graphmod.rewrite_rules import saver_swap, warm_start_sources
-from graphmod.warm_start import WarmStartSettings
+from graphmod.checkpoint.warm_start import WarmStartSettings
 
 from .helpers import TRAINING_RULES, apply_rules, exported, the_table, tiny_model
 
