@@ -5,10 +5,12 @@
 >>> table = graphmod.create_table("user", dim=16, optimizer=opt)
 >>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
 
-The library's core (this package) never imports the hooks (graphmod.hooks,
-the top-level hooks/ folder) or the rewrite rules (graphmod.rewrite_rules,
-rewrite_rules/), which import the core: the hooks' public names resolve here
-on first use, and the rules' registry is handed to the rewrite pipeline.
+The library's core (the modules of this package) never imports the hooks
+(graphmod.hooks, the top-level hooks/ folder) or the rewrite rules
+(graphmod.rewrite_rules, rewrite_rules/), which import the core: the hooks'
+public names resolve here on first use, and the rules' registry is handed to
+the rewrite pipeline by its callers (the hook, export_saved_model below and
+the `graphmod` command, graphmod.cli).
 """
 import importlib
 

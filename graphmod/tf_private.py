@@ -41,12 +41,22 @@ def running_estimator() -> Optional[tf1.estimator.Estimator]:
 def estimator_trains(graph: tf.Graph) -> bool:
     """Whether graph was built by Estimator.train.
 
-    Relies on (TF 2.15.1): both of Estimator.train's paths put a read of the
-    global step in the collection training_util.GLOBAL_STEP_READ_KEY before
-    calling the model_fn; evaluate, predict and export do not (only training
-    hooks such as StepCounterHook, in their own begin(), add it).
+    Relies on (TF 2.15.1): both of Estimator.train's paths create the global
+    step and, right after it (before input_fn and model_fn build anything),
+    a read of it in its name scope, kept in the collection
+    training_util.GLOBAL_STEP_READ_KEY. Evaluate, predict and export do not;
+    a step-counting hook (StepCounterHook, CheckpointSaverHook, ...) whose
+    begin() runs before GraphModifierHook's creates that read too, but after
+    the model: so the read counts only when nothing but the global step's
+    own ops precedes it since the global step.
     """
-    return bool(graph.get_collection(training_util.GLOBAL_STEP_READ_KEY))
+    reads = graph.get_collection(training_util.GLOBAL_STEP_READ_KEY)
+    step = tf1.train.get_global_step(graph)
+    if not reads or step is None:
+        return False
+    ops = graph.get_operations()
+    first, read = ops.index(step.op), ops.index(reads[0].op)
+    return all(op.name.startswith(step.op.name + "/") for op in ops[first + 1:read])
 
 
 def global_step_read(graph: tf.Graph) -> Optional[tf.Tensor]:

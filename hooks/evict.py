@@ -16,7 +16,8 @@ from absl import logging
 
 from graphmod import distributed, tf_private
 from graphmod.embeddings import features
-from graphmod.embeddings.table import Table, tables
+from graphmod.embeddings.table import Table
+from graphmod.state import tables
 
 tf1 = tf.compat.v1
 

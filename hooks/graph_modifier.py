@@ -41,7 +41,7 @@ from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite_rules import RULES
 from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
-from graphmod.embeddings.table import tables as graphmod_tables
+from graphmod.state import tables as graphmod_tables
 
 tf1 = tf.compat.v1
 

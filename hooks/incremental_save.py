@@ -23,8 +23,8 @@ from absl import logging
 from graphmod import tf_private
 from graphmod.checkpoint import deltas
 from graphmod.checkpoint import saver as table_saver
-from graphmod.rewrite.rewriter import Rewriter
-from graphmod.embeddings.table import tables
+from graphmod.rewrite.pipeline import install_saver
+from graphmod.state import tables
 
 tf1 = tf.compat.v1
 
@@ -60,10 +60,12 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
         if tables(graph) and not any(isinstance(s, table_saver.TableSaver) for s in savers):
             # A table-API graph: nothing installed graphmod's Saver yet.
             try:
-                table_saver.install(Rewriter(graph), graph)
+                changes = install_saver(graph).summary()
             except table_saver.NotReplaceable as e:
                 raise ValueError(f"IncrementalSaveHook: {e}; deltas need graphmod's "
                                  "TableSaver as the graph's Saver") from None
+            logging.info("graphmod: IncrementalSaveHook made the graph's Saver graphmod's "
+                         "TableSaver: %s", changes)
 
     def after_create_session(self, session, coord) -> None:
         del coord

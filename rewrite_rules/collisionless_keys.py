@@ -153,7 +153,10 @@ def _unsqueeze(rw, source: tf.Operation) -> None:
 
 def _unsqueeze_along(rw, source: tf.Operation, gathers: List[tf.Operation], table: str) -> None:
     """Feeds the full keys to the given gathers only, through copies of the id
-    carriers between them and the source; other readers keep the source's ids."""
+    carriers between them and the source; other readers keep the source's ids.
+    What reads a copied carrier's positions (Unique's idx, by which
+    embedding_lookup_sparse combines the unique ids' rows) reads the copy's:
+    they are the positions of the keys the gathers now read."""
     memo: Dict = {}
 
     def on_path(t: tf.Tensor) -> bool:  # t carries the source's ids
@@ -167,17 +170,27 @@ def _unsqueeze_along(rw, source: tf.Operation, gathers: List[tf.Operation], tabl
         def copy(t: tf.Tensor) -> tf.Tensor:
             if t.ref() not in full:
                 op = t.op
+                ids_out = set()
                 for i, x in enumerate(op.inputs):
-                    if on_path(x) and carried(op, i) is None:
+                    if not on_path(x):
+                        continue
+                    outs = carried(op, i)
+                    if outs is None or op._control_flow_context is not None:  # pylint: disable=protected-access
                         raise PlanMismatch(
                             f"graphmod: table '{table}' was trained on the unsqueezed ids of "
                             f"'{source.name}', but here they reach it through {op.type} "
-                            f"'{op.name}', which cannot carry them")
-                clone = rw.graph.create_op(
-                    op.type, [copy(x) if on_path(x) else x for x in op.inputs],
-                    [o.dtype for o in op.outputs], name=op.name.rsplit("/", 1)[-1],
-                    attrs=dict(op.node_def.attr))
-                full.update((o.ref(), n) for o, n in zip(op.outputs, clone.outputs))
+                            f"'{op.name}', which cannot carry them"
+                            + (" (inside v1 control flow)" if outs is not None else ""))
+                    ids_out.update(o.ref() for o in outs)
+                with tf.device(op.device):
+                    clone = rw.graph.create_op(
+                        op.type, [copy(x) if on_path(x) else x for x in op.inputs],
+                        [o.dtype for o in op.outputs], name=op.name.rsplit("/", 1)[-1],
+                        attrs=dict(op.node_def.attr))
+                for old, new in zip(op.outputs, clone.outputs):
+                    full[old.ref()] = new
+                    if old.ref() not in ids_out:  # positions (Unique's idx)
+                        rw.reroute(old, new)
             return full[t.ref()]
 
         for g in gathers:
@@ -187,7 +200,7 @@ def _unsqueeze_along(rw, source: tf.Operation, gathers: List[tf.Operation], tabl
 
 def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
     """Unsqueezes every source upstream of the converted gathers that can be
-    (or, replaying a plan, exactly the plan's); notes each conversion's."""
+    (or, replaying a plan, exactly the plan's); builds each conversion's Keys."""
     if not context.collision_free and not any(c.planned_keys for c in conversions):
         return  # (exact=True implies collision_free=False: see the pipeline)
     converted = {g.op.name for c in conversions for g in c.gathers}

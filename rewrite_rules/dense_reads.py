@@ -14,7 +14,6 @@ conversion it rewrote.
 import tensorflow as tf
 
 from graphmod._ops import ops
-from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "dense_reads"

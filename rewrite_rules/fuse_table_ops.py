@@ -28,7 +28,6 @@ import tensorflow as tf
 
 from graphmod.embeddings import fused
 from graphmod.rewrite.levels import levels_and_sources
-from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "fuse_table_ops"

@@ -14,7 +14,6 @@ variables). Refuses nothing.
 """
 import tensorflow as tf
 
-from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "horovod_broadcast"

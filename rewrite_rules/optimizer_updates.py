@@ -80,10 +80,10 @@ class Translation:
     def slot_layout(self) -> optimizers.SparseOptimizer:
         """A graphmod optimizer whose slot rows start as the variable's slots did."""
         init = tuple(_constant(s.initial_value, s.op.name) for s in self.slot_vars)
-        try:
-            return optimizers.with_slots(self.kind, init)
-        except ValueError as e:
-            raise Untranslatable(f"found {len(init)} slot variables: {e}") from None
+        keeps = len(optimizers.SPECS[self.kind][1])
+        if len(init) != keeps:
+            raise Untranslatable(f"found {len(init)} slot variables, {self.kind} keeps {keeps}")
+        return optimizers.with_slots(self.kind, init)
 
 
 def _constant(t: tf.Tensor, what: str) -> float:

@@ -6,10 +6,7 @@ see graphmod.embeddings.features.add_summaries) and adds it to the SUMMARIES
 collection, which Estimators merge after the hooks' begin(). Refuses nothing.
 The counters are also handed to the hook, which logs them at the end.
 """
-import tensorflow as tf
-
 from graphmod.embeddings import features
-from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "table_counters"

@@ -27,7 +27,6 @@ Refuses (the variable stays dense, as the checkpoint holds it):
 """
 from typing import List
 
-import tensorflow as tf
 
 from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite.plan import Conversion, checkpoint_name

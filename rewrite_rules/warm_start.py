@@ -17,7 +17,6 @@ dense).
 """
 import tensorflow as tf
 
-from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "warm_start"

@@ -84,7 +84,14 @@ def hashed_model_fn(features, labels, mode, params):
     emb = tf1.get_variable("word_emb", [50, 4], initializer=tf1.constant_initializer(0.1))
     if mode == tf.estimator.ModeKeys.EVAL and params.get("narrow_eval_ids"):
         bucket = tf.cast(bucket, tf.int32)  # 63-bit keys cannot pass
-    logits = tf.reduce_sum(tf.nn.embedding_lookup(emb, bucket), 1)
+    if params.get("sparse"):  # unique ids, their rows, combined per example by idx
+        n = tf.shape(bucket, out_type=tf.int64)[0]
+        sp = tf.SparseTensor(tf.stack([tf.range(n), tf.zeros([n], tf.int64)], 1), bucket,
+                             tf.stack([n, 1]))
+        rows = tf.nn.embedding_lookup_sparse(emb, sp, None, combiner="sum")
+    else:
+        rows = tf.nn.embedding_lookup(emb, bucket)
+    logits = tf.reduce_sum(rows, 1)
     if mode == tf.estimator.ModeKeys.PREDICT:
         return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
@@ -105,12 +112,15 @@ def _words_input():
     return words, labels, input_fn
 
 
-def test_an_eval_graph_reading_bucket_ids_follows_the_plan(tmp_path):
+@pytest.mark.parametrize("sparse", [False, True], ids=["gather", "unique_then_gather"])
+def test_an_eval_graph_reading_bucket_ids_follows_the_plan(tmp_path, sparse):
     """Training fed the table the full keys; evaluation also reads the bucket
     ids as values (a metric): the table still gets the full keys, the metric
-    the bucket ids, and the loss is predict's."""
+    the bucket ids, and the loss is predict's. embedding_lookup_sparse looks
+    up unique ids and combines their rows by Unique's positions, which must
+    be the full keys' positions too (words share buckets within a batch)."""
     words, labels, input_fn = _words_input()
-    est = tf.estimator.Estimator(hashed_model_fn, str(tmp_path), params={})
+    est = tf.estimator.Estimator(hashed_model_fn, str(tmp_path), params={"sparse": sparse})
     est.train(input_fn, steps=4, hooks=[graphmod.GraphModifierHook()])
     with open(os.path.join(str(tmp_path), "graphmod", "plan.json")) as f:
         saved = json.load(f)

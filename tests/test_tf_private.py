@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from graphmod import tf_private
+from tensorflow.python.training.training_util import GLOBAL_STEP_READ_KEY
 
 tf1 = tf.compat.v1
 
@@ -28,7 +29,8 @@ class Probe(tf1.train.SessionRunHook):
             feature = None
         self.seen.append(dict(estimator=tf_private.running_estimator(),
                               trains=tf_private.estimator_trains(graph),
-                              feature=feature, saves=tf_private.session_saves()))
+                              feature=feature, saves=tf_private.session_saves(),
+                              reads=bool(graph.get_collection(GLOBAL_STEP_READ_KEY))))
 
 
 def test_the_estimator_its_training_and_its_batch_are_found_in_every_mode(tmp_path):
@@ -57,6 +59,12 @@ def test_the_estimator_its_training_and_its_batch_are_found_in_every_mode(tmp_pa
     train, evaluate, predict = probe.seen
     assert all(s["estimator"] is est for s in probe.seen), probe.seen
     assert [s["trains"] for s in probe.seen] == [True, False, False]
+    # A step-counting hook that begins first creates the step's read after the
+    # model: prediction stays prediction.
+    counting = Probe()
+    list(est.predict(input_fn(labelled=False),
+                     hooks=[tf1.train.StepCounterHook(every_n_steps=1), counting]))
+    assert [(s["trains"], s["reads"]) for s in counting.seen] == [(False, True)]
     # Only Estimator.train's batch is looked up (timestamp_feature trains only).
     assert train["feature"] is batches[0]
     # Estimator.train runs a MonitoredTrainingSession of its own; the others none.

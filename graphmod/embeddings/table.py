@@ -21,7 +21,7 @@ from tensorflow.python.training.saving import saveable_object
 from graphmod._ops import ops
 from graphmod.embeddings.initializers import TableInitializer, to_table_initializer
 from graphmod.settings import NUM_SHARDS, check_table
-from graphmod.state import Lookup, graph_state, tables, training_lookups  # noqa: F401 (public names)
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 from graphmod import folding
+from graphmod.rewrite.index import strip_identity
 
 _IF = ("If", "StatelessIf")
 _AVERAGE, _SUM = 0, 1  # HorovodAllreduce's reduce_op values
@@ -35,12 +36,6 @@ class Collective:
     runs: bool      # the cond takes the collective branch (False on one rank)
 
 
-def _strip(t: tf.Tensor) -> tf.Tensor:
-    while t.op.type == "Identity":
-        t = t.op.inputs[0]
-    return t
-
-
 def scale_chain(t: tf.Tensor, stop) -> Tuple[tf.Tensor, List[Tuple[tf.Tensor, bool]], str]:
     """(the tensor `stop` accepts, [(scalar, divides)] applied to it on the way
     to t, why not): t must be it times and over rank-0 tensors (the scaling
@@ -48,7 +43,7 @@ def scale_chain(t: tf.Tensor, stop) -> Tuple[tf.Tensor, List[Tuple[tf.Tensor, bo
     collective, which commutes with sending the local gradient instead)."""
     scales = []
     while True:
-        t = _strip(t)
+        t = strip_identity(t)
         if stop(t):
             return t, scales[::-1], ""
         op = t.op
@@ -178,17 +173,17 @@ def _v1_branches(merge: tf.Operation):
     Horovod collective, or None."""
     if len(merge.inputs) != 2:
         return None
-    false = [x for x in merge.inputs if _strip(x).op.type == "Switch" and
-             _strip(x).value_index == 0]
+    false = [x for x in merge.inputs if strip_identity(x).op.type == "Switch" and
+             strip_identity(x).value_index == 0]
     true = [x for x in merge.inputs if x not in false]
     if len(false) != 1 or len(true) != 1:
         return None
-    node = _strip(true[0]).op
+    node = strip_identity(true[0]).op
     if node.type == "RealDiv":
-        node = _strip(node.inputs[0]).op
+        node = strip_identity(node.inputs[0]).op
     if node.type not in ("HorovodAllgather", "HorovodAllreduce"):
         return None
-    return _strip(false[0]).op.inputs[0], _strip(true[0])
+    return strip_identity(false[0]).op.inputs[0], strip_identity(true[0])
 
 
 def _through_merge(t: tf.Tensor):
@@ -200,7 +195,7 @@ def _through_merge(t: tf.Tensor):
         if size is None:
             return t, None, f"{op.name} divides its gradient by something not constant"
         factor, combine = 1.0 / size, "average"
-        result = _strip(result.op.inputs[0])
+        result = strip_identity(result.op.inputs[0])
     node = result.op
     if node.get_attr("process_set_id") != 0:
         return t, None, f"{op.name} combines over a Horovod process set, which is not built"
@@ -214,8 +209,8 @@ def _through_merge(t: tf.Tensor):
             return t, None, f"{op.name}: {why}"
     elif combine is None:
         combine = "sum"
-    switch = _strip(node.inputs[0]).op
-    if switch.type != "Switch" or _strip(switch.inputs[0]) is not _strip(local):
+    switch = strip_identity(node.inputs[0]).op
+    if switch.type != "Switch" or strip_identity(switch.inputs[0]) is not strip_identity(local):
         return t, None, f"{op.name}'s collective does not take the gradient its cond passes on"
     runs = folding.scalar(switch.inputs[1])
     if runs is None:

@@ -5,8 +5,8 @@ plans the conversion (replaying the model's saved plan when model_dir has
 one), lets every rule check every conversion (a refused variable stays dense,
 with the reason), runs the rules through one Rewriter, checks the result, and
 returns the RewriteReport; a training rewrite saves its plan for every later
-graph of the model. A failed rewrite is undone (graph edits, collections and
-the tables' policies) and raised.
+graph of the model. A failed rewrite is undone by its Rewriter (graph edits,
+collections and graphmod's per-graph state) and raised.
 
 >>> report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "train",
 ...                  rules=graphmod.rewrite_rules.RULES, model_dir="/tmp/model")
@@ -20,6 +20,7 @@ import tensorflow as tf
 from graphmod import distributed
 from graphmod.embeddings import features
 from graphmod.distributed.checkpoints import TableParts
+from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.plan import (PlanMismatch, RewriteSettings, checkpoint_name, plan,
@@ -185,3 +186,14 @@ def _save_plan(model_dir: str, replay, ready: List, context: Context) -> None:
             c.seed, list(keys.names) if keys else [], list(keys.types) if keys else [], slots,
             part_of)
     plan_file.write(model_dir, planned)
+
+
+def install_saver(graph: tf.Graph) -> Rewriter:
+    """Makes the Saver of a graph built with the table API (no rewrite ran on
+    it) graphmod's TableSaver, through a Rewriter that records the change, as
+    the table_saver rule does in a rewrite; returns that Rewriter. Raises
+    graphmod.checkpoint.saver.NotReplaceable when the graph's Saver cannot be."""
+    rw = Rewriter(graph)
+    with rw.rule("table_saver"):
+        table_saver.install(rw, graph)
+    return rw

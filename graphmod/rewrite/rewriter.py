@@ -87,7 +87,7 @@ class Rewriter:
         if old.dtype != new.dtype:
             raise TypeError(f"cannot reroute {old.name} ({old.dtype.name}) to {new.name} "
                             f"({new.dtype.name})")
-        if consumers is None:
+        if consumers is None and not ignore:
             self._replaced[old.ref()] = new
         ignore = set(ignore or [])
         count = 0
@@ -148,7 +148,7 @@ class Rewriter:
         """Records what was added to (or removed from) the graph's collections
         since the last record, under the current rule. Cheap when nothing
         changed: a collection only grows at its end or loses items here."""
-        for key in self.graph.get_all_collection_keys():
+        for key in set(self.graph.get_all_collection_keys()) | set(self._known):
             coll = self.graph.get_collection_ref(key)
             known = self._known.get(key, [])
             if len(coll) == len(known) and (not coll or coll[-1] is known[-1]):
@@ -177,7 +177,7 @@ class Rewriter:
         self._replaced.clear()
         while self._undo:
             self._undo.pop()()
-        for key in self.graph.get_all_collection_keys():
+        for key in set(self.graph.get_all_collection_keys()) | set(self._initial):
             self.graph.get_collection_ref(key)[:] = self._initial.get(key, [])
         graph_state(self.graph).restore(self._state)
         self._known = {k: list(v) for k, v in self._initial.items()}
