@@ -1,5 +1,8 @@
 #include "native/table.h"
 
+#include "native/bits.h"
+#include "native/memory.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,28 +10,12 @@
 #include <new>
 #include <unordered_map>
 
-#include <sys/mman.h>
-
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 namespace graphmod {
 namespace {
-
-// ---------------------------------------------------------------- hashing
-
-// Murmur3's 64-bit finalizer: every input bit reaches every output bit, so
-// sequential or strided ids spread evenly over shards and groups.
-inline uint64_t Mix(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-inline uint64_t HashKey(int64_t key) { return Mix(static_cast<uint64_t>(key)); }
 
 // ---------------------------------------------------------------- control bytes
 
@@ -111,79 +98,6 @@ inline void LocateRow(uint64_t row, size_t* block, uint64_t* offset) {
   }
 }
 
-// ---------------------------------------------------------------- initializers
-
-// Uniform in (0, 1) from 24 random bits.
-inline float Uniform01(uint64_t x) {
-  return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
-}
-// Uniform in (0, 1) from 53 random bits: never 0 or 1, so the quantile is finite.
-inline double Uniform53(uint64_t x) {
-  return (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-// Inverse of the standard normal CDF, by Acklam's rational approximation
-// (relative error below 1.2e-9): one uniform per normal value, and only the
-// 5% of draws in the tails pay for a log and a square root.
-double NormalQuantile(double p) {
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
-                             -2.759285104469687e+02, 1.383577518672690e+02,
-                             -3.066479806614716e+01, 2.506628277459239e+00};
-  static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
-                             -1.556989798598866e+02, 6.680131188771972e+01,
-                             -1.328068155288572e+01};
-  static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
-                             -2.400758277161838e+00, -2.549732539343734e+00,
-                             4.374664141464968e+00,  2.938163982698783e+00};
-  static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01,
-                             2.445134137142996e+00, 3.754408661907416e+00};
-  constexpr double kTail = 0.02425;
-  if (p < kTail || p > 1.0 - kTail) {
-    const double q = std::sqrt(-2.0 * std::log(p < kTail ? p : 1.0 - p));
-    const double x = (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
-                     ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1.0);
-    return p < kTail ? x : -x;
-  }
-  const double q = p - 0.5, r = q * q;
-  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
-         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1.0);
-}
-
-// The standard normal's quantiles at kQuantileBins + 1 evenly spaced points of
-// (0, 1), or of [Phi(-2), Phi(2)] for the normal truncated at two standard
-// deviations (TF's truncated_normal, here with no rejection loop). Linear
-// interpolation between them is within 5e-6 of the exact inverse for the
-// truncated normal and, outside the two exact outer bins, within 0.02 (at
-// |z| > 3.2) for the normal.
-constexpr int kQuantileBins = 4096;
-
-std::vector<float> MakeQuantileTable(bool truncated) {
-  constexpr double kLow = 0.022750131948179195;  // Phi(-2)
-  std::vector<float> t(kQuantileBins + 1, 0.f);
-  for (int i = 0; i <= kQuantileBins; ++i) {
-    const double u = static_cast<double>(i) / kQuantileBins;
-    if (truncated) {
-      t[i] = static_cast<float>(NormalQuantile(kLow + (1.0 - 2.0 * kLow) * u));
-    } else if (i != 0 && i != kQuantileBins) {  // the outer bins are inverted exactly
-      t[i] = static_cast<float>(NormalQuantile(u));
-    }
-  }
-  return t;
-}
-
-const float* QuantileTable(bool truncated) {
-  static const std::vector<float> normal = MakeQuantileTable(false);
-  static const std::vector<float> truncated_normal = MakeQuantileTable(true);
-  return truncated ? truncated_normal.data() : normal.data();
-}
-
-// Saturating add for the 32-bit access counter.
-inline uint32_t AddCount(uint32_t count, uint64_t inc) {
-  const uint64_t c = count + inc;
-  return c > std::numeric_limits<uint32_t>::max() ? std::numeric_limits<uint32_t>::max()
-                                                  : static_cast<uint32_t>(c);
-}
-
 // Copies a row of d floats inline, in fixed-size blocks the compiler turns
 // into vector moves (memcpy of a runtime size, which a plain loop also
 // becomes, is a library call per row).
@@ -199,45 +113,12 @@ inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
 
 }  // namespace
 
-bool ParseInitializer(const std::string& name, Initializer* out) {
-  if (name == "zeros") *out = Initializer::kZeros;
-  else if (name == "constant") *out = Initializer::kConstant;
-  else if (name == "uniform") *out = Initializer::kUniform;
-  else if (name == "normal") *out = Initializer::kNormal;
-  else if (name == "truncated_normal") *out = Initializer::kTruncatedNormal;
-  else return false;
-  return true;
-}
-
 bool ParseCapacityPolicy(const std::string& name, CapacityPolicy* out) {
   if (name == "refuse") *out = CapacityPolicy::kRefuse;
   else if (name == "lru") *out = CapacityPolicy::kLru;
   else if (name == "lfu") *out = CapacityPolicy::kLfu;
   else return false;
   return true;
-}
-
-bool ParseOptimizer(const std::string& name, OptimizerKind* out) {
-  if (name == "sgd") *out = OptimizerKind::kSgd;
-  else if (name == "adagrad") *out = OptimizerKind::kAdagrad;
-  else if (name == "momentum") *out = OptimizerKind::kMomentum;
-  else if (name == "adam") *out = OptimizerKind::kAdam;
-  else if (name == "ftrl") *out = OptimizerKind::kFtrl;
-  else if (name == "rmsprop") *out = OptimizerKind::kRmsProp;
-  else return false;
-  return true;
-}
-
-int SlotsNeeded(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kAdagrad:
-    case OptimizerKind::kMomentum: return 1;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kFtrl:
-    case OptimizerKind::kRmsProp: return 2;
-  }
-  return 0;
 }
 
 std::string ValidateConfig(const TableConfig& c) {
@@ -266,33 +147,6 @@ std::string ValidateConfig(const TableConfig& c) {
 
 void SerialRunner(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
   if (n > 0) fn(0, n);
-}
-
-// ---------------------------------------------------------------- memory
-
-constexpr size_t kHugePage = size_t{2} << 20;
-
-struct FreeDeleter {
-  void operator()(char* p) const { std::free(p); }
-};
-using Memory = std::unique_ptr<char, FreeDeleter>;
-
-// Big tables are read at random, so a lookup on 4 KB pages pays a TLB miss
-// for the index and another for the record. Allocations of 2 MB and more are
-// huge-page aligned and offered to the kernel's transparent huge pages.
-Memory Allocate(size_t bytes) {
-  void* p;
-  if (bytes < kHugePage) {
-    p = std::aligned_alloc(64, (bytes + 63) & ~size_t{63});  // whole cache lines
-  } else {
-    bytes = (bytes + kHugePage - 1) & ~(kHugePage - 1);
-    p = std::aligned_alloc(kHugePage, bytes);
-#ifdef MADV_HUGEPAGE
-    if (p != nullptr) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure is harmless
-#endif
-  }
-  if (p == nullptr) throw std::bad_alloc();
-  return Memory(static_cast<char*>(p));
 }
 
 // ---------------------------------------------------------------- shard
@@ -779,47 +633,8 @@ void EmbeddingTable::MissingRow(int64_t key, float* out) const {
 }
 
 void EmbeddingTable::InitialRow(int64_t key, float* out) const {
-  const int d = config_.dim;
-  const float a = config_.init_a, b = config_.init_b;
-  // A counter-based stream seeded by (key, seed): the row depends on nothing
-  // else, so any process in any insertion order gives a key the same row.
-  const uint64_t base = Mix(static_cast<uint64_t>(key) ^ Mix(config_.seed ^ 0x5851f42d4c957f2dULL));
-  uint64_t counter = 0;
-  auto next = [&]() { return Mix(base + 0x9e3779b97f4a7c15ULL * ++counter); };
-  switch (config_.init) {
-    case Initializer::kZeros:
-      std::fill(out, out + d, 0.f);
-      return;
-    case Initializer::kConstant:
-      std::fill(out, out + d, a);
-      return;
-    case Initializer::kUniform:
-      for (int j = 0; j < d; ++j) out[j] = a + (b - a) * Uniform01(next());
-      return;
-    case Initializer::kNormal:
-    case Initializer::kTruncatedNormal: {
-      const bool truncated = config_.init == Initializer::kTruncatedNormal;
-      const float* table = QuantileTable(truncated);
-      uint64_t bits = 0;
-      for (int j = 0; j < d; ++j) {
-        // Two 32-bit draws per 64-bit mix: 12 bits pick the bin, 20 place the
-        // value inside it.
-        bits = (j & 1) ? bits << 32 : next();
-        const uint32_t r = static_cast<uint32_t>(bits >> 32);
-        const uint32_t bin = r >> 20;
-        const float frac = (static_cast<float>(r & 0xFFFFF) + 0.5f) * (1.0f / 1048576.0f);
-        float z;
-        if (!truncated && (bin == 0 || bin == kQuantileBins - 1)) {
-          // The normal's outermost bins reach to infinity: invert exactly.
-          z = static_cast<float>(NormalQuantile((bin + static_cast<double>(frac)) / kQuantileBins));
-        } else {
-          z = table[bin] + frac * (table[bin + 1] - table[bin]);
-        }
-        out[j] = a + b * z;
-      }
-      return;
-    }
-  }
+  InitialValues({config_.init, config_.init_a, config_.init_b, config_.seed}, key, out,
+                config_.dim);
 }
 
 EmbeddingTable::Batch EmbeddingTable::Partition(const int64_t* ids, int64_t n,
@@ -1072,70 +887,6 @@ void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
 }
 
 namespace {
-
-// One optimizer step on one row; g is the summed gradient of the row.
-void UpdateRow(const Optimizer& o, float* var, float* slots, const float* g, int d) {
-  switch (o.kind) {
-    case OptimizerKind::kSgd:
-      for (int j = 0; j < d; ++j) var[j] -= o.lr * g[j];
-      return;
-    case OptimizerKind::kAdagrad: {
-      float* acc = slots;
-      for (int j = 0; j < d; ++j) {
-        acc[j] += g[j] * g[j];
-        var[j] -= o.lr * g[j] / (std::sqrt(acc[j]) + o.epsilon);
-      }
-      return;
-    }
-    case OptimizerKind::kMomentum: {
-      float* acc = slots;
-      for (int j = 0; j < d; ++j) {
-        acc[j] = o.momentum * acc[j] + g[j];
-        var[j] -= o.nesterov ? o.lr * g[j] + o.lr * o.momentum * acc[j] : o.lr * acc[j];
-      }
-      return;
-    }
-    case OptimizerKind::kAdam: {
-      float* m = slots;
-      float* v = slots + d;
-      const float lr_t = o.lr * std::sqrt(1.f - o.beta2_power) / (1.f - o.beta1_power);
-      for (int j = 0; j < d; ++j) {
-        m[j] = o.beta1 * m[j] + (1.f - o.beta1) * g[j];
-        v[j] = o.beta2 * v[j] + (1.f - o.beta2) * g[j] * g[j];
-        var[j] -= lr_t * m[j] / (std::sqrt(v[j]) + o.epsilon);
-      }
-      return;
-    }
-    case OptimizerKind::kFtrl: {
-      float* acc = slots;
-      float* linear = slots + d;
-      auto powered = [&](float x) {
-        return o.lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -o.lr_power);
-      };
-      for (int j = 0; j < d; ++j) {
-        const float shrunk = g[j] + 2.f * o.l2_shrinkage * var[j];
-        const float acc_new = acc[j] + g[j] * g[j];
-        linear[j] += shrunk - (powered(acc_new) - powered(acc[j])) / o.lr * var[j];
-        const float quadratic = powered(acc_new) / o.lr + 2.f * o.l2;
-        var[j] = std::fabs(linear[j]) > o.l1
-                     ? ((linear[j] > 0 ? o.l1 : -o.l1) - linear[j]) / quadratic
-                     : 0.f;
-        acc[j] = acc_new;
-      }
-      return;
-    }
-    case OptimizerKind::kRmsProp: {
-      float* ms = slots;
-      float* mom = slots + d;
-      for (int j = 0; j < d; ++j) {
-        ms[j] = o.rho * ms[j] + (1.f - o.rho) * g[j] * g[j];
-        mom[j] = o.momentum * mom[j] + o.lr * g[j] / std::sqrt(ms[j] + o.epsilon);
-        var[j] -= mom[j];
-      }
-      return;
-    }
-  }
-}
 
 // The rows one shard's part of a batch updates, in order of first appearance,
 // each with its gradient: a pointer into the batch for a row seen once, the

@@ -36,12 +36,10 @@
 #include <utility>
 #include <vector>
 
+#include "native/initializer.h"
+#include "native/optimizer_math.h"
+
 namespace graphmod {
-
-enum class Initializer { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal };
-
-// Parses "zeros", "constant", "uniform", "normal", "truncated_normal".
-bool ParseInitializer(const std::string& name, Initializer* out);
 
 // What a training lookup of a new key does in a table at max_rows.
 enum class CapacityPolicy {
@@ -88,27 +86,6 @@ using Runner = std::function<void(int64_t n, int64_t cost_per_unit,
 // Runs everything on the calling thread.
 void SerialRunner(int64_t n, int64_t cost_per_unit,
                   const std::function<void(int64_t, int64_t)>& fn);
-
-enum class OptimizerKind { kSgd, kAdagrad, kMomentum, kAdam, kFtrl, kRmsProp };
-
-// Parses "sgd", "adagrad", "momentum", "adam", "ftrl", "rmsprop".
-bool ParseOptimizer(const std::string& name, OptimizerKind* out);
-// Slot rows the optimizer keeps per key.
-int SlotsNeeded(OptimizerKind kind);
-
-// Hyper-parameters of one sparse update; each optimizer reads its own fields,
-// with the formulas of tf.compat.v1.train's optimizers.
-struct Optimizer {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  float lr = 0.f;
-  float epsilon = 0.f;       // adagrad (keras style, 0 = tf.compat.v1), adam, rmsprop
-  float momentum = 0.f;      // momentum, rmsprop
-  bool nesterov = false;     // momentum
-  float beta1 = 0.9f, beta2 = 0.999f;  // adam
-  float beta1_power = 1.f, beta2_power = 1.f;  // adam: beta^t of this step
-  float l1 = 0.f, l2 = 0.f, l2_shrinkage = 0.f, lr_power = -0.5f;  // ftrl
-  float rho = 0.9f;          // rmsprop decay
-};
 
 // Row handle: shard number in bits 48..62, the row's generation in bits 40..47
 // and its row number in the low 40 bits. A row's generation advances each time
