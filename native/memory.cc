@@ -9,7 +9,7 @@ namespace graphmod {
 // Big tables are read at random, so a lookup on 4 KB pages pays a TLB miss
 // for the index and another for the record: big allocations ask for huge
 // pages (a hint; the kernel may decline, which is harmless).
-Memory Allocate(size_t bytes) {
+Memory AllocateAligned(size_t bytes) {
   void* p;
   if (bytes < kHugePage) {
     p = std::aligned_alloc(64, (bytes + 63) & ~size_t{63});

@@ -19,7 +19,7 @@ using Memory = std::unique_ptr<char, FreeDeleter>;
 // At least `bytes`, aligned to 64 (whole cache lines); from 2 MB on, rounded
 // up to and aligned on 2 MB and offered to transparent huge pages. Throws
 // std::bad_alloc when the system has no memory to give.
-Memory Allocate(size_t bytes);
+Memory AllocateAligned(size_t bytes);
 
 }  // namespace graphmod
 

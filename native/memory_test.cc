@@ -13,7 +13,7 @@ namespace {
 
 void TestAlignment() {
   for (size_t bytes : {size_t{1}, size_t{64}, size_t{100}, size_t{4096}, size_t{1} << 20}) {
-    graphmod::Memory m = graphmod::Allocate(bytes);
+    graphmod::Memory m = graphmod::AllocateAligned(bytes);
     CHECK(m != nullptr);
     CHECK(reinterpret_cast<uintptr_t>(m.get()) % 64 == 0);
     std::memset(m.get(), 1, bytes);  // ASan: the whole request is usable
@@ -21,7 +21,7 @@ void TestAlignment() {
   // Huge allocations are rounded up to whole huge pages, so the last bytes
   // of the rounded size are ours too.
   const size_t big = graphmod::kHugePage + 1;
-  graphmod::Memory m = graphmod::Allocate(big);
+  graphmod::Memory m = graphmod::AllocateAligned(big);
   CHECK(reinterpret_cast<uintptr_t>(m.get()) % graphmod::kHugePage == 0);
   std::memset(m.get(), 2, 2 * graphmod::kHugePage);
 }
