@@ -52,17 +52,31 @@ bazel: $(VENV)/.installed .bazelrc.user
 test-bazel: bazel
 	PYTHON_BIN_PATH=$(PY) bazel test //...
 
-# The table's tests under AddressSanitizer + UBSan, and its concurrency
-# stress under ThreadSanitizer (plain g++, no TensorFlow needed).
+# Every C++ test of the table's parts (native/*_test.cc) under AddressSanitizer
+# + UBSan, and the table's concurrency stress under ThreadSanitizer (plain
+# g++, no TensorFlow needed). The parts are compiled once per sanitizer and
+# linked into each test.
 SAN_DIR := build/sanitize
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -pthread -I.
-native-sanitize: native/table.cc native/table.h native/table_test.cc
-	mkdir -p $(SAN_DIR)
-	$(CXX) $(SAN_FLAGS) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-		native/table.cc native/table_test.cc -o $(SAN_DIR)/table_test_asan
-	$(SAN_DIR)/table_test_asan
-	$(CXX) $(SAN_FLAGS) -fsanitize=thread native/table.cc native/table_test.cc \
-		-o $(SAN_DIR)/table_test_tsan
+ASAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+TSAN := -fsanitize=thread
+NATIVE_KERNELS := $(addprefix native/,kernels.cc fused_kernels.cc save_kernel.cc ops.cc)
+NATIVE_TESTS := $(wildcard native/*_test.cc)
+TABLE_SOURCES := $(filter-out $(NATIVE_KERNELS) $(NATIVE_TESTS),$(wildcard native/*.cc))
+$(SAN_DIR)/asan/%.o: native/%.cc $(wildcard native/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN_FLAGS) $(ASAN) -c $< -o $@
+$(SAN_DIR)/tsan/%.o: native/%.cc $(wildcard native/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SAN_FLAGS) $(TSAN) -c $< -o $@
+ASAN_PARTS := $(patsubst native/%.cc,$(SAN_DIR)/asan/%.o,$(TABLE_SOURCES))
+TSAN_PARTS := $(patsubst native/%.cc,$(SAN_DIR)/tsan/%.o,$(TABLE_SOURCES))
+native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/asan/%.o,$(NATIVE_TESTS)) $(SAN_DIR)/tsan/table_test.o
+	set -e; for t in $(patsubst native/%.cc,%,$(NATIVE_TESTS)); do \
+		$(CXX) $(SAN_FLAGS) $(ASAN) $(ASAN_PARTS) $(SAN_DIR)/asan/$$t.o -o $(SAN_DIR)/$${t}_asan; \
+		$(SAN_DIR)/$${t}_asan; \
+	done
+	$(CXX) $(SAN_FLAGS) $(TSAN) $(TSAN_PARTS) $(SAN_DIR)/tsan/table_test.o -o $(SAN_DIR)/table_test_tsan
 	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/table_test_tsan --concurrency
 
 # Chromium and Graphviz from Debian, for the command line's tests.

@@ -8,8 +8,10 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-NATIVE_SOURCES = ["native/table.cc", "native/kernels.cc", "native/fused_kernels.cc",
-                  "native/save_kernel.cc",
+NATIVE_SOURCES = ["native/memory.cc", "native/key_index.cc", "native/arena_row_store.cc",
+                  "native/admission.cc", "native/eviction.cc", "native/initializer.cc",
+                  "native/optimizer_math.cc", "native/batch.cc", "native/table.cc",
+                  "native/kernels.cc", "native/fused_kernels.cc", "native/save_kernel.cc",
                   "native/ops.cc"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUPPORTED_TF = "2.15"  # tf.estimator and TF1 graphs; 2.16 drops the Estimator

@@ -3,25 +3,22 @@
 //
 // This file knows nothing of TensorFlow; native/kernels.cc adapts it.
 //
-// Layout. The table is split into shards (power of two, chosen by the top bits
-// of the key's hash) so one batch spreads over threads with one lock taken per
-// shard and batch, never per key. Each shard has
-//   - an index: Swiss-table style open addressing over groups of 12 slots,
-//     each group one 64-byte cache line of control bytes (7-bit hash tag, or
-//     empty/deleted, matched 16 at a time with one SIMD compare) and 32-bit
-//     row numbers; it is rebuilt 1.5x larger as keys arrive;
-//   - a row arena: blocks that never move once allocated, so a row's address
-//     (its "handle") stays valid while the index grows. Blocks grow
-//     geometrically up to 512 rows, so small tables stay small and large ones
-//     waste at most one partly used block per shard.
-// A record is [key | last_seen | count | version | values[dim] | slots[S*dim]].
-// Admission: with an access threshold, keys without a row are counted (in a
-// per-shard map of pending keys) and get a row on their threshold-th sighting.
-// Eviction: Evict removes rows last seen before a time; a bounded table
-// (max_rows) full of rows makes room for a new key by evicting, among the rows
-// near the new key's index slot, the least recently or least frequently used.
-// Keeping the key in the record (not in the index) makes the index about 5
-// bytes per slot; the record is fetched anyway to copy the values out.
+// The table is split into shards (power of two, chosen by the top bits of
+// the key's hash) so one batch spreads over threads with one lock taken per
+// shard and batch, never per key. Each shard (native/sharded_table.h) has
+//   - a key index (key_index.h): Swiss-table style groups of control bytes
+//     and row numbers, rebuilt larger as keys arrive;
+//   - a row store (row_store.h, the interface; arena_row_store.h, the
+//     in-memory store): records that never move once allocated, so a row's
+//     handle stays valid while the index grows;
+//   - admission counters (admission.h): exact per pending key, or a
+//     count-min sketch, so a key gets its row on its threshold-th sighting;
+//   - eviction (eviction.h): a full table evicts the least recently or least
+//     often used of the rows near the new key's index slot;
+//   - a change log (change_log.h) of removed keys and changed rows for
+//     incremental checkpoints.
+// Optimizer updates are in optimizer_math.h, initial rows in initializer.h,
+// batch dedup, partitioning and gradient summing in batch.h.
 // Lookups are pipelined (group, then candidate record, then compare) so cold
 // keys overlap their cache misses; big allocations ask for huge pages.
 #ifndef GRAPHMOD_NATIVE_TABLE_H_
@@ -36,22 +33,15 @@
 #include <utility>
 #include <vector>
 
+#include "native/batch.h"
+#include "native/eviction.h"
+#include "native/initializer.h"
+#include "native/optimizer_math.h"
+#include "native/row_store.h"
+
 namespace graphmod {
 
-enum class Initializer { kZeros, kConstant, kUniform, kNormal, kTruncatedNormal };
-
-// Parses "zeros", "constant", "uniform", "normal", "truncated_normal".
-bool ParseInitializer(const std::string& name, Initializer* out);
-
-// What a training lookup of a new key does in a table at max_rows.
-enum class CapacityPolicy {
-  kRefuse,  // the key gets no row (reads the missing value, handle -1)
-  kLru,     // evicts the least recently seen row nearby
-  kLfu,     // evicts the least often seen row nearby
-};
-
-// Parses "refuse", "lru", "lfu".
-bool ParseCapacityPolicy(const std::string& name, CapacityPolicy* out);
+class TableImpl;  // native/sharded_table.h
 
 struct TableConfig {
   std::string name;  // used in every error message
@@ -81,42 +71,10 @@ struct TableConfig {
 // Returns "" when the config is usable, else what is wrong with it.
 std::string ValidateConfig(const TableConfig& config);
 
-// Runs fn(begin, end) over [0, n) in parallel. cost_per_unit is a rough count
-// of cycles per unit, so the runner can decide how finely to split.
-using Runner = std::function<void(int64_t n, int64_t cost_per_unit,
-                                  const std::function<void(int64_t, int64_t)>& fn)>;
-// Runs everything on the calling thread.
-void SerialRunner(int64_t n, int64_t cost_per_unit,
-                  const std::function<void(int64_t, int64_t)>& fn);
-
-enum class OptimizerKind { kSgd, kAdagrad, kMomentum, kAdam, kFtrl, kRmsProp };
-
-// Parses "sgd", "adagrad", "momentum", "adam", "ftrl", "rmsprop".
-bool ParseOptimizer(const std::string& name, OptimizerKind* out);
-// Slot rows the optimizer keeps per key.
-int SlotsNeeded(OptimizerKind kind);
-
-// Hyper-parameters of one sparse update; each optimizer reads its own fields,
-// with the formulas of tf.compat.v1.train's optimizers.
-struct Optimizer {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  float lr = 0.f;
-  float epsilon = 0.f;       // adagrad (keras style, 0 = tf.compat.v1), adam, rmsprop
-  float momentum = 0.f;      // momentum, rmsprop
-  bool nesterov = false;     // momentum
-  float beta1 = 0.9f, beta2 = 0.999f;  // adam
-  float beta1_power = 1.f, beta2_power = 1.f;  // adam: beta^t of this step
-  float l1 = 0.f, l2 = 0.f, l2_shrinkage = 0.f, lr_power = -0.5f;  // ftrl
-  float rho = 0.9f;          // rmsprop decay
-};
-
-// Row handle: shard number in bits 48..62, the row's generation in bits 40..47
-// and its row number in the low 40 bits. A row's generation advances each time
-// the row is freed, so a handle kept past its row's removal (and the row's
-// reuse by another key) is recognised as stale instead of updating that key.
-constexpr int kHandleRowBits = 40;
-constexpr int kHandleGenerationBits = 8;
-constexpr int kHandleShardShift = kHandleRowBits + kHandleGenerationBits;
+// The initial values row `key` gets (deterministic in key and seed).
+void InitialRow(const TableConfig& config, int64_t key, float* out);
+// What a key without a row reads (see TableConfig::missing_is_initializer).
+void MissingRow(const TableConfig& config, int64_t key, float* out);
 
 // Table-wide counts since the table was created.
 struct TableCounters {
@@ -163,7 +121,7 @@ class EmbeddingTable {
   int64_t memory_bytes() const;
   // Apply calls so far; rows updated by the n-th call, or looked up by
   // training lookups since the (n-1)-th, carry version n.
-  int64_t version() const { return version_.load(); }
+  int64_t version() const;
 
   TableCounters counters() const;
 
@@ -242,35 +200,14 @@ class EmbeddingTable {
   int64_t sketch_size() const;
 
   // The initial values row `key` gets (deterministic in key and seed).
-  void InitialRow(int64_t key, float* out) const;
+  void InitialRow(int64_t key, float* out) const { graphmod::InitialRow(config_, key, out); }
   // What a key without a row reads (see TableConfig::missing_is_initializer).
-  void MissingRow(int64_t key, float* out) const;
+  void MissingRow(int64_t key, float* out) const { graphmod::MissingRow(config_, key, out); }
 
  private:
-  struct Shard;
-  struct Batch;
-  void AdvanceLatest(int64_t now);
-  // Shard `shard`, or every shard when it is negative: [first, last).
-  std::pair<size_t, size_t> ShardRange(int shard) const;
-  // The rows Export writes of a shard whose lock the caller holds.
-  std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
-  Batch Partition(const int64_t* ids, int64_t n, bool ids_are_handles,
-                  const Runner& run) const;
-  // Calls fn(p, row or Shard::kNoRow, slot) for shard s's keys of the batch
-  // (p indexes the batch's partition order), slot being the key's index slot
-  // or, when absent, the free slot an insert would take (each key is
-  // resolved just before its call, so keys an earlier call inserted are found).
-  template <typename Fn>
-  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
-
   TableConfig config_;
-  int shard_bits_;
-  size_t stride_;  // bytes per record
-  std::vector<std::unique_ptr<Shard>> shards_;
-  std::atomic<int64_t> version_{0};
-  std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
-  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0};
-  std::atomic<int64_t> latest_{0};
+  // The shards and their row store; one virtual call per batch.
+  std::unique_ptr<TableImpl> impl_;
 };
 
 }  // namespace graphmod

@@ -1,0 +1,26 @@
+// Cache-line and huge-page aligned allocations for the index and the row
+// arena (both read at random, where TLB misses cost as much as cache misses).
+#ifndef GRAPHMOD_NATIVE_MEMORY_H_
+#define GRAPHMOD_NATIVE_MEMORY_H_
+
+#include <cstddef>
+#include <cstdlib>
+#include <memory>
+
+namespace graphmod {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using Memory = std::unique_ptr<char, FreeDeleter>;
+
+// At least `bytes`, aligned to 64 (whole cache lines); from 2 MB on, rounded
+// up to and aligned on 2 MB and offered to transparent huge pages. Throws
+// std::bad_alloc when the system has no memory to give.
+Memory AllocateAligned(size_t bytes);
+
+}  // namespace graphmod
+
+#endif  // GRAPHMOD_NATIVE_MEMORY_H_

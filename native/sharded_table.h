@@ -1,0 +1,748 @@
+// The table's machinery behind EmbeddingTable: the shards (table_shard.h)
+// and the batch operations over them.
+//
+// ShardedTable is a template over the row store (see row_store.h), so the
+// per-key path (probe, record access, copy) inlines the store's methods;
+// EmbeddingTable reaches it through TableImpl, one virtual call per batch.
+// Only table.cc includes this file: it instantiates ShardedTable for the
+// stores a TableConfig can ask for.
+#ifndef GRAPHMOD_NATIVE_SHARDED_TABLE_H_
+#define GRAPHMOD_NATIVE_SHARDED_TABLE_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "native/admission.h"
+#include "native/batch.h"
+#include "native/bits.h"
+#include "native/change_log.h"
+#include "native/eviction.h"
+#include "native/key_index.h"
+#include "native/optimizer_math.h"
+#include "native/row_store.h"
+#include "native/table.h"
+#include "native/table_shard.h"
+
+namespace graphmod {
+
+// EmbeddingTable's operations (see table.h for what each does), implemented
+// once per row store.
+class TableImpl {
+ public:
+  virtual ~TableImpl() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t memory_bytes() const = 0;
+  virtual int64_t version() const = 0;
+  virtual TableCounters counters() const = 0;
+  virtual void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
+                            float* values, int64_t* handles, const Runner& run) = 0;
+  virtual void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const = 0;
+  virtual std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
+                            const float* grads, int64_t n, const Runner& run) = 0;
+  virtual std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
+                                 int64_t n) const = 0;
+  virtual int64_t Remove(const int64_t* keys, int64_t n) = 0;
+  virtual int64_t Evict(int64_t before) = 0;
+  virtual void Clear() = 0;
+  virtual void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
+                      int shard) const = 0;
+  virtual int64_t CountRows(int64_t min_version, int shard) const = 0;
+  virtual std::string Import(const int64_t* keys, const float* values, const float* slots,
+                             const int64_t* counts, const int64_t* last_seen,
+                             const int64_t* versions, int64_t n, bool replace,
+                             const Runner& run) = 0;
+  virtual void ExportPending(
+      int64_t min_version, const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
+      int shard) const = 0;
+  virtual int64_t CountPending(int64_t min_version, int shard) const = 0;
+  virtual int64_t TrackRemovals() = 0;
+  virtual void ExportRemoved(int64_t since, const std::function<int64_t*(int64_t n)>& alloc) = 0;
+  virtual std::string ImportPending(const int64_t* keys, const int64_t* counts,
+                                    const int64_t* last_seen, int64_t n, const int32_t* sketch,
+                                    int64_t sketch_count) = 0;
+  virtual int64_t sketch_size() const = 0;
+};
+
+// Copies a row of d floats inline, in fixed-size blocks the compiler turns
+// into vector moves (memcpy of a runtime size, which a plain loop also
+// becomes, is a library call per row).
+inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
+  int k = 0;
+  for (; k + 8 <= d; k += 8) std::memcpy(dst + k, src + k, 8 * sizeof(float));
+  if (k + 4 <= d) {
+    std::memcpy(dst + k, src + k, 4 * sizeof(float));
+    k += 4;
+  }
+  for (; k < d; ++k) std::memcpy(dst + k, src + k, sizeof(float));
+}
+
+template <class Store>
+class ShardedTable final : public TableImpl {
+ public:
+  using Shard = TableShard<Store>;
+  static constexpr uint32_t kNoRow = Shard::kNoRow;
+
+  explicit ShardedTable(const TableConfig& config)
+      : config_(config), layout_(RecordLayout::For(config.dim, config.num_slots)) {
+    shard_bits_ = 0;
+    while ((1 << shard_bits_) < config_.num_shards) ++shard_bits_;
+    for (int i = 0; i < config_.num_shards; ++i)
+      shards_.emplace_back(new Shard(layout_, config_, &rows_, &version_));
+  }
+
+  int64_t size() const override {
+    int64_t n = 0;
+    for (const auto& s : shards_) n += s->index.used();
+    return n;
+  }
+  int64_t memory_bytes() const override {
+    int64_t n = 0;
+    for (const auto& s : shards_) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      n += s->Bytes();
+    }
+    return n;
+  }
+  int64_t version() const override { return version_.load(); }
+  TableCounters counters() const override;
+  void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
+                    float* values, int64_t* handles, const Runner& run) override;
+  void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const override;
+  std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
+                    const float* grads, int64_t n, const Runner& run) override;
+  std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
+                         int64_t n) const override;
+  int64_t Remove(const int64_t* keys, int64_t n) override;
+  int64_t Evict(int64_t before) override;
+  void Clear() override {
+    for (auto& s : shards_) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->Reset();
+    }
+  }
+  void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
+              int shard) const override;
+  int64_t CountRows(int64_t min_version, int shard) const override;
+  std::string Import(const int64_t* keys, const float* values, const float* slots,
+                     const int64_t* counts, const int64_t* last_seen, const int64_t* versions,
+                     int64_t n, bool replace, const Runner& run) override;
+  void ExportPending(int64_t min_version,
+                     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
+                     int shard) const override;
+  int64_t CountPending(int64_t min_version, int shard) const override;
+  int64_t TrackRemovals() override;
+  void ExportRemoved(int64_t since, const std::function<int64_t*(int64_t n)>& alloc) override;
+  std::string ImportPending(const int64_t* keys, const int64_t* counts, const int64_t* last_seen,
+                            int64_t n, const int32_t* sketch, int64_t sketch_count) override;
+  int64_t sketch_size() const override {
+    return static_cast<int64_t>(shards_[0]->admission.sketch.size()) * config_.num_shards;
+  }
+
+ private:
+  // Tallies of one thread's part of a training lookup.
+  struct Tally {
+    int64_t admitted = 0, rejected = 0, evicted = 0;
+  };
+
+  Shard& ShardOf(uint64_t h) const {
+    return *shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)];
+  }
+  void AdvanceLatest(int64_t now) {
+    for (int64_t seen = latest_.load(); now > seen && !latest_.compare_exchange_weak(seen, now);) {
+    }
+  }
+  // Shard `shard`, or every shard when it is negative: [first, last).
+  std::pair<size_t, size_t> ShardRange(int shard) const {
+    if (shard < 0) return {0, shards_.size()};
+    return {static_cast<size_t>(shard), static_cast<size_t>(shard) + 1};
+  }
+  // Admits key (hash h, absent; `slot` its free index slot), seen
+  // `occurrences` times in this batch: occurrence by occurrence, as separate
+  // lookups would, each is one more sighting, and the threshold-th gets a row
+  // (room permitting). Returns the row or kNoRow; *refused counts the
+  // occurrences that got no row, *sightings the count the new row starts with.
+  uint32_t Admit(Shard& shard, int64_t key, uint64_t h, size_t slot, uint32_t occurrences,
+                 int64_t now, int64_t version, int64_t access_threshold, Tally* tally,
+                 uint32_t* refused, uint64_t* sightings);
+  // The rows Export writes of a shard whose lock the caller holds.
+  std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
+  // Calls fn(p, row or kNoRow, slot) for shard s's keys of the batch (p
+  // indexes the batch's partition order), slot being the key's index slot
+  // or, when absent, the free slot an insert would take (each key is
+  // resolved just before its call, so keys an earlier call inserted are found).
+  template <typename Fn>
+  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
+
+  const TableConfig config_;
+  const RecordLayout layout_;
+  int shard_bits_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<int64_t> version_{0};
+  std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
+  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0};
+  std::atomic<int64_t> latest_{0};
+};
+
+// Lookups are pipelined over three stages so a batch of cold keys waits on
+// many cache misses at once instead of one after another: the group of key
+// p + 2*kAhead is prefetched; the group of key p + kAhead (now cached) is
+// scanned for the key's tag and the first candidate record prefetched; key p
+// is then probed for real, with its group and record already in cache.
+template <class Store>
+template <typename Fn>
+void ShardedTable<Store>::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
+                                          Fn&& fn) const {
+  constexpr int64_t kAhead = 8;
+  const int64_t b = batch.begin[s], e = batch.begin[s + 1];
+  const uint64_t* hash = batch.hash.data();
+  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p) shard.index.PrefetchGroup(hash[p]);
+  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) shard.PrefetchCandidate(hash[p]);
+  for (int64_t p = b; p < e; ++p) {
+    if (p + 2 * kAhead < e) shard.index.PrefetchGroup(hash[p + 2 * kAhead]);
+    if (p + kAhead < e) shard.PrefetchCandidate(hash[p + kAhead]);
+    bool found;
+    const size_t slot = shard.Probe(batch.id[p], hash[p], &found);
+    fn(p, found ? shard.index.row(slot) : kNoRow, slot);
+  }
+}
+
+template <class Store>
+TableCounters ShardedTable<Store>::counters() const {
+  TableCounters c;
+  c.rows = size();
+  c.admitted = admitted_.load();
+  c.rejected = rejected_.load();
+  c.evicted = evicted_.load();
+  c.latest = latest_.load();
+  c.stale = stale_.load();
+  for (const auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    c.pending += static_cast<int64_t>(s->admission.exact.size());
+  }
+  return c;
+}
+
+template <class Store>
+uint32_t ShardedTable<Store>::Admit(Shard& shard, int64_t key, uint64_t h, size_t slot,
+                                    uint32_t occurrences, int64_t now, int64_t version,
+                                    int64_t access_threshold, Tally* tally, uint32_t* refused,
+                                    uint64_t* sightings) {
+  const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1));
+  PendingCount* pending = nullptr;
+  uint32_t row = kNoRow;
+  uint32_t k = 0;
+  for (; k < occurrences && row == kNoRow; ++k) {
+    const uint64_t seen =
+        access_threshold > 1 ? shard.admission.Sight(key, h, now, version, &pending) : 1;
+    if (seen < threshold) continue;
+    bool made_room = false;
+    row = shard.Insert(key, h, slot, now, static_cast<uint32_t>(version), &made_room);
+    if (row == kNoRow) continue;  // no room: refused, as is the next try
+    tally->evicted += made_room;
+    *sightings = seen + (occurrences - k - 1);
+  }
+  if (row == kNoRow) {  // every occurrence refused: no row, no gradient
+    *refused = occurrences;
+    return kNoRow;
+  }
+  *refused = k - 1;
+  if (pending != nullptr) shard.admission.exact.Erase(key);
+  ++tally->admitted;
+  return row;
+}
+
+template <class Store>
+void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+                                       int64_t access_threshold, float* values,
+                                       int64_t* handles, const Runner& run) {
+  if (n == 0) return;
+  AdvanceLatest(now);
+  Distinct distinct;
+  distinct.Build(keys, n);
+  const int64_t u = static_cast<int64_t>(distinct.ids.size());
+  const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
+  const int d = config_.dim, slots = config_.num_slots;
+  // Per distinct id: its row's values and handle, and how many of its first
+  // occurrences were refused a row (not admitted yet, or no room).
+  std::unique_ptr<float[]> rows(new float[u * d]);  // every entry is written before it is read
+  std::unique_ptr<int64_t[]> found(new int64_t[u]);
+  std::vector<uint32_t> refused(u, 0);
+  std::atomic<bool> any_refused{false};
+  // Rows looked up carry the version the next Apply will stamp: an
+  // incremental export of "everything after version v" includes rows
+  // inserted (or counted, or stamped) after v, and a full table spares them.
+  const int64_t version = version_.load() + 1;
+  const int64_t per_shard = u / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
+    Tally tally;
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t slot) {
+        const int64_t j = batch.order[p], key = batch.id[p];
+        // Sightings the row's access count gets: every occurrence, plus
+        // those counted while the key waited for admission.
+        uint64_t sightings = distinct.count[j];
+        const bool added = row == kNoRow;
+        if (added) {
+          uint32_t refused_here = 0;
+          row = Admit(shard, key, batch.hash[p], slot, distinct.count[j], now, version,
+                      access_threshold, &tally, &refused_here, &sightings);
+          if (refused_here > 0) {
+            refused[j] = refused_here;
+            tally.rejected += refused_here;
+            any_refused = true;
+          }
+          if (row == kNoRow) return;
+        }
+        char* rec = shard.store.Record(row);
+        RecordHeader* h = Header(rec);
+        if (added) {
+          InitialRow(config_, key, Values(rec));
+          float* slot_row = Values(rec) + d;
+          for (int k = 0; k < slots; ++k, slot_row += d)
+            std::fill(slot_row, slot_row + d, config_.slot_init[k]);
+          h->count = 0;
+          h->last_seen = now;
+        }
+        h->count = AddCount(h->count, sightings);
+        h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
+        shard.changes.NoteChanged(row, h->version, added);
+        h->version = static_cast<uint32_t>(version);
+        CopyRow(rows.get() + j * d, Values(rec), d);
+        found[j] = MakeHandle(s, shard.store.Generation(row), row);
+      });
+    }
+    admitted_ += tally.admitted;
+    rejected_ += tally.rejected;
+    evicted_ += tally.evicted;
+  });
+  // Rows out by position. An id refused its first occurrences reads the
+  // missing value (handle -1) there and its row from then on.
+  if (any_refused) {
+    std::vector<uint32_t> seen(u, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t j = distinct.index[i];
+      if (seen[j]++ < refused[j]) {
+        MissingRow(config_, keys[i], values + i * d);
+        if (handles != nullptr) handles[i] = -1;
+      } else {
+        CopyRow(values + i * d, rows.get() + j * d, d);
+        if (handles != nullptr) handles[i] = found[j];
+      }
+    }
+    return;
+  }
+  run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t j = distinct.index[i];
+      CopyRow(values + i * d, rows.get() + j * d, d);
+      if (handles != nullptr) handles[i] = found[j];
+    }
+  });
+}
+
+template <class Store>
+void ShardedTable<Store>::Find(const int64_t* keys, int64_t n, float* values,
+                               const Runner& run) const {
+  if (n == 0) return;
+  Distinct distinct;
+  distinct.Build(keys, n);
+  const int64_t u = static_cast<int64_t>(distinct.ids.size());
+  const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
+  const int d = config_.dim;
+  std::unique_ptr<float[]> rows(new float[u * d]);  // every row is written before it is read
+  const int64_t per_shard = u / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * 100, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
+        float* out = rows.get() + batch.order[p] * d;
+        if (row != kNoRow) {
+          CopyRow(out, Values(shard.store.Record(row)), d);
+        } else {
+          MissingRow(config_, batch.id[p], out);
+        }
+      });
+    }
+  });
+  run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      CopyRow(values + i * d, rows.get() + distinct.index[i] * d, d);
+  });
+}
+
+template <class Store>
+std::string ShardedTable<Store>::CheckApply(const Optimizer& opt, const int64_t* ids,
+                                            bool ids_are_handles, int64_t n) const {
+  if (SlotsNeeded(opt.kind) > config_.num_slots)
+    return "the optimizer needs " + std::to_string(SlotsNeeded(opt.kind)) +
+           " slot rows per key but the table was created with " +
+           std::to_string(config_.num_slots);
+  if (!ids_are_handles) return "";
+  // A row beyond those a shard ever handed out can only come from elsewhere
+  // (a reset shard's old handles are stale instead: its generations
+  // advanced). Stores never shrink that bound, so it holds for every handle
+  // given out so far.
+  std::vector<uint64_t> bound(config_.num_shards);
+  for (int s = 0; s < config_.num_shards; ++s) {
+    std::lock_guard<std::mutex> lock(shards_[s]->mu);
+    bound[s] = shards_[s]->store.RowBound();
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0) continue;  // a lookup that got no row
+    const uint64_t shard = HandleShard(ids[i]);
+    if (shard >= static_cast<uint64_t>(config_.num_shards) || HandleRow(ids[i]) >= bound[shard])
+      return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+             " does not belong to this table";
+  }
+  return "";
+}
+
+template <class Store>
+std::string ShardedTable<Store>::Apply(const Optimizer& opt, const int64_t* ids,
+                                       bool ids_are_handles, const float* grads, int64_t n,
+                                       const Runner& run) {
+  // Every id is checked before any row changes, so a bad one updates nothing.
+  const std::string error = CheckApply(opt, ids, ids_are_handles, n);
+  if (!error.empty()) return error;
+  const Batch batch = Partition(ids, n, ids_are_handles, config_.num_shards, run);
+  const uint32_t version = static_cast<uint32_t>(++version_);
+  if (n == 0) return "";
+  const int d = config_.dim;
+  std::atomic<int64_t> stale{0};
+  const int64_t per_shard = n / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * (200 + 10 * d), [&](int64_t s0, int64_t s1) {
+    RowGroups groups;
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      groups.Reset(batch.begin[s + 1] - batch.begin[s], d);
+      int64_t dropped = 0;
+      if (ids_are_handles) {
+        for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+          const int64_t id = batch.id[p];
+          const uint64_t row = HandleRow(id);
+          // Freed since the lookup (removed, evicted, cleared): another key
+          // may hold the row now.
+          if (!shard.store.IsCurrent(row, HandleGeneration(id))) {
+            ++dropped;
+            continue;
+          }
+          groups.Add(static_cast<uint32_t>(row), grads + batch.order[p] * d);
+        }
+      } else {  // keys, resolved with the lookups' prefetching pipeline
+        ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
+          if (row != kNoRow) groups.Add(row, grads + batch.order[p] * d);
+        });
+      }
+      stale += dropped;
+      // Each row is updated once, with the sum of its gradients (what TF's
+      // sparse apply does); records are prefetched a few rows ahead.
+      constexpr size_t kAhead = 4;
+      const size_t rows = groups.size();
+      for (size_t k = 0; k < std::min(kAhead, rows); ++k)
+        __builtin_prefetch(shard.store.Record(groups.row(k)), 1);
+      for (size_t k = 0; k < rows; ++k) {
+        if (k + kAhead < rows) __builtin_prefetch(shard.store.Record(groups.row(k + kAhead)), 1);
+        char* rec = shard.store.Record(groups.row(k));
+        UpdateRow(opt, Values(rec), Values(rec) + d, groups.grad(k), d);
+        shard.changes.NoteChanged(groups.row(k), Header(rec)->version, false);
+        Header(rec)->version = version;
+      }
+    }
+  });
+  stale_ += stale.load();
+  return "";
+}
+
+template <class Store>
+int64_t ShardedTable<Store>::Remove(const int64_t* keys, int64_t n) {
+  int64_t removed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = HashKey(keys[i]);
+    Shard& shard = ShardOf(h);
+    std::lock_guard<std::mutex> lock(shard.mu);
+    bool found;
+    const size_t slot = shard.Probe(keys[i], h, &found);
+    if (found) {
+      shard.Erase(slot);
+      ++removed;
+    } else if (shard.admission.exact.Erase(keys[i])) {
+      shard.NoteRemoved(keys[i]);  // its admission count starts over too
+    }
+  }
+  return removed;
+}
+
+template <class Store>
+int64_t ShardedTable<Store>::Evict(int64_t before) {
+  int64_t removed = 0;
+  for (auto& sp : shards_) {
+    Shard& shard = *sp;
+    std::lock_guard<std::mutex> lock(shard.mu);
+    constexpr size_t kPrefetch = 16;  // records are scattered: overlap their misses
+    const size_t slots = shard.index.slots();
+    for (size_t slot = 0; slot < slots; ++slot) {
+      if (slot + kPrefetch < slots && shard.index.full(slot + kPrefetch))
+        shard.store.Prefetch(shard.index.row(slot + kPrefetch));
+      if (!shard.index.full(slot) || !Expired(*shard.HeaderOf(shard.index.row(slot)), before))
+        continue;
+      shard.Erase(slot);
+      ++removed;
+    }
+    shard.admission.exact.DropSeenBefore(before, [&](int64_t key) { shard.NoteRemoved(key); });
+    shard.admission.sketch.Halve();
+  }
+  evicted_ += removed;
+  return removed;
+}
+
+template <class Store>
+std::vector<uint32_t> ShardedTable<Store>::PickRows(const Shard& s, int64_t min_version) const {
+  // Live rows with version >= min_version. A shard tracking changes since a
+  // mark below min_version finds them among its changed rows (a delta costs
+  // what changed, not the table); those freed since have version 0 (Erase),
+  // and a row freed and reused holds its new key.
+  std::vector<uint32_t> rows;
+  if (s.changes.tracking() && min_version > s.changes.mark()) {
+    rows = s.changes.DirtyRows();
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [&](uint32_t row) { return s.HeaderOf(row)->version < min_version; }),
+               rows.end());
+  } else {
+    for (size_t slot = 0; slot < s.index.slots(); ++slot)
+      if (s.index.full(slot) && s.HeaderOf(s.index.row(slot))->version >= min_version)
+        rows.push_back(s.index.row(slot));
+  }
+  return rows;
+}
+
+template <class Store>
+int64_t ShardedTable<Store>::CountRows(int64_t min_version, int shard) const {
+  int64_t n = 0;
+  const auto [s0, s1] = ShardRange(shard);
+  for (size_t si = s0; si < s1; ++si) {
+    std::lock_guard<std::mutex> lock(shards_[si]->mu);
+    // Every live row has a version >= 0: no need to visit them.
+    n += min_version <= 0 ? static_cast<int64_t>(shards_[si]->index.used())
+                          : static_cast<int64_t>(PickRows(*shards_[si], min_version).size());
+  }
+  return n;
+}
+
+template <class Store>
+void ShardedTable<Store>::Export(int64_t min_version,
+                                 const std::function<ExportBuffers(int64_t n)>& alloc,
+                                 int shard) const {
+  // The locks of every shard read are held so the count and the rows agree.
+  const auto [s0, s1] = ShardRange(shard);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (size_t si = s0; si < s1; ++si) locks.emplace_back(shards_[si]->mu);
+  std::vector<std::vector<uint32_t>> picked;
+  int64_t n = 0;
+  for (size_t si = s0; si < s1; ++si) {
+    picked.push_back(PickRows(*shards_[si], min_version));
+    n += static_cast<int64_t>(picked.back().size());
+  }
+  const ExportBuffers out = alloc(n);
+  const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  int64_t i = 0;
+  for (size_t si = s0; si < s1; ++si) {
+    const Shard& s = *shards_[si];
+    for (uint32_t row : picked[si - s0]) {
+      const char* rec = s.store.Record(row);
+      const RecordHeader* h = Header(rec);
+      if (out.keys) out.keys[i] = h->key;
+      if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
+      if (out.slots)
+        std::memcpy(out.slots + i * slot_floats, Values(rec) + d, sizeof(float) * slot_floats);
+      if (out.counts) out.counts[i] = h->count;
+      if (out.last_seen) out.last_seen[i] = h->last_seen;
+      if (out.versions) out.versions[i] = h->version;
+      ++i;
+    }
+  }
+}
+
+template <class Store>
+std::string ShardedTable<Store>::Import(const int64_t* keys, const float* values,
+                                        const float* slots, const int64_t* counts,
+                                        const int64_t* last_seen, const int64_t* versions,
+                                        int64_t n, bool replace, const Runner& run) {
+  for (int64_t i = 0; counts != nullptr && i < n; ++i)
+    if (counts[i] < 0) return "negative access count " + std::to_string(counts[i]) +
+                              " for key " + std::to_string(keys[i]);
+  if (replace) Clear();
+  const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  std::mutex mu;  // guards the two maxima below
+  int64_t max_version = 0, max_seen = 0;
+  const Batch batch = Partition(keys, n, false, config_.num_shards, run);
+  // Shards import side by side (a restore of a large table).
+  run(config_.num_shards, (n / config_.num_shards + 1) * 200, [&](int64_t s0, int64_t s1) {
+    int64_t top_version = 0, top_seen = 0;
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      shard.index.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]),
+                          shard.LiveRows());
+      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+        const int64_t i = batch.order[p];
+        bool added;
+        // A restore brings back every row, even beyond max_rows.
+        const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[p], &added);
+        char* rec = shard.store.Record(row);
+        if (!shard.admission.exact.empty()) shard.admission.exact.Erase(keys[i]);
+        RecordHeader* h = Header(rec);
+        shard.changes.NoteChanged(row, h->version, added);
+        std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
+        float* slot = Values(rec) + d;
+        if (slots != nullptr) {
+          std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
+        } else {
+          for (int k = 0; k < config_.num_slots; ++k, slot += d)
+            std::fill(slot, slot + d, config_.slot_init[k]);
+        }
+        h->count = counts ? AddCount(0, counts[i]) : 0;
+        h->last_seen = last_seen ? last_seen[i] : 0;
+        h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
+        top_version = std::max<int64_t>(top_version, h->version);
+        top_seen = std::max(top_seen, h->last_seen);
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    max_version = std::max(max_version, top_version);
+    max_seen = std::max(max_seen, top_seen);
+  });
+  AdvanceLatest(max_seen);
+  // Later updates must carry versions above every imported one.
+  int64_t cur = version_.load();
+  while (cur < max_version && !version_.compare_exchange_weak(cur, max_version)) {
+  }
+  return "";
+}
+
+template <class Store>
+int64_t ShardedTable<Store>::CountPending(int64_t min_version, int shard) const {
+  int64_t n = 0;
+  const auto [s0, s1] = ShardRange(shard);
+  for (size_t si = s0; si < s1; ++si) {
+    std::lock_guard<std::mutex> lock(shards_[si]->mu);
+    for (const auto& entry : shards_[si]->admission.exact.entries())
+      n += entry.second.version >= min_version;
+  }
+  return n;
+}
+
+template <class Store>
+void ShardedTable<Store>::ExportPending(
+    int64_t min_version, const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
+    int shard) const {
+  const auto [s0, s1] = ShardRange(shard);
+  std::vector<std::unique_lock<std::mutex>> locks;  // a consistent count and contents
+  int64_t n = 0;
+  for (size_t si = s0; si < s1; ++si) {
+    locks.emplace_back(shards_[si]->mu);
+    for (const auto& entry : shards_[si]->admission.exact.entries())
+      n += entry.second.version >= min_version;
+  }
+  const int64_t sketch = static_cast<int64_t>(shards_[0]->admission.sketch.size() * (s1 - s0));
+  const PendingBuffers out = alloc(n, sketch);
+  // A failed allocator said so and returned no buffers.
+  if ((n > 0 && out.keys == nullptr) || (sketch > 0 && out.sketch == nullptr)) return;
+  int64_t i = 0, c = 0;
+  for (size_t si = s0; si < s1; ++si) {
+    const Shard& s = *shards_[si];
+    for (const auto& [key, p] : s.admission.exact.entries()) {
+      if (p.version < min_version) continue;
+      out.keys[i] = key;
+      out.counts[i] = p.count;
+      out.last_seen[i] = p.last_seen;
+      ++i;
+    }
+    for (uint32_t v : s.admission.sketch.cells())
+      out.sketch[c++] = static_cast<int32_t>(std::min<uint32_t>(v, INT32_MAX));
+  }
+}
+
+template <class Store>
+std::string ShardedTable<Store>::ImportPending(const int64_t* keys, const int64_t* counts,
+                                               const int64_t* last_seen, int64_t n,
+                                               const int32_t* sketch, int64_t sketch_count) {
+  for (int64_t i = 0; i < n; ++i)
+    if (counts[i] < 0) return "negative admission count " + std::to_string(counts[i]) +
+                              " for key " + std::to_string(keys[i]);
+  // A table that counts exactly (or only reads, as in evaluation) has no use
+  // for a saved sketch; one with another sketch cannot map its counters.
+  if (sketch_size() == 0) sketch_count = 0;
+  if (sketch_count != 0 && sketch_count != sketch_size())
+    return "the admission sketch has " + std::to_string(sketch_count) +
+           " counters but this table's has " + std::to_string(sketch_size()) +
+           " (sketch_width or num_shards differ)";
+  int64_t max_seen = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = HashKey(keys[i]);
+    Shard& shard = ShardOf(h);
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.FindRow(keys[i], h) != kNoRow) continue;
+    // Counted now, as far as incremental checkpoints go (see PendingCount::version).
+    shard.admission.exact.Set(
+        keys[i], PendingCount{AddCount(0, counts[i]), last_seen[i], version_.load() + 1});
+    max_seen = std::max(max_seen, last_seen[i]);
+  }
+  AdvanceLatest(max_seen);
+  int64_t c = 0;  // sketch_count is 0 or every shard's counters, in shard order
+  for (auto& s : shards_) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (uint32_t& v : s->admission.sketch.cells()) {
+      if (c == sketch_count) break;
+      v = static_cast<uint32_t>(std::max<int32_t>(sketch[c++], 0));
+    }
+  }
+  return "";
+}
+
+template <class Store>
+int64_t ShardedTable<Store>::TrackRemovals() {
+  std::vector<std::unique_lock<std::mutex>> locks;  // no change goes unnoted or half-noted
+  for (auto& s : shards_) locks.emplace_back(s->mu);
+  const int64_t version = version_.load();
+  for (auto& s : shards_) {
+    if (s->changes.tracking()) continue;
+    s->changes.Start(version);
+    for (size_t slot = 0; slot < s->index.slots(); ++slot)  // changed since, if any
+      if (s->index.full(slot) && s->HeaderOf(s->index.row(slot))->version > version)
+        s->changes.NoteDirty(s->index.row(slot));
+  }
+  return version;
+}
+
+template <class Store>
+void ShardedTable<Store>::ExportRemoved(int64_t since,
+                                        const std::function<int64_t*(int64_t n)>& alloc) {
+  std::vector<std::unique_lock<std::mutex>> locks;
+  int64_t n = 0;
+  for (auto& s : shards_) {
+    locks.emplace_back(s->mu);
+    // Notes from before `since` are in the save made at `since`: forget them,
+    // and the changed rows it holds (version <= since).
+    const Shard& shard = *s;
+    s->changes.Forget(since, [&](uint32_t row) { return shard.HeaderOf(row)->version; });
+    n += static_cast<int64_t>(s->changes.removed().size());
+  }
+  int64_t* out = alloc(n);
+  if (out == nullptr) return;  // a failed allocator said so
+  for (const auto& s : shards_)
+    for (const auto& e : s->changes.removed()) *out++ = e.first;
+}
+
+}  // namespace graphmod
+
+#endif  // GRAPHMOD_NATIVE_SHARDED_TABLE_H_
