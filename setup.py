@@ -1,5 +1,6 @@
 """Builds graphmod's op library (graphmod/_graphmod_ops.so) with the compile and
 link flags of the TensorFlow it will be loaded into."""
+import glob
 import json
 import os
 import subprocess
@@ -93,6 +94,6 @@ setup(
     packages=["graphmod", "graphmod.embeddings", "graphmod.checkpoint", "graphmod.rewrite",
               "graphmod.distributed", "graphmod.cli", "graphmod.hooks", "graphmod.rewrite_rules"],
     ext_modules=[Extension("graphmod._graphmod_ops", NATIVE_SOURCES, include_dirs=["."],
-                           language="c++", depends=["native/table.h", "native/table_resource.h"])],
+                           language="c++", depends=sorted(glob.glob("native/*.h")))],
     cmdclass={"build_ext": TfBuildExt},
 )
