@@ -322,7 +322,7 @@ class FusedApplyOp : public OpKernel {
  private:
   static bool SameStep(const Optimizer& a, const Optimizer& b) {
     if (a.kind != b.kind || a.nesterov != b.nesterov) return false;
-    for (const auto& f : HparamFields(a.kind))  // bitwise: a NaN matches itself
+    for (const auto& f : SpecOf(a.kind).hparams)  // bitwise: a NaN matches itself
       if (std::memcmp(&(a.*(f.second)), &(b.*(f.second)), sizeof(float)) != 0) return false;
     return true;
   }

@@ -149,7 +149,8 @@ class ApplyOp : public TableKernel {
     std::string name;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &name));
     OP_REQUIRES(ctx, ParseOptimizer(name, &opt_.kind),
-                errors::InvalidArgument("unknown optimizer '", name, "'"));
+                errors::InvalidArgument("unknown optimizer '", name, "' (known: ",
+                                        OptimizerNames(), ")"));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("by_address", &by_address_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &opt_.nesterov));
   }

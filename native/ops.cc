@@ -77,7 +77,7 @@ REGISTER_OP("GraphmodTableApply")
     .Input("ids: int64")
     .Input("grads: float")
     .Input("hparams: float")
-    .Attr("optimizer: {'sgd', 'adagrad', 'momentum', 'adam', 'ftrl', 'rmsprop'}")
+    .Attr("optimizer: string")  // an OptimizerSpec's name, checked by the kernel
     .Attr("by_address: bool = false")
     .Attr("nesterov: bool = false")
     .SetIsStateful()

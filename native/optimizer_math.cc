@@ -4,27 +4,45 @@
 
 namespace graphmod {
 
-bool ParseOptimizer(const std::string& name, OptimizerKind* out) {
-  if (name == "sgd") *out = OptimizerKind::kSgd;
-  else if (name == "adagrad") *out = OptimizerKind::kAdagrad;
-  else if (name == "momentum") *out = OptimizerKind::kMomentum;
-  else if (name == "adam") *out = OptimizerKind::kAdam;
-  else if (name == "ftrl") *out = OptimizerKind::kFtrl;
-  else if (name == "rmsprop") *out = OptimizerKind::kRmsProp;
-  else return false;
-  return true;
+const std::vector<OptimizerSpec>& OptimizerSpecs() {
+  using O = Optimizer;
+  static const std::vector<OptimizerSpec> specs = {
+      {"sgd", OptimizerKind::kSgd, 0, {{"lr", &O::lr}}},
+      {"adagrad", OptimizerKind::kAdagrad, 1, {{"lr", &O::lr}, {"epsilon", &O::epsilon}}},
+      {"momentum", OptimizerKind::kMomentum, 1, {{"lr", &O::lr}, {"momentum", &O::momentum}}},
+      {"adam", OptimizerKind::kAdam, 2,
+       {{"lr", &O::lr}, {"beta1", &O::beta1}, {"beta2", &O::beta2}, {"epsilon", &O::epsilon},
+        {"beta1_power", &O::beta1_power}, {"beta2_power", &O::beta2_power}}},
+      {"ftrl", OptimizerKind::kFtrl, 2,
+       {{"lr", &O::lr}, {"l1", &O::l1}, {"l2", &O::l2}, {"l2_shrinkage", &O::l2_shrinkage},
+        {"lr_power", &O::lr_power}}},
+      {"rmsprop", OptimizerKind::kRmsProp, 2,
+       {{"lr", &O::lr}, {"rho", &O::rho}, {"momentum", &O::momentum},
+        {"epsilon", &O::epsilon}}},
+  };
+  return specs;
 }
 
-int SlotsNeeded(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kAdagrad:
-    case OptimizerKind::kMomentum: return 1;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kFtrl:
-    case OptimizerKind::kRmsProp: return 2;
+const OptimizerSpec& SpecOf(OptimizerKind kind) {
+  for (const auto& s : OptimizerSpecs())
+    if (s.kind == kind) return s;
+  return OptimizerSpecs().front();  // unreachable: every kind has a spec (tested)
+}
+
+bool ParseOptimizer(const std::string& name, OptimizerKind* out) {
+  for (const auto& s : OptimizerSpecs()) {
+    if (name == s.name) {
+      *out = s.kind;
+      return true;
+    }
   }
-  return 0;
+  return false;
+}
+
+std::string OptimizerNames() {
+  std::string names;
+  for (const auto& s : OptimizerSpecs()) names += std::string(names.empty() ? "" : ", ") + s.name;
+  return names;
 }
 
 void UpdateRow(const Optimizer& o, float* var, float* slots, const float* g, int d) {

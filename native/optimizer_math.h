@@ -5,15 +5,33 @@
 #define GRAPHMOD_NATIVE_OPTIMIZER_MATH_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace graphmod {
 
 enum class OptimizerKind { kSgd, kAdagrad, kMomentum, kAdam, kFtrl, kRmsProp };
 
-// Parses "sgd", "adagrad", "momentum", "adam", "ftrl", "rmsprop".
+struct Optimizer;
+
+// Each optimizer as the ops name it, the slot rows it keeps per key and its
+// hyper-parameters in the order of the ops' `hparams` input: the C++ side of
+// graphmod/optimizers.py's SPECS (tests/test_optimizers.py checks both agree).
+struct OptimizerSpec {
+  const char* name;
+  OptimizerKind kind;
+  int slots;
+  std::vector<std::pair<const char*, float Optimizer::*>> hparams;
+};
+const std::vector<OptimizerSpec>& OptimizerSpecs();
+const OptimizerSpec& SpecOf(OptimizerKind kind);
+
+// Parses an OptimizerSpec's name.
 bool ParseOptimizer(const std::string& name, OptimizerKind* out);
+// "sgd, adagrad, ...": the names ParseOptimizer knows, for error messages.
+std::string OptimizerNames();
 // Slot rows the optimizer keeps per key.
-int SlotsNeeded(OptimizerKind kind);
+inline int SlotsNeeded(OptimizerKind kind) { return SpecOf(kind).slots; }
 
 // Hyper-parameters of one sparse update; each optimizer reads its own fields.
 struct Optimizer {

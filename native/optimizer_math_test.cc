@@ -36,6 +36,15 @@ void TestParseAndSlots() {
   CHECK(graphmod::SlotsNeeded(OptimizerKind::kAdam) == 2);
   CHECK(graphmod::SlotsNeeded(OptimizerKind::kFtrl) == 2);
   CHECK(graphmod::SlotsNeeded(OptimizerKind::kRmsProp) == 2);
+  // Every kind has one spec, found by its name; names are what the ops take.
+  const auto& specs = graphmod::OptimizerSpecs();
+  CHECK(specs.size() == 6);
+  for (const auto& s : specs) {
+    CHECK(graphmod::ParseOptimizer(s.name, &k) && k == s.kind);
+    CHECK(&graphmod::SpecOf(s.kind) == &s);
+    CHECK(!s.hparams.empty() && std::string(s.hparams[0].first) == "lr");
+  }
+  CHECK(graphmod::OptimizerNames() == "sgd, adagrad, momentum, adam, ftrl, rmsprop");
 }
 
 void TestSgdAdagradMomentum() {

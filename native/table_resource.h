@@ -39,39 +39,11 @@ inline ::tensorflow::Status TableError(const EmbeddingTable& t, const std::strin
                                                what);
 }
 
-// The order of the `hparams` input of each optimizer (graphmod/optimizers.py
-// builds it in the same order).
-inline const std::vector<std::pair<const char*, float Optimizer::*>>& HparamFields(
-    OptimizerKind k) {
-  using O = Optimizer;
-  using Fields = std::vector<std::pair<const char*, float O::*>>;
-  static const Fields sgd = {{"lr", &O::lr}};
-  static const Fields adagrad = {{"lr", &O::lr}, {"epsilon", &O::epsilon}};
-  static const Fields momentum = {{"lr", &O::lr}, {"momentum", &O::momentum}};
-  static const Fields adam = {{"lr", &O::lr},           {"beta1", &O::beta1},
-                              {"beta2", &O::beta2},     {"epsilon", &O::epsilon},
-                              {"beta1_power", &O::beta1_power},
-                              {"beta2_power", &O::beta2_power}};
-  static const Fields ftrl = {{"lr", &O::lr}, {"l1", &O::l1}, {"l2", &O::l2},
-                              {"l2_shrinkage", &O::l2_shrinkage}, {"lr_power", &O::lr_power}};
-  static const Fields rmsprop = {
-      {"lr", &O::lr}, {"rho", &O::rho}, {"momentum", &O::momentum}, {"epsilon", &O::epsilon}};
-  switch (k) {
-    case OptimizerKind::kSgd: return sgd;
-    case OptimizerKind::kAdagrad: return adagrad;
-    case OptimizerKind::kMomentum: return momentum;
-    case OptimizerKind::kAdam: return adam;
-    case OptimizerKind::kFtrl: return ftrl;
-    case OptimizerKind::kRmsProp: return rmsprop;
-  }
-  return sgd;
-}
-
-// Fills opt's hyper-parameters from the vector `hparams` (in HparamFields
+// Fills opt's hyper-parameters from the vector `hparams` (in SpecOf(kind)'s
 // order), or says what the vector should have been.
 inline ::tensorflow::Status ReadHparams(const EmbeddingTable& t,
                                         const ::tensorflow::Tensor& hparams, Optimizer* opt) {
-  const auto& fields = HparamFields(opt->kind);
+  const auto& fields = SpecOf(opt->kind).hparams;
   if (hparams.dims() != 1 || hparams.NumElements() != static_cast<int64_t>(fields.size())) {
     std::string names;
     for (const auto& f : fields) names += std::string(names.empty() ? "" : ", ") + f.first;

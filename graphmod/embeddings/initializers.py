@@ -12,6 +12,7 @@ import math
 from typing import Any, Optional, Sequence
 
 from graphmod import folding
+from graphmod.rewrite.index import strip_identity
 
 KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 
@@ -115,9 +116,7 @@ def from_variable(variable) -> TableInitializer:
     anything else (a matrix of different values, e.g. pretrained rows): a
     table must never start from another distribution than the variable.
     """
-    t = variable.initial_value
-    while t.op.type == "Identity":
-        t = t.op.inputs[0]
+    t = strip_identity(variable.initial_value)
     v = folding.scalar(t)
     if v is not None:
         return TableInitializer("zeros") if v == 0 else TableInitializer("constant", v)
