@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import graphmod
 import graphmod.checkpoint.saver
-from graphmod._ops import library_path
+from graphmod._ops import library_path, ops
 
 tf1 = tf.compat.v1
 
@@ -415,6 +415,12 @@ def test_bad_input_gives_clear_errors_naming_the_table():
                 sess.run(wrong_handle)
             after = sess.run(export)
             np.testing.assert_array_equal(after["values"], before["values"])  # nothing half-applied
+    # The op itself (past create_table's checks) names the table and the setting.
+    with tf.Graph().as_default():
+        raw = ops.graphmod_table(table_name="raw", shared_name="raw", dim=2, when_full="fifo")
+        with tf1.Session() as sess, pytest.raises(tf.errors.InvalidArgumentError,
+                                                  match="'raw'.*capacity policy 'fifo'"):
+            sess.run(raw)
 
 
 def test_empty_batches_and_extreme_keys():
