@@ -49,8 +49,10 @@ bazel: $(VENV)/.installed .bazelrc.user
 
 # Every Bazel test: the C++ table test, and the Python tests that start no
 # other process, against the Bazel-built op library (BUILD).
+# Bazel's server is stopped after the tests, passed or failed: a test run
+# leaves no process behind.
 test-bazel: bazel
-	PYTHON_BIN_PATH=$(PY) bazel test //...
+	status=0; PYTHON_BIN_PATH=$(PY) bazel test //... || status=$$?; bazel shutdown; exit $$status
 
 # Every C++ test of the table's parts (native/*_test.cc) under AddressSanitizer
 # + UBSan, and the table's concurrency stress under ThreadSanitizer (plain
