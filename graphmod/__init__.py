@@ -32,17 +32,19 @@ _HOOKS = {"GraphModifierHook": "graphmod.hooks.graph_modifier",
 
 
 def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: str,
-                       **kwargs) -> bytes:
+                       portable: bool = False, **kwargs) -> bytes:
     """A SavedModel of an Estimator trained with GraphModifierHook: its serving
     graph rewritten by graphmod's rules, restoring the tables (see
     graphmod.checkpoint.export). Extra keyword arguments go to
-    Estimator.export_saved_model. Returns its path.
+    Estimator.export_saved_model. Returns its path. portable=True writes one
+    that serves on stock TensorFlow, without graphmod (each table a stock
+    HashTableV2 plus its rows; see graphmod.checkpoint.portable).
 
     >>> path = graphmod.export_saved_model(estimator, serving_input_receiver_fn, "/tmp/export")
     """
     from graphmod.rewrite_rules import RULES  # pylint: disable=import-outside-toplevel
     return _export.export_saved_model(estimator, serving_input_receiver_fn, export_dir_base,
-                                      rules=RULES, **kwargs)
+                                      rules=RULES, portable=portable, **kwargs)
 
 
 def __getattr__(name: str):

@@ -258,3 +258,15 @@ def _inspect_text(out: dict) -> str:
                          + ("checksums verified" if c["verified"] else "TORN or after a torn "
                             "delta: a restore stops before it"))
     return "\n".join(render.printable(line) for line in lines) + "\n"
+
+
+# --- export --portable ------------------------------------------------------
+
+def export_portable(source: str, out: str) -> int:
+    from graphmod.checkpoint.portable import NotPortable, portable_saved_model  # pylint: disable=import-outside-toplevel
+    try:
+        report = portable_saved_model(source, out)
+    except NotPortable as e:
+        raise InputError(render.printable(str(e))) from None
+    print(json.dumps(report, indent=1))
+    return OK

@@ -4,6 +4,7 @@
   graphmod rewrite --dry-run MODEL the hook's rewrite of a saved graph, without training
   graphmod inspect MODEL_DIR       tables, plan and checkpoint chain of a model_dir
   graphmod ckpt compact|convert    checkpoint tools: deltas folded in, tables <-> variables
+  graphmod export --portable SOURCE OUT  a SavedModel that serves on stock TensorFlow
 
 `graphmod COMMAND --help` describes a command and its flags. Exit status: 0
 ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
@@ -62,6 +63,20 @@ def _ckpt_flags(fv):
                       flag_values=fv)
     flags.DEFINE_list("variables", [], "convert --to=tables: the [rows, dim] variables that "
                       "become tables", flag_values=fv)
+
+
+def _export_flags(fv):
+    flags.DEFINE_boolean("portable", False, "write a SavedModel whose ops are all stock "
+                         "TensorFlow's (required for now)", flag_values=fv)
+
+
+def _export(fv, args: List[str]) -> int:
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
+    if not fv.portable:
+        raise UsageError("export needs --portable (SOURCE is already graphmod's export)")
+    if len(args) != 2:
+        raise UsageError("export --portable takes SOURCE OUT")
+    return commands.export_portable(args[0], args[1])
 
 
 def _ckpt(fv, args: List[str]) -> int:
@@ -136,6 +151,13 @@ COMMANDS: Dict[str, tuple] = {
              "table fed the full ids of `ids % N` share rows). convert --to=tables: plain\n"
              "[rows, dim] variables (and their optimizer slots) become tables keyed\n"
              "0..N-1. Prints the written checkpoint's path."),
+    "export": (_export_flags, _export, "graphmod export --portable SOURCE OUT",
+               "SOURCE: a SavedModel graphmod.export_saved_model wrote (with graphmod's\n"
+               "table ops). Writes OUT (absent or empty; written aside, then renamed), a\n"
+               "SavedModel with the same signatures whose ops are all stock TensorFlow's:\n"
+               "each table a HashTableV2 key -> row plus its rows, in OUT's variables; keys\n"
+               "a table lacks read graphmod's initial row (or default_value). Optimizer\n"
+               "slots, counts and pending ids are dropped. Prints the report as JSON."),
 }
 
 
