@@ -26,7 +26,11 @@ def model_fn(features, labels, mode):
     e = tf.reduce_sum(tf.nn.embedding_lookup(emb, features["ids"]), 1)
     words = tf.feature_column.embedding_column(
         tf.feature_column.categorical_column_with_hash_bucket("s", BUCKETS), 4)
-    s = tf1.feature_column.input_layer(features, [words])
+    # A small vocabulary stays a variable; its lookup table is the model's
+    # own, filled by the SavedModel's main op.
+    kind = tf.feature_column.embedding_column(
+        tf.feature_column.categorical_column_with_vocabulary_list("c", ["a", "b", "c"]), 2)
+    s = tf1.feature_column.input_layer(features, [words, kind])
     logits = tf.squeeze(tf1.layers.dense(tf.concat([e, s], 1), 1,
                                          kernel_initializer=tf1.ones_initializer()), 1)
     if mode == tf.estimator.ModeKeys.PREDICT:
@@ -39,13 +43,17 @@ def model_fn(features, labels, mode):
 def receiver():
     ids = tf1.placeholder(tf.int64, [None, 3], name="ids")
     s = tf1.placeholder(tf.string, [None], name="s")
-    return tf.estimator.export.ServingInputReceiver({"ids": ids, "s": s}, {"ids": ids, "s": s})
+    c = tf1.placeholder(tf.string, [None], name="c")
+    features = {"ids": ids, "s": s, "c": c}
+    return tf.estimator.export.ServingInputReceiver(features, features)
 
 
 # Seen rows first, then ids and strings no table holds (the initial rows).
 QUERY_IDS = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12],
                       [VOCAB + 5, -3, 7], [2**62, -2**63, 2**63 - 1], [123_457, 0, 1]], np.int64)
 QUERY_S = np.array([b"w0", b"w5", b"w96", b"w40", b"unseen-a", b"", b"w1"])
+QUERY_C = np.array([b"a", b"b", b"c", b"zz", b"a", b"b", b"c"])
+QUERY = {"ids": QUERY_IDS, "s": QUERY_S, "c": QUERY_C}
 
 # A client with stock TensorFlow only: graphmod cannot be imported (the
 # editable install would find it otherwise) and its op library is never loaded.
@@ -62,15 +70,15 @@ LOAD = STOCK + textwrap.dedent("""
     from tensorflow.core.protobuf import saved_model_pb2
     from tensorflow.python.framework import op_def_registry
     tf1 = tf.compat.v1
-    ids, s = np.load(sys.argv[2]), np.load(sys.argv[3])
+    query = {k: np.load(f"{sys.argv[2]}/{k}.npy") for k in ("ids", "s", "c")}
     out = {}
     f = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-    out["v2"] = f(ids=tf.constant(ids), s=tf.constant(s))["p"].numpy().tolist()
+    out["v2"] = f(**{k: tf.constant(v) for k, v in query.items()})["p"].numpy().tolist()
     with tf.Graph().as_default(), tf1.Session() as sess:
         meta = tf1.saved_model.load(sess, ["serve"], sys.argv[1])
         sig = meta.signature_def["serving_default"]
-        out["v1"] = sess.run(sig.outputs["p"].name, {sig.inputs["ids"].name: ids,
-                                                     sig.inputs["s"].name: s}).tolist()
+        out["v1"] = sess.run(sig.outputs["p"].name,
+                             {sig.inputs[k].name: v for k, v in query.items()}).tolist()
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString(open(sys.argv[1] + "/saved_model.pb", "rb").read())
     types = {n.op for m in saved.meta_graphs for n in m.graph_def.node}
@@ -112,14 +120,14 @@ def exported(tmp_path_factory):
     ids = rng.integers(0, 50, size=(512, 3))
     ids[:4] = QUERY_IDS[:4]
     s = np.array(WORDS)[rng.integers(0, len(WORDS), 512)].astype(bytes)
-    labels = ((ids[:, 0] + (s == b"w5")) % 2).astype(np.float32)
+    c = np.array([b"a", b"b", b"c"])[rng.integers(0, 3, 512)]
+    labels = ((ids[:, 0] + (s == b"w5") + (c == b"b")) % 2).astype(np.float32)
     est = tf.estimator.Estimator(model_fn, model_dir=str(root / "model"))
     est.train(lambda: tf.data.Dataset.from_tensor_slices(
-        ({"ids": ids, "s": s}, labels)).repeat().batch(64),
+        ({"ids": ids, "s": s, "c": c}, labels)).repeat().batch(64),
         steps=20, hooks=[graphmod.GraphModifierHook()])
     expected = np.array([p["p"] for p in est.predict(
-        lambda: tf.data.Dataset.from_tensor_slices(
-            {"ids": QUERY_IDS, "s": QUERY_S}).batch(len(QUERY_S)),
+        lambda: tf.data.Dataset.from_tensor_slices(QUERY).batch(len(QUERY_S)),
         hooks=[graphmod.GraphModifierHook()])])
     source = graphmod.export_saved_model(est, receiver, str(root / "graphmod")).decode()
     portable = graphmod.export_saved_model(est, receiver, str(root / "serving"),
@@ -132,18 +140,17 @@ def test_portable_export_serves_graphmods_answers_on_stock_tensorflow(exported, 
     assert os.listdir(os.path.dirname(portable)) == [os.path.basename(portable)]  # no temp left
     out = str(tmp_path / "cli_out")
     assert main(["graphmod", "export", "--portable", source, out]) == 0
-    np.save(tmp_path / "ids.npy", QUERY_IDS)
-    np.save(tmp_path / "s.npy", QUERY_S)
+    for name, value in QUERY.items():
+        np.save(tmp_path / f"{name}.npy", value)
     for path in (portable, out):
-        served = json.loads(_run(["-c", LOAD, path, str(tmp_path / "ids.npy"),
-                                  str(tmp_path / "s.npy")], tmp_path).splitlines()[-1])
+        served = json.loads(_run(["-c", LOAD, path, str(tmp_path)], tmp_path).splitlines()[-1])
         assert served["not_stock"] == [] and served["op_types"] > 10
         np.testing.assert_allclose(served["v2"], expected, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(served["v1"], expected, rtol=1e-6, atol=1e-6)
     results = tmp_path / "cli_results"
     _run(["-c", CLI, "run", "--dir", out, "--tag_set", "serve",
           "--signature_def", "serving_default", "--outdir", str(results),
-          "--inputs", f"ids={tmp_path / 'ids.npy'};s={tmp_path / 's.npy'}"], tmp_path)
+          "--inputs", ";".join(f"{k}={tmp_path / k}.npy" for k in QUERY)], tmp_path)
     np.testing.assert_allclose(np.load(results / "p.npy"), expected, rtol=1e-6, atol=1e-6)
     # The unseen rows are not zeros (or the test could pass with any default).
     assert len(set(np.round(expected[4:], 5))) == 3

@@ -37,6 +37,7 @@ from tensorflow.python.framework import op_def_registry
 from tensorflow.python.training.saving import saveable_object
 
 _FIND, _TABLE = "GraphmodTableFind", "GraphmodTable"
+_MAIN_OP, _LEGACY_INIT_OP = "saved_model_main_op", "legacy_init_op"
 # GraphmodTable's attribute defaults (native/ops.cc): the export strips them.
 _TABLE_DEFAULTS = dict(initializer=b"truncated_normal", init_a=0.0, init_b=0.05, seed=0,
                        missing_is_initializer=True, default_value=0.0)
@@ -70,11 +71,16 @@ def portable_saved_model(source_dir: str, out_dir: str) -> Dict:
     graph, saveables, tensors = _stock_graph(meta.graph_def, graph_def, finds, tables, reader,
                                              source_dir)
     with graph.as_default():
+        for key in (_MAIN_OP, _LEGACY_INIT_OP):  # the loaders find them by collection
+            if key in meta.collection_def:
+                for name in meta.collection_def[key].node_list.value:
+                    graph.add_to_collection(key, graph.get_operation_by_name(name.split(":")[0]))
         saver = tf.compat.v1.train.Saver(saveables, sharded=True)
         new_meta = tf.compat.v1.train.export_meta_graph(
             graph=graph, saver_def=saver.as_saver_def(), clear_devices=True,
             strip_default_attrs=True)
     new_meta.meta_info_def.tags[:] = list(meta.meta_info_def.tags)
+    new_meta.asset_file_def.extend(meta.asset_file_def)
     for key, sig in meta.signature_def.items():  # signatures unchanged
         new_meta.signature_def[key].CopyFrom(sig)
     op_types = sorted({n.op for n in new_meta.graph_def.node})
@@ -82,7 +88,7 @@ def portable_saved_model(source_dir: str, out_dir: str) -> Dict:
     if foreign:
         raise NotPortable(f"{source_dir}: its serving graph needs ops stock TensorFlow "
                           f"lacks: {', '.join(foreign)}")
-    _write_atomically(out_dir, new_meta, tensors)
+    _write_atomically(out_dir, new_meta, tensors, source_dir)
     kept = {t["table"] + s for t in tables.values() for s in ("-keys", "-values")}
     return dict(source=source_dir, out=out_dir, tables=list(tables.values()),
                 dropped=sorted(n for n in stored if n not in tensors and n not in kept),
@@ -118,10 +124,12 @@ def _serving_graph_def(meta, find_names):
     """The nodes the signatures need, each GraphmodTableFind a float
     Placeholder of its name (rerouted to the stock lookup later). A find is
     walked through its keys only: its table handle, the graphmod Saver and the
-    delta ops are not serving's."""
+    delta ops are not serving's. The main op (it fills the model's own
+    vocabulary tables) and the asset file names are serving's too."""
     nodes = {n.name: n for n in meta.graph_def.node}
     stack = [t.name.split(":")[0] for sig in meta.signature_def.values()
              for t in list(sig.outputs.values()) + list(sig.inputs.values())]
+    stack += _init_ops(meta) + [a.tensor_info.name.split(":")[0] for a in meta.asset_file_def]
     keep = set()
     while stack:
         name = stack.pop()
@@ -144,6 +152,13 @@ def _serving_graph_def(meta, find_names):
                 copy.attr.clear()
                 copy.attr["dtype"].type = 1  # DT_FLOAT, what GraphmodTableFind returns
     return out
+
+
+def _init_ops(meta) -> List[str]:
+    """The names of the ops the loaders run after the restore (main_op, or a
+    legacy_init_op)."""
+    return [v.split(":")[0] for key in (_MAIN_OP, _LEGACY_INIT_OP)
+            if key in meta.collection_def for v in meta.collection_def[key].node_list.value]
 
 
 def _attr(node, key):
@@ -428,7 +443,8 @@ def initial_rows(keys, kind: str, seed: int, dim: int, ab):
 
 # --- writing -----------------------------------------------------------------
 
-def _write_atomically(out_dir: str, meta, tensors: Dict[str, np.ndarray]) -> None:
+def _write_atomically(out_dir: str, meta, tensors: Dict[str, np.ndarray],
+                      source_dir: str) -> None:
     """The SavedModel is written into a temp dir beside out_dir, then renamed:
     a reader (TF Serving polls its base dir) never sees half of it. The temp
     name starts with '.', which TF Serving's version parser skips."""
@@ -445,6 +461,9 @@ def _write_atomically(out_dir: str, meta, tensors: Dict[str, np.ndarray]) -> Non
         saved.meta_graphs.add().CopyFrom(meta)
         with open(os.path.join(tmp, "saved_model.pb"), "wb") as f:
             f.write(saved.SerializeToString())
+        for assets in ("assets", "assets.extra"):  # vocabulary files and the like
+            if os.path.isdir(os.path.join(source_dir, assets)):
+                shutil.copytree(os.path.join(source_dir, assets), os.path.join(tmp, assets))
         _fsync_tree(tmp)
         os.rename(tmp, out_dir)  # replaces an empty out_dir; fails on a non-empty one
         _fsync_dir(parent)
