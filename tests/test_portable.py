@@ -4,6 +4,7 @@ answering what graphmod's predict answers for seen and unseen, int and string
 ids; bad input is one line, exit status 2, nothing written."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,8 +12,10 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 import graphmod
+from graphmod.checkpoint.portable import initial_rows, portable_saved_model
 from graphmod.cli.main import main
 
 tf1 = tf.compat.v1
@@ -179,3 +182,56 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(exported, tmp_path, ca
         assert sorted(os.listdir(os.path.dirname(out))) == listing  # nothing written
     assert main(["graphmod", "export", source, str(tmp_path / "c")]) == 2
     assert "--portable" in capsys.readouterr().err
+
+
+def _serve(path, query):
+    """The signature's output in this process (graphmod loaded: its ops too)."""
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        sig = tf1.saved_model.load(sess, ["serve"], path).signature_def["serving_default"]
+        return sess.run(sig.outputs["p"].name,
+                        {sig.inputs[k].name: v for k, v in query.items()})
+
+
+def test_default_value_tables_read_their_default(exported, tmp_path):
+    """A table with default_value: graphmod's export of it (the table's
+    attributes edited) and its portable form answer alike."""
+    source, _, _ = exported
+    edited = str(tmp_path / "edited")
+    shutil.copytree(source, edited)
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(edited, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    for node in saved.meta_graphs[0].graph_def.node:
+        if node.op == "GraphmodTable":
+            node.attr["missing_is_initializer"].b = False
+            node.attr["default_value"].f = 0.25
+    with open(os.path.join(edited, "saved_model.pb"), "wb") as f:
+        f.write(saved.SerializeToString())
+    report = portable_saved_model(edited, str(tmp_path / "out"))
+    assert {t["unseen"] for t in report["tables"]} == {"default_value 0.25"}
+    expected = _serve(edited, QUERY)
+    np.testing.assert_allclose(_serve(str(tmp_path / "out"), QUERY), expected,
+                               rtol=1e-6, atol=1e-6)
+    assert not np.allclose(expected[4:], _serve(source, QUERY)[4:])
+
+
+@pytest.mark.parametrize("kind,a,b", [("uniform", -0.3, 0.7), ("normal", 0.25, 0.125),
+                                      ("truncated_normal", 0.1, 1.0), ("constant", 0.5, 0.0),
+                                      ("zeros", 0.0, 0.0)])
+def test_initial_rows_in_stock_ops_equal_graphmods_bit_for_bit(kind, a, b):
+    rng = np.random.default_rng(3)
+    keys = np.concatenate([rng.integers(-2**63, 2**63 - 1, 3000, dtype=np.int64),
+                           np.arange(-50, 50), [-2**63, 2**63 - 1]]).astype(np.int64)
+    dim, seed = 33, 987654321
+    a32, b32 = np.float32(a), np.float32(b)
+    with tf.Graph().as_default():
+        table = graphmod.create_table("t", dim, seed=seed,
+                                      initializer=graphmod.TableInitializer(kind, a, b))
+        theirs = graphmod.sparse_lookup(table, tf.constant(keys), is_training=False)
+        ab = tf1.Variable(np.array([a32, b32, b32 - a32]), use_resource=True)
+        ours = initial_rows(tf.constant(keys), kind, seed, dim, ab.read_value())
+        with tf1.Session() as sess:
+            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
+            theirs, ours = sess.run([theirs, ours])
+    assert ours.shape == (len(keys), dim)
+    assert np.array_equal(theirs.view(np.int32), ours.view(np.int32))

@@ -55,7 +55,8 @@ def portable_saved_model(source_dir: str, out_dir: str) -> Dict:
     what unseen keys read, the checkpoint entries dropped, the op types."""
     _check_out_dir(out_dir)
     meta = _serving_meta_graph(source_dir)
-    finds = [n for n in meta.graph_def.node if n.op == _FIND]
+    serving = _serving_nodes(meta)
+    finds = [n for n in meta.graph_def.node if n.op == _FIND and n.name in serving]
     if not finds:
         raise NotPortable(f"{source_dir}: holds no graphmod tables on its serving path "
                           "(nothing to convert; it already serves on stock TensorFlow)")
@@ -65,24 +66,11 @@ def portable_saved_model(source_dir: str, out_dir: str) -> Dict:
         raise NotPortable(f"{source_dir}: its variables are unreadable "
                           f"({str(e).splitlines()[0][:200]})") from None
     stored = reader.get_variable_to_shape_map()
-    graph_def = _serving_graph_def(meta, {n.name for n in finds})
     tables = _table_specs(meta.graph_def, finds, stored, source_dir)
-
+    graph_def = _serving_graph_def(meta, serving, {n.name for n in finds})
     graph, saveables, tensors = _stock_graph(meta.graph_def, graph_def, finds, tables, reader,
                                              source_dir)
-    with graph.as_default():
-        for key in (_MAIN_OP, _LEGACY_INIT_OP):  # the loaders find them by collection
-            if key in meta.collection_def:
-                for name in meta.collection_def[key].node_list.value:
-                    graph.add_to_collection(key, graph.get_operation_by_name(name.split(":")[0]))
-        saver = tf.compat.v1.train.Saver(saveables, sharded=True)
-        new_meta = tf.compat.v1.train.export_meta_graph(
-            graph=graph, saver_def=saver.as_saver_def(), clear_devices=True,
-            strip_default_attrs=True)
-    new_meta.meta_info_def.tags[:] = list(meta.meta_info_def.tags)
-    new_meta.asset_file_def.extend(meta.asset_file_def)
-    for key, sig in meta.signature_def.items():  # signatures unchanged
-        new_meta.signature_def[key].CopyFrom(sig)
+    new_meta = _stock_meta_graph(meta, graph, saveables)
     op_types = sorted({n.op for n in new_meta.graph_def.node})
     foreign = [t for t in op_types if not _is_stock(t)]
     if foreign:
@@ -120,12 +108,11 @@ def _serving_meta_graph(source_dir: str):
     return serving[0]
 
 
-def _serving_graph_def(meta, find_names):
-    """The nodes the signatures need, each GraphmodTableFind a float
-    Placeholder of its name (rerouted to the stock lookup later). A find is
-    walked through its keys only: its table handle, the graphmod Saver and the
-    delta ops are not serving's. The main op (it fills the model's own
-    vocabulary tables) and the asset file names are serving's too."""
+def _serving_nodes(meta) -> set:
+    """The names of the nodes serving needs: those the signatures, the main
+    op (it fills the model's own vocabulary tables) and the asset file names
+    depend on. A find is walked through its keys only: its table handle, the
+    graphmod Saver and the delta ops are not serving's."""
     nodes = {n.name: n for n in meta.graph_def.node}
     stack = [t.name.split(":")[0] for sig in meta.signature_def.values()
              for t in list(sig.outputs.values()) + list(sig.inputs.values())]
@@ -136,9 +123,17 @@ def _serving_graph_def(meta, find_names):
         if name in keep:
             continue
         keep.add(name)
-        node = nodes[name]
+        node = nodes.get(name)
+        if node is None:
+            raise NotPortable(f"its serving graph lacks node {name} (a broken SavedModel)")
         inputs = [node.input[1]] if node.op == _FIND else list(node.input)
         stack.extend(i.lstrip("^").split(":")[0] for i in inputs)
+    return keep
+
+
+def _serving_graph_def(meta, keep, find_names):
+    """The nodes in keep, each GraphmodTableFind a float Placeholder of its
+    name (rerouted to the stock lookup later)."""
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(meta.graph_def.versions)
     out.library.CopyFrom(meta.graph_def.library)
@@ -150,7 +145,7 @@ def _serving_graph_def(meta, find_names):
                 del copy.input[:]
                 copy.op = "Placeholder"
                 copy.attr.clear()
-                copy.attr["dtype"].type = 1  # DT_FLOAT, what GraphmodTableFind returns
+                copy.attr["dtype"].type = tf.float32.as_datatype_enum  # what the find returns
     return out
 
 
@@ -242,6 +237,25 @@ def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir)
                     if x is stand_in:
                         consumer._update_input(i, rows)  # pylint: disable=protected-access
     return graph, saveables, tensors
+
+
+def _stock_meta_graph(meta, graph, saveables):
+    """graph as the MetaGraph of a SavedModel: its Saver over saveables, the
+    source's tags, signatures, asset files and init op."""
+    with graph.as_default():
+        for key in (_MAIN_OP, _LEGACY_INIT_OP):  # the loaders find them by collection
+            if key in meta.collection_def:
+                for name in meta.collection_def[key].node_list.value:
+                    graph.add_to_collection(key, graph.get_operation_by_name(name.split(":")[0]))
+        saver = tf.compat.v1.train.Saver(saveables, sharded=True)
+        new_meta = tf.compat.v1.train.export_meta_graph(
+            graph=graph, saver_def=saver.as_saver_def(), clear_devices=True,
+            strip_default_attrs=True)
+    new_meta.meta_info_def.tags[:] = list(meta.meta_info_def.tags)
+    new_meta.asset_file_def.extend(meta.asset_file_def)
+    for key, sig in meta.signature_def.items():  # signatures unchanged
+        new_meta.signature_def[key].CopyFrom(sig)
+    return new_meta
 
 
 class _StockTable:
