@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import graphmod
+from graphmod.checkpoint import portable as portable_module
 from graphmod.checkpoint.portable import initial_rows, portable_saved_model
 from graphmod.cli.main import main
 
@@ -92,6 +93,16 @@ LOAD = STOCK + textwrap.dedent("""
     assert "graphmod" not in sys.modules and op_def_registry.get("GraphmodTable") is None
     print(json.dumps(out))
 """)
+# The conversion itself needs no graphmod either: portable.py imports only TensorFlow.
+CONVERT = STOCK + textwrap.dedent("""
+    import importlib.util, json
+    spec = importlib.util.spec_from_file_location("portable", sys.argv[1])
+    portable = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(portable)
+    report = portable.portable_saved_model(sys.argv[2], sys.argv[3])
+    assert "graphmod" not in sys.modules
+    print(json.dumps(report))
+""")
 CLI = STOCK + textwrap.dedent("""
     from tensorflow.python.tools import saved_model_cli
     sys.argv = ["saved_model_cli"] + sys.argv[1:]
@@ -143,9 +154,15 @@ def test_portable_export_serves_graphmods_answers_on_stock_tensorflow(exported, 
     assert os.listdir(os.path.dirname(portable)) == [os.path.basename(portable)]  # no temp left
     out = str(tmp_path / "cli_out")
     assert main(["graphmod", "export", "--portable", source, out]) == 0
+    converted = str(tmp_path / "converted_without_graphmod")
+    report = json.loads(_run(["-c", CONVERT, portable_module.__file__, source, converted],
+                             tmp_path).splitlines()[-1])
+    assert sorted(t["table"] for t in report["tables"]) == [
+        "emb", "input_layer/s_embedding/embedding_weights"]
+    assert "emb-slots" in report["dropped"] or "emb-counts" in report["dropped"]
     for name, value in QUERY.items():
         np.save(tmp_path / f"{name}.npy", value)
-    for path in (portable, out):
+    for path in (portable, out, converted):
         served = json.loads(_run(["-c", LOAD, path, str(tmp_path)], tmp_path).splitlines()[-1])
         assert served["not_stock"] == [] and served["op_types"] > 10
         np.testing.assert_allclose(served["v2"], expected, rtol=1e-6, atol=1e-6)

@@ -293,11 +293,18 @@ class _StockTable:
     def lookup(self, keys):
         """keys (int64, any shape) -> rows of shape keys.shape + [dim]."""
         flat = tf.reshape(keys, [-1])
+        shape = tf.concat([tf.shape(keys), [self.spec["dim"]]], 0)
+        if self.spec["rows"] == 0:  # nothing to gather from: every key is unseen
+            return tf.reshape(self._unseen_rows(flat), shape)
         index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=flat,
                                              default_value=tf.constant(-1, tf.int64))
-        found = tf.gather(self.rows, tf.maximum(index, 0))
-        rows = tf.where((index >= 0)[:, None], found, self._unseen_rows(flat))
-        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.spec["dim"]]], 0))
+        rows = tf.gather(self.rows, tf.maximum(index, 0))
+        # Initial rows only for the keys the table lacks: most keys of a
+        # serving batch are seen, and an initial row costs ~100 integer ops.
+        missing = tf.where(index < 0)  # [m, 1]
+        rows = tf.tensor_scatter_nd_update(rows, missing,
+                                           self._unseen_rows(tf.gather_nd(flat, missing)))
+        return tf.reshape(rows, shape)
 
     def _unseen_rows(self, keys):
         s = self.spec
