@@ -183,8 +183,12 @@ def _table_specs(graph_def, finds, stored, source_dir) -> Dict[str, Dict]:
         spec = dict(table=name, dim=dim, rows=int(stored[f"{name}-keys"][0]),
                     initializer=_attr(table, "initializer").decode(), init_a=a, init_b=b,
                     seed=int(_attr(table, "seed")),
+                    missing_is_initializer=bool(_attr(table, "missing_is_initializer")),
                     default_value=float(_attr(table, "default_value")))
-        if _attr(table, "missing_is_initializer"):
+        if spec["missing_is_initializer"] and spec["initializer"] not in _KINDS:
+            raise NotPortable(f"{source_dir}: table {name}'s initializer "
+                              f"{spec['initializer']!r} has no stock-ops form")
+        if spec["missing_is_initializer"]:
             spec["unseen"] = f"initial row: {spec['initializer']}({a}, {b}), seed {spec['seed']}"
         else:
             spec["unseen"] = f"default_value {spec['default_value']}"
@@ -203,22 +207,12 @@ def _table_node(nodes, find):
 
 def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir):
     """The serving graph (graph_def) with each find's stand-in replaced by a
-    stock lookup of its table (in source_graph_def); returns (graph, the Saver's {name: saveable}, {checkpoint entry:
-    numpy value} to write)."""
+    stock lookup of its table (found in source_graph_def). Returns (graph,
+    the Saver's {name: saveable}, {checkpoint entry: numpy value} to write)."""
     graph = tf.Graph()
-    saveables, tensors = {}, {}
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-        for node in graph_def.node:  # the model's own variables, as they were saved
-            if node.op == "VarHandleOp":
-                if not reader.has_tensor(node.name):
-                    raise NotPortable(f"{source_dir}: variable {node.name} is not in its "
-                                      "variables (a SavedModel graphmod did not write?)")
-                handle = graph.get_tensor_by_name(node.name + ":0")
-                # The Saver takes a variable's read, not its handle.
-                saveables[node.name] = tf.raw_ops.ReadVariableOp(
-                    resource=handle, dtype=handle.op.get_attr("dtype"))
-                tensors[node.name] = reader.get_tensor(node.name)
+        saveables, tensors = _model_variables(graph, graph_def, reader, source_dir)
         built = {}
         suffix = uuid.uuid4().hex[:12]  # two models' tables never share a resource
         for table_node, spec in tables.items():
@@ -237,6 +231,24 @@ def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir)
                     if x is stand_in:
                         consumer._update_input(i, rows)  # pylint: disable=protected-access
     return graph, saveables, tensors
+
+
+def _model_variables(graph, graph_def, reader, source_dir):
+    """The model's own variables serving reads (dense layers, small
+    embeddings), saved as the source saved them."""
+    saveables, tensors = {}, {}
+    for node in graph_def.node:
+        if node.op != "VarHandleOp":
+            continue
+        if not reader.has_tensor(node.name):
+            raise NotPortable(f"{source_dir}: variable {node.name} is not in its variables "
+                              "(a SavedModel graphmod did not write?)")
+        handle = graph.get_tensor_by_name(node.name + ":0")
+        # The Saver takes a variable's read, not its handle.
+        saveables[node.name] = tf.raw_ops.ReadVariableOp(
+            resource=handle, dtype=handle.op.get_attr("dtype"))
+        tensors[node.name] = reader.get_tensor(node.name)
+    return saveables, tensors
 
 
 def _stock_meta_graph(meta, graph, saveables):
@@ -308,7 +320,7 @@ class _StockTable:
 
     def _unseen_rows(self, keys):
         s = self.spec
-        if s["unseen"].startswith("default_value"):
+        if not s["missing_is_initializer"]:
             return tf.fill(tf.stack([tf.size(keys), s["dim"]]), np.float32(s["default_value"]))
         return initial_rows(keys, s["initializer"], s["seed"], s["dim"],
                             self.init_ab.read_value())
@@ -353,6 +365,7 @@ _M64 = (1 << 64) - 1
 _C1, _C2 = 0xff51afd7ed558ccd, 0xc4ceb9fe1a85ec53
 _GOLDEN, _SEED_MIX = 0x9e3779b97f4a7c15, 0x5851f42d4c957f2d
 _BINS = 4096
+_KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")  # initializer.cc
 # Acklam's inverse normal CDF coefficients (initializer.cc NormalQuantile).
 _A = [-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
       1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00]
@@ -435,8 +448,8 @@ def initial_rows(keys, kind: str, seed: int, dim: int, ab):
         return tf.zeros(tf.stack([n, dim]), tf.float32)
     if kind == "constant":
         return tf.fill(tf.stack([n, dim]), ab[0])
-    if kind not in ("uniform", "normal", "truncated_normal"):
-        raise NotPortable(f"table initializer {kind!r} has no stock-ops recipe")
+    if kind not in _KINDS:
+        raise NotPortable(f"table initializer {kind!r} has no stock-ops form")
     seed_mix = tf.constant(_s64(_mix_py((seed & _M64) ^ _SEED_MIX)), tf.int64)
     base = _mix_tf(tf.bitwise.bitwise_xor(keys, seed_mix))
     draws = dim if kind == "uniform" else (dim + 1) // 2
