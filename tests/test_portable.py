@@ -188,7 +188,10 @@ def test_portable_export_keeps_keys_and_rows_in_variables(exported):
 
 def test_bad_input_is_one_line_exit_2_and_nothing_written(exported, tmp_path, capsys):
     source, portable, _ = exported
+    foreign = _edited(source, str(tmp_path / "foreign"), lambda node: node.op == "Squeeze" and
+                      setattr(node, "op", "SomeLibrarysOp"))
     cases = [(portable, str(tmp_path / "a"), "holds no graphmod tables"),
+             (foreign, str(tmp_path / "d"), "does not import here"),
              (str(tmp_path), str(tmp_path / "b"), "not a SavedModel"),
              (source, os.path.dirname(source), "not empty")]
     for src, out, says in cases:
@@ -209,21 +212,29 @@ def _serve(path, query):
                         {sig.inputs[k].name: v for k, v in query.items()})
 
 
+def _edited(source, copy, edit):
+    """A copy of the SavedModel source with edit applied to each node."""
+    shutil.copytree(source, copy)
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(copy, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    for node in saved.meta_graphs[0].graph_def.node:
+        edit(node)
+    with open(os.path.join(copy, "saved_model.pb"), "wb") as f:
+        f.write(saved.SerializeToString())
+    return copy
+
+
 def test_default_value_tables_read_their_default(exported, tmp_path):
     """A table with default_value: graphmod's export of it (the table's
     attributes edited) and its portable form answer alike."""
     source, _, _ = exported
-    edited = str(tmp_path / "edited")
-    shutil.copytree(source, edited)
-    saved = saved_model_pb2.SavedModel()
-    with open(os.path.join(edited, "saved_model.pb"), "rb") as f:
-        saved.ParseFromString(f.read())
-    for node in saved.meta_graphs[0].graph_def.node:
+
+    def default_value(node):
         if node.op == "GraphmodTable":
             node.attr["missing_is_initializer"].b = False
             node.attr["default_value"].f = 0.25
-    with open(os.path.join(edited, "saved_model.pb"), "wb") as f:
-        f.write(saved.SerializeToString())
+    edited = _edited(source, str(tmp_path / "edited"), default_value)
     report = portable_saved_model(edited, str(tmp_path / "out"))
     assert {t["unseen"] for t in report["tables"]} == {"default_value 0.25"}
     expected = _serve(edited, QUERY)

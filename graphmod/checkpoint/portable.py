@@ -211,7 +211,11 @@ def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir)
     the Saver's {name: saveable}, {checkpoint entry: numpy value} to write)."""
     graph = tf.Graph()
     with graph.as_default():
-        tf.compat.v1.import_graph_def(graph_def, name="")
+        try:  # an op unknown here (another library's) on the serving path
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        except (ValueError, tf.errors.OpError) as e:
+            raise NotPortable(f"{source_dir}: its serving graph does not import here "
+                              f"({str(e).splitlines()[0][:200]})") from None
         saveables, tensors = _model_variables(graph, graph_def, reader, source_dir)
         built = {}
         suffix = uuid.uuid4().hex[:12]  # two models' tables never share a resource
