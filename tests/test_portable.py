@@ -192,6 +192,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(exported, tmp_path, ca
                       setattr(node, "op", "SomeLibrarysOp"))
     cases = [(portable, str(tmp_path / "a"), "holds no graphmod tables"),
              (foreign, str(tmp_path / "d"), "does not import here"),
+             (_truncated(source, str(tmp_path / "torn")), str(tmp_path / "e"), "cannot be copied"),
              (str(tmp_path), str(tmp_path / "b"), "not a SavedModel"),
              (source, os.path.dirname(source), "not empty")]
     for src, out, says in cases:
@@ -210,6 +211,17 @@ def _serve(path, query):
         sig = tf1.saved_model.load(sess, ["serve"], path).signature_def["serving_default"]
         return sess.run(sig.outputs["p"].name,
                         {sig.inputs[k].name: v for k, v in query.items()})
+
+
+def _truncated(source, copy):
+    """A copy of the SavedModel source whose variables' data lost its second half."""
+    shutil.copytree(source, copy)
+    folder = os.path.join(copy, "variables")
+    for name in os.listdir(folder):
+        if ".data-" in name:
+            path = os.path.join(folder, name)
+            os.truncate(path, os.path.getsize(path) // 2)
+    return copy
 
 
 def _edited(source, copy, edit):

@@ -523,7 +523,11 @@ def _copy_variables(source_prefix: str, out_prefix: str, entries: Dict, reader) 
                                  tensors=[restored[n] if n in restored else entries[n]
                                           for n in names])
         with tf.compat.v1.Session() as sess:
-            sess.run(save)
+            try:
+                sess.run(save)
+            except tf.errors.OpError as e:  # a torn or truncated source
+                raise NotPortable(f"{source_prefix}: cannot be copied "
+                                  f"({str(e).splitlines()[0][:200]})") from None
 
 
 def _fsync_tree(root: str) -> None:

@@ -268,5 +268,7 @@ def export_portable(source: str, out: str) -> int:
         report = portable_saved_model(source, out)
     except NotPortable as e:
         raise InputError(render.printable(str(e))) from None
+    except OSError as e:
+        raise InputError(f"{e.filename or out}: cannot be written ({e.strerror})") from None
     print(json.dumps(report, indent=1))
     return OK
