@@ -184,6 +184,14 @@ def test_portable_export_keeps_keys_and_rows_in_variables(exported):
     assert entries["emb-rows"] == before["emb-values"]
     assert not any(n.endswith(("-slots", "-counts", "-pending_keys")) for n in entries)
     assert os.path.getsize(os.path.join(portable, "saved_model.pb")) < 400_000
+    metas = []
+    for path in (source, portable):
+        saved = saved_model_pb2.SavedModel()
+        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+            saved.ParseFromString(f.read())
+        metas.append(saved.meta_graphs[0])
+    assert dict(metas[0].signature_def) == dict(metas[1].signature_def)  # unchanged
+    assert list(metas[1].meta_info_def.tags) == ["serve"]
 
 
 def test_bad_input_is_one_line_exit_2_and_nothing_written(exported, tmp_path, capsys):
