@@ -17,6 +17,7 @@ import importlib
 from graphmod import optimizers
 from graphmod.checkpoint import export as _export
 from graphmod.checkpoint.saver import TableSaver
+from graphmod.checkpoint.serving_versions import ServingExport
 from graphmod.checkpoint.warm_start import WarmStartSettings
 from graphmod.embeddings.features import FeatureSpec, use_feature_specs
 from graphmod.embeddings.initializers import TableInitializer
@@ -54,7 +55,8 @@ def __getattr__(name: str):
 
 
 __version__ = "0.1.0"
-__all__ = ["GraphModifierHook", "EvictHook", "IncrementalSaveHook", "export_saved_model", "RewriteReport",
+__all__ = ["GraphModifierHook", "EvictHook", "IncrementalSaveHook", "export_saved_model",
+           "ServingExport", "RewriteReport",
            "TableSaver", "TableSettings", "WarmStartSettings", "FeatureSpec", "use_feature_specs",
            "create_table", "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup",
            "TableInitializer", "tables", "training_lookups"]

@@ -26,6 +26,7 @@ train with the same model_dir and save at the same steps
 checks, and evaluate with the hook too.
 """
 import os
+import sys
 from typing import Optional
 
 import tensorflow as tf
@@ -35,6 +36,7 @@ from graphmod import tf_private
 from graphmod.embeddings import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
+from graphmod.checkpoint.serving_versions import ServingExport
 from graphmod.checkpoint.warm_start import WarmStartSettings
 from graphmod.rewrite.mode import graph_mode
 from graphmod.rewrite.pipeline import rewrite
@@ -74,6 +76,13 @@ def _check_sharded_training(estimator, ranks: int) -> None:
     check_same_saves(model_dir, steps)
 
 
+def _chief(estimator) -> bool:
+    """The Estimator's chief, and Horovod's rank 0 where Horovod runs."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    rank = hvd.rank() if hvd is not None and hvd.is_initialized() else 0
+    return estimator.config.is_chief and rank == 0
+
+
 class GraphModifierHook(tf1.train.SessionRunHook):
     """Rewrites embedding variables into dynamic tables when the session starts.
 
@@ -108,6 +117,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
       warm_start: a graphmod.WarmStartSettings: on a fresh start (model_dir
         has no checkpoint yet), training starts tables and variables from
         other models' checkpoints, with renaming and a key filter.
+      serving_export: a graphmod.ServingExport: while the chief trains
+        an Estimator, a thread writes a portable SavedModel (stock TensorFlow
+        ops only) as a new TF Serving version after each full checkpoint or
+        committed delta (graphmod.checkpoint.serving_versions).
 
     Only training decides what converts: evaluate, predict, export and resumes
     replay the plan training saved in model_dir (settings given to a later
@@ -121,7 +134,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  evict_step_interval: Optional[int] = None,
                  incremental_every_steps: Optional[int] = None,
                  incremental_every_secs: Optional[float] = None,
-                 warm_start: Optional[WarmStartSettings] = None):
+                 warm_start: Optional[WarmStartSettings] = None,
+                 serving_export: Optional[ServingExport] = None):
         # (validates min_rows and the tables' settings, naming the hook)
         self.settings = RewriteSettings(min_rows, tables, collision_free, exact, warm_start)
         self.dump_graph = dump_graph
@@ -143,6 +157,11 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             raise TypeError("GraphModifierHook: warm_start must be a graphmod.WarmStartSettings, "
                             f"got {type(warm_start).__name__}")
         self.warm_start = warm_start
+        if serving_export is not None and not isinstance(serving_export, ServingExport):
+            raise TypeError("GraphModifierHook: serving_export must be a graphmod.ServingExport, "
+                            f"got {type(serving_export).__name__}")
+        self.serving_export = serving_export
+        self._exporting = False
         self.report: Optional[RewriteReport] = None
         self._counters = {}
 
@@ -174,6 +193,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self.report.log()
         if self.report.sharded_ranks > 1 and mode == "train":
             _check_sharded_training(estimator, self.report.sharded_ranks)
+        self._exporting = (self.serving_export is not None and mode == "train"
+                           and estimator is not None and _chief(estimator))
+        if self._exporting:
+            self.serving_export.start(estimator, RULES)
         if out_dir:
             out = os.path.join(out_dir, "graphmod")
             self.report.write(out)
@@ -218,6 +241,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 results.get(i), run_values.options, run_values.run_metadata))
 
     def end(self, session) -> None:
+        if self._exporting:  # its last version: the final checkpoint's
+            self.serving_export.finish(int(session.run(tf1.train.get_global_step())))
         if not self._counters:
             return
         for name, c in session.run(self._counters).items():

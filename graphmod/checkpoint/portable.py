@@ -26,17 +26,17 @@ import os
 import shutil
 import tempfile
 import uuid
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf import message
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.training.saving import saveable_object
 
-_FIND, _TABLE = "GraphmodTableFind", "GraphmodTable"
+_FIND, _FUSED_FIND, _TABLE = "GraphmodTableFind", "GraphmodFusedFind", "GraphmodTable"
 _MAIN_OP, _LEGACY_INIT_OP = "saved_model_main_op", "legacy_init_op"
 # GraphmodTable's attribute defaults (native/ops.cc): the export strips them.
 _TABLE_DEFAULTS = dict(initializer=b"truncated_normal", init_a=0.0, init_b=0.05, seed=0,
@@ -48,37 +48,55 @@ class NotPortable(ValueError):
     naming the path and why. Nothing was written."""
 
 
-def portable_saved_model(source_dir: str, out_dir: str) -> Dict:
+def portable_saved_model(source_dir: str, out_dir: str, *, variables: Optional[str] = None,
+                         min_count: int = 0, seen_since: Optional[int] = None) -> Dict:
     """Writes to out_dir (absent or empty) a SavedModel of source_dir (a
     SavedModel graphmod.export_saved_model wrote) that uses only stock
     TensorFlow ops. Returns a report: the tables converted, their rows and
-    what unseen keys read, the checkpoint entries dropped, the op types."""
+    what unseen keys read, the checkpoint entries dropped, the op types.
+
+    variables: the prefix of a checkpoint of the same model to take the
+    state from instead of source_dir's variables (graphmod.checkpoint.merged
+    writes a model_dir's latest state as one). min_count, seen_since: rows
+    seen fewer than min_count times, or last seen before seen_since (the
+    table's clock: steps or seconds, as its eviction counts), are left out;
+    their keys read what unseen keys read."""
     _check_out_dir(out_dir)
+    if min_count < 0:
+        raise NotPortable(f"min_count {min_count}: must be >= 0")
     meta = _serving_meta_graph(source_dir)
+    _unfuse_finds(meta.graph_def)
     serving = _serving_nodes(meta)
     finds = [n for n in meta.graph_def.node if n.op == _FIND and n.name in serving]
     if not finds:
         raise NotPortable(f"{source_dir}: holds no graphmod tables on its serving path "
                           "(nothing to convert; it already serves on stock TensorFlow)")
+    state = variables or os.path.join(source_dir, "variables", "variables")
     try:
-        reader = tf.train.load_checkpoint(os.path.join(source_dir, "variables", "variables"))
+        reader = tf.train.load_checkpoint(state)
     except (tf.errors.OpError, ValueError) as e:
-        raise NotPortable(f"{source_dir}: its variables are unreadable "
-                          f"({str(e).splitlines()[0][:200]})") from None
+        raise NotPortable(f"{state}: unreadable ({str(e).splitlines()[0][:200]})") from None
     stored = reader.get_variable_to_shape_map()
-    tables = _table_specs(meta.graph_def, finds, stored, source_dir)
+    tables = _table_specs(meta.graph_def, finds, stored, state)
+    keep = _Keep(min_count, seen_since)
+    for spec in tables.values():
+        missing = [e for e in keep.entries(spec["table"]) if e not in stored]
+        if missing:
+            raise NotPortable(f"{state}: holds no {', '.join(missing)} to select rows by")
+        spec["rows_kept"] = keep.count(reader, spec["table"], spec["rows"])
+        spec["bytes_saved"] = (spec["rows"] - spec["rows_kept"]) * (8 + 4 * spec["dim"])
     graph_def = _serving_graph_def(meta, serving, {n.name for n in finds})
     graph, saveables, entries = _stock_graph(meta.graph_def, graph_def, finds, tables, reader,
-                                             source_dir)
+                                             state, keep)
     new_meta = _stock_meta_graph(meta, graph, saveables)
     op_types = sorted({n.op for n in new_meta.graph_def.node})
     foreign = [t for t in op_types if not _is_stock(t)]
     if foreign:
         raise NotPortable(f"{source_dir}: its serving graph needs ops stock TensorFlow "
                           f"lacks: {', '.join(foreign)}")
-    _write_atomically(out_dir, new_meta, entries, source_dir, reader)
+    _write_atomically(out_dir, new_meta, entries, source_dir, state, reader)
     kept = {t["table"] + s for t in tables.values() for s in ("-keys", "-values")}
-    return dict(source=source_dir, out=out_dir, tables=list(tables.values()),
+    return dict(source=source_dir, state=state, out=out_dir, tables=list(tables.values()),
                 dropped=sorted(n for n in stored if n not in entries and n not in kept),
                 op_types=op_types)
 
@@ -106,6 +124,32 @@ def _serving_meta_graph(source_dir: str):
     if not serving:
         raise NotPortable(f"{path}: holds no MetaGraph tagged 'serve'")
     return serving[0]
+
+
+def _unfuse_finds(graph_def) -> None:
+    """Each GraphmodFusedFind of N (table, keys) entries (the fuse_table_ops
+    rule's) becomes N GraphmodTableFind nodes, each converted as any find:
+    entry 0 keeps the fused node's name, entry i is named '<name>/entry_i',
+    and a reader of output i reads entry i."""
+    fused = {n.name: n for n in graph_def.node if n.op == _FUSED_FIND}
+    entry = {}
+    for name, node in fused.items():
+        count, dims = node.attr["N"].i, list(node.attr["dims"].list.i)
+        controls = [x for x in node.input if x.startswith("^")]
+        parts = []
+        for i in range(count):
+            entry[(name, i)] = name if i == 0 else f"{name}/entry_{i}"
+            part = node_def_pb2.NodeDef(name=entry[(name, i)], op=_FIND, device=node.device)
+            part.input.extend([node.input[i], node.input[count + i]] + controls)
+            part.attr["dim"].i = dims[i]
+            parts.append(part)
+        node.CopyFrom(parts[0])
+        graph_def.node.extend(parts[1:])
+    for node in graph_def.node if fused else ():
+        for j, x in enumerate(node.input):
+            base, _, index = x.partition(":")
+            if not x.startswith("^") and base in fused:
+                node.input[j] = entry[(base, int(index or 0))]
 
 
 def _serving_nodes(meta) -> set:
@@ -205,7 +249,7 @@ def _table_node(nodes, find):
 
 # --- building the stock graph ------------------------------------------------
 
-def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir):
+def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir, keep):
     """The serving graph (graph_def) with each find's stand-in replaced by a
     stock lookup of its table (found in source_graph_def). Returns (graph,
     the Saver's {name: saveable}, the entries to write: {name: the source's
@@ -223,7 +267,7 @@ def _stock_graph(source_graph_def, graph_def, finds, tables, reader, source_dir)
         for table_node, spec in tables.items():
             built[table_node] = _StockTable(spec, suffix)
             saveables.update(built[table_node].saveables())
-            entries.update(built[table_node].checkpoint_entries())
+            entries.update(built[table_node].checkpoint_entries(keep))
         nodes = {n.name: n for n in source_graph_def.node}
         for find in finds:
             stand_in = graph.get_operation_by_name(find.name).outputs[0]
@@ -242,12 +286,18 @@ def _model_variables(graph, graph_def, reader, source_dir):
     """The model's own variables serving reads (dense layers, small
     embeddings), saved as the source saved them."""
     saveables, entries = {}, {}
+    shapes = reader.get_variable_to_shape_map()
     for node in graph_def.node:
         if node.op != "VarHandleOp":
             continue
-        if not reader.has_tensor(node.name):
-            raise NotPortable(f"{source_dir}: variable {node.name} is not in its variables "
-                              "(a SavedModel graphmod did not write?)")
+        if node.name not in shapes:
+            raise NotPortable(f"{source_dir}: holds no variable {node.name} (a SavedModel "
+                              "graphmod did not write, or of another model?)")
+        shape = [d.size for d in node.attr["shape"].shape.dim]
+        if not node.attr["shape"].shape.unknown_rank and shape != list(shapes[node.name]):
+            raise NotPortable(f"{source_dir}: variable {node.name} has shape "
+                              f"{list(shapes[node.name])}, the serving graph's {shape} (the "
+                              "state of another model?)")
         handle = graph.get_tensor_by_name(node.name + ":0")
         # The Saver takes a variable's read, not its handle.
         saveables[node.name] = tf.raw_ops.ReadVariableOp(
@@ -297,20 +347,25 @@ class _StockTable:
 
     def saveables(self) -> Dict:
         name = self.spec["table"]
-        return {f"{name}-rows": self.rows, f"{name}-init_ab": self.init_ab,
-                f"{name}-index": _IndexSaveable(self.table, self.keys_in_row_order, name)}
+        out = {f"{name}-rows": self.rows, f"{name}-init_ab": self.init_ab}
+        if self.spec["rows_kept"]:  # a hash table cannot import no keys (nor is it read)
+            out[f"{name}-index"] = _IndexSaveable(self.table, self.keys_in_row_order, name)
+        return out
 
-    def checkpoint_entries(self) -> Dict:
+    def checkpoint_entries(self, keep: "_Keep") -> Dict:
         name = self.spec["table"]
         a, b = np.float32(self.spec["init_a"]), np.float32(self.spec["init_b"])
-        return {f"{name}-keys": f"{name}-keys", f"{name}-rows": f"{name}-values",
-                f"{name}-init_ab": np.array([a, b, b - a], np.float32)}
+        out = {f"{name}-rows": keep.select(name, "values"),
+               f"{name}-init_ab": np.array([a, b, b - a], np.float32)}
+        if self.spec["rows_kept"]:
+            out[f"{name}-keys"] = keep.select(name, "keys")
+        return out
 
     def lookup(self, keys):
         """keys (int64, any shape) -> rows of shape keys.shape + [dim]."""
         flat = tf.reshape(keys, [-1])
         shape = tf.concat([tf.shape(keys), [self.spec["dim"]]], 0)
-        if self.spec["rows"] == 0:  # nothing to gather from: every key is unseen
+        if self.spec["rows_kept"] == 0:  # nothing to gather from: every key is unseen
             return tf.reshape(self._unseen_rows(flat), shape)
         index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=flat,
                                              default_value=tf.constant(-1, tf.int64))
@@ -328,6 +383,46 @@ class _StockTable:
             return tf.fill(tf.stack([tf.size(keys), s["dim"]]), np.float32(s["default_value"]))
         return initial_rows(keys, s["initializer"], s["seed"], s["dim"],
                             self.init_ab.read_value())
+
+
+class _Keep:
+    """Which rows of each table the export keeps: all, or those seen at least
+    min_count times and last seen at seen_since or later."""
+
+    def __init__(self, min_count: int, seen_since: Optional[int]):
+        self.min_count, self.seen_since = min_count, seen_since
+
+    def entries(self, table: str) -> List[str]:
+        """The table's checkpoint entries the selection reads."""
+        return ([f"{table}-counts"] if self.min_count > 0 else []) + \
+            ([f"{table}-last_seen"] if self.seen_since is not None else [])
+
+    def count(self, reader, table: str, rows: int) -> int:
+        """How many of the table's rows are kept."""
+        if not self.entries(table):
+            return rows
+        mask = np.ones(rows, bool)
+        if self.min_count > 0:
+            mask &= reader.get_tensor(f"{table}-counts") >= self.min_count
+        if self.seen_since is not None:
+            mask &= reader.get_tensor(f"{table}-last_seen") >= self.seen_since
+        return int(mask.sum())
+
+    def select(self, table: str, field: str):
+        """What _copy_variables writes for the entry `<table>-<field>`: the
+        source's entry, or a function of its reader making the kept rows."""
+        entry = f"{table}-{field}"
+        if not self.entries(table):
+            return entry
+
+        def kept(read):
+            mask = tf.ones_like(read(f"{table}-keys"), tf.bool)
+            if self.min_count > 0:
+                mask &= read(f"{table}-counts") >= self.min_count
+            if self.seen_since is not None:
+                mask &= read(f"{table}-last_seen") >= self.seen_since
+            return tf.gather(read(entry), tf.reshape(tf.where(mask), [-1]))
+        return kept
 
 
 def _keys_in_row_order(table):
@@ -481,7 +576,8 @@ def initial_rows(keys, kind: str, seed: int, dim: int, ab):
 
 # --- writing -----------------------------------------------------------------
 
-def _write_atomically(out_dir: str, meta, entries: Dict, source_dir: str, reader) -> None:
+def _write_atomically(out_dir: str, meta, entries: Dict, source_dir: str, state: str,
+                      reader) -> None:
     """The SavedModel is written into a temp dir beside out_dir, then renamed:
     a reader (TF Serving polls its base dir) never sees half of it. The temp
     name starts with '.', which TF Serving's version parser skips."""
@@ -489,8 +585,7 @@ def _write_atomically(out_dir: str, meta, entries: Dict, source_dir: str, reader
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-portable-", dir=parent)
     try:
-        _copy_variables(os.path.join(source_dir, "variables", "variables"),
-                        os.path.join(tmp, "variables", "variables"), entries, reader)
+        _copy_variables(state, os.path.join(tmp, "variables", "variables"), entries, reader)
         saved = saved_model_pb2.SavedModel(saved_model_schema_version=1)
         saved.meta_graphs.add().CopyFrom(meta)
         with open(os.path.join(tmp, "saved_model.pb"), "wb") as f:
@@ -508,20 +603,30 @@ def _write_atomically(out_dir: str, meta, entries: Dict, source_dir: str, reader
 
 def _copy_variables(source_prefix: str, out_prefix: str, entries: Dict, reader) -> None:
     """Writes out_prefix's checkpoint: each entry the source's entry it names
-    (renamed) or a numpy value. One graph restores and saves, so each tensor
-    is in memory once, as TensorFlow's own buffer, no numpy copy (measured:
-    10M keys at dim 4, 240 MB, converted in 0.4 s at a peak of 1.1x that)."""
-    names = sorted(entries)
-    copied = [n for n in names if isinstance(entries[n], str)]
+    (renamed), a numpy value, or a function of the source's reader (the kept
+    rows). One graph restores and saves, so each tensor is in memory once, as
+    TensorFlow's own buffer, no numpy copy (measured: 10M keys at dim 4,
+    240 MB, converted in 0.4 s at a peak of 1.1x that)."""
     dtypes = reader.get_variable_to_dtype_map()
+    names = sorted(entries)
     with tf.Graph().as_default(), tf.device("/cpu:0"):
-        restored = dict(zip(copied, tf.raw_ops.RestoreV2(
-            prefix=source_prefix, tensor_names=[entries[n] for n in copied],
-            shape_and_slices=[""] * len(copied), dtypes=[dtypes[entries[n]] for n in copied])))
+        restored = {}
+
+        def read(entry):
+            if entry not in restored:
+                restored[entry] = tf.raw_ops.RestoreV2(
+                    prefix=source_prefix, tensor_names=[entry], shape_and_slices=[""],
+                    dtypes=[dtypes[entry]])[0]
+            return restored[entry]
+
+        def tensor(value):
+            if isinstance(value, str):
+                return read(value)
+            return value(read) if callable(value) else value
+
+        tensors = [tensor(entries[n]) for n in names]
         save = tf.raw_ops.SaveV2(prefix=out_prefix, tensor_names=names,
-                                 shape_and_slices=[""] * len(names),
-                                 tensors=[restored[n] if n in restored else entries[n]
-                                          for n in names])
+                                 shape_and_slices=[""] * len(names), tensors=tensors)
         with tf.compat.v1.Session() as sess:
             try:
                 sess.run(save)

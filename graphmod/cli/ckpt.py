@@ -28,70 +28,34 @@ from graphmod.cli.graphs import InputError, read_plan
 tf1 = tf.compat.v1
 
 
-def _tables_of(checkpoint: str) -> Dict[str, dict]:
-    from graphmod.cli.commands import _table_entries  # pylint: disable=import-outside-toplevel
-    return _table_entries(checkpoint)
-
-
-def _dense_entries(checkpoint: str, tables) -> Dict[str, tuple]:
-    """{name: (shape, dtype)} of the checkpoint's other entries."""
-    reader = tf.train.load_checkpoint(checkpoint)
-    dtypes = reader.get_variable_to_dtype_map()
-    out = {}
-    for name, shape in reader.get_variable_to_shape_map().items():
-        if name == "_CHECKPOINTABLE_OBJECT_GRAPH" or any(name.startswith(t + "-") for t in tables):
-            continue
-        out[name] = (shape, dtypes[name])
-    return out
-
-
 def _build(checkpoint: str):
     """(tables, variables) recreating what `checkpoint` holds, in the default graph."""
-    import graphmod  # pylint: disable=import-outside-toplevel
-    from graphmod import optimizers  # pylint: disable=import-outside-toplevel
-    from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
-    graph_state().reads_parts = True  # a sharded checkpoint's parts
-    entries = _tables_of(checkpoint)
-    tables = []
-    for name, e in sorted(entries.items()):
-        slots = e["slots"][1] if "slots" in e else 0
-        # Only the number of slot rows matters to saving and restoring.
-        opt = optimizers.with_slots("", [0.0] * slots) if slots else None
-        tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt))
-    variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
-                 for name, (shape, dtype) in sorted(_dense_entries(checkpoint, entries).items())]
-    return tables, variables
+    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
+    try:
+        return merged.stand_in(checkpoint)
+    except merged.StateError as e:
+        raise InputError(str(e)) from None
 
 
 def compact(model_dir: str) -> str:
     """Writes `model.ckpt-<step of the last delta>` holding the latest full
     checkpoint with its deltas applied; returns its path."""
-    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
-    from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
-    latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
-    if latest is None:
-        raise InputError(f"{model_dir}: holds no checkpoint")
-    chain = deltas.committed(latest)
-    if not chain:
-        return latest  # nothing to compact
-    step = deltas.read_manifest(latest)[len(chain) - 1]["step"]
-    target = f"{latest.rsplit('-', 1)[0]}-{step}"
-    if tf.io.gfile.exists(target + ".index"):
-        raise InputError(f"{target}: exists already (a checkpoint the state file no longer "
-                         "lists?); not overwritten: move it away to compact")
-    with tf.Graph().as_default():
-        _build(latest)
-        saver = TableSaver(sharded=False, max_to_keep=None)
-        saver.build()
-        state = tf.train.get_checkpoint_state(model_dir)
-        with tf1.Session() as sess:
-            _restore(lambda: saver.restore(sess, latest), latest)
-            saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
-            # The model's graph, not this stand-in's, describes the new one.
-            path = saver.save(sess, latest.rsplit("-", 1)[0], global_step=step,
-                              write_meta_graph=False)
-    if tf.io.gfile.exists(latest + ".meta"):
-        tf.io.gfile.copy(latest + ".meta", path + ".meta")
+    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
+    try:
+        state = merged.latest(model_dir)
+        if not state.deltas:
+            return state.checkpoint  # nothing to compact
+        target = f"{state.checkpoint.rsplit('-', 1)[0]}-{state.step}"
+        if tf.io.gfile.exists(target + ".index"):
+            raise InputError(f"{target}: exists already (a checkpoint the state file no "
+                             "longer lists?); not overwritten: move it away to compact")
+        path, _ = merged.write(state, state.checkpoint.rsplit("-", 1)[0],
+                               recover=list(tf.train.get_checkpoint_state(
+                                   model_dir).all_model_checkpoint_paths))
+    except merged.StateError as e:
+        raise InputError(str(e)) from None
+    if tf.io.gfile.exists(state.checkpoint + ".meta"):
+        tf.io.gfile.copy(state.checkpoint + ".meta", path + ".meta")
     return path
 
 

@@ -1,7 +1,9 @@
 """The `graphmod` commands' work (graphmod.cli.main parses their arguments)."""
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 from typing import Optional
 
@@ -167,30 +169,11 @@ def _report_text(report: dict, model: str) -> str:
 
 def _table_entries(checkpoint: str) -> dict:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
-    from graphmod.distributed.checkpoints import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
-    readers = [checkpoint]
-    if TableParts.is_sharded(checkpoint):
-        with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
-            manifest = json.load(f)
-        folder = os.path.dirname(checkpoint)
-        readers = sorted({os.path.join(folder, name.rsplit(".", 1)[0])
-                          for name in manifest["files"] if name.endswith(".index")})
-    tables: dict = {}
-    for prefix in readers:
-        try:
-            shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-        except (tf.errors.OpError, ValueError) as e:
-            raise InputError(f"{prefix}: unreadable checkpoint ({str(e).splitlines()[0]})") \
-                from None
-        for name, shape in shapes.items():
-            if "-" not in name or not name.endswith(("-keys", "-values", "-slots",
-                                                      "-pending_keys")):
-                continue
-            table, entry = name.rsplit("-", 1)
-            totals = tables.setdefault(table, {})
-            old = totals.get(entry)
-            totals[entry] = list(shape) if old is None else [old[0] + shape[0]] + list(shape[1:])
-    return {t: e for t, e in tables.items() if "keys" in e and "values" in e}
+    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
+    try:
+        return merged.table_entries(checkpoint)
+    except merged.StateError as e:
+        raise InputError(str(e)) from None
 
 
 def inspect(model_dir: str, fv) -> int:
@@ -260,15 +243,66 @@ def _inspect_text(out: dict) -> str:
     return "\n".join(render.printable(line) for line in lines) + "\n"
 
 
-# --- export --portable ------------------------------------------------------
+# --- export --portable / --watch ---------------------------------------------
 
-def export_portable(source: str, out: str) -> int:
-    from graphmod.checkpoint.portable import NotPortable, portable_saved_model  # pylint: disable=import-outside-toplevel
+def export_portable(source: str, out: str, *, model_dir: Optional[str] = None,
+                    min_count: int = 0, seen_since: Optional[int] = None) -> int:
+    from graphmod.checkpoint import serving_versions  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.portable import portable_saved_model  # pylint: disable=import-outside-toplevel
+    with _export_errors(out):
+        if model_dir is None:
+            report = portable_saved_model(source, out, min_count=min_count,
+                                          seen_since=seen_since)
+        else:
+            report = serving_versions.export_state(source, model_dir, out, min_count=min_count,
+                                                   seen_since=seen_since)
+    print(json.dumps(report, indent=1))
+    return OK
+
+
+def export_watch(model_dir: str, base: str, *, template: Optional[str], keep: int,
+                 poll_secs: float, until_step: Optional[int], min_count: int,
+                 seen_since: Optional[int]) -> int:
+    from graphmod.checkpoint import serving_versions  # pylint: disable=import-outside-toplevel
+    template = template or os.path.join(base, ".template")
+    if not os.path.isfile(os.path.join(template, "saved_model.pb")):
+        raise InputError(f"{template}: no SavedModel to take the serving graph from (give "
+                         "--template=a SavedModel graphmod.export_saved_model wrote of this "
+                         "model, or train with GraphModifierHook(serving_export=...))")
+    newest = []
+
+    def report(version):
+        newest[:] = [version["step"]]
+        print(json.dumps(dict(version=os.path.join(base, str(version["step"])),
+                              step=version["step"], deltas=version["deltas"],
+                              seconds_from_commit=version["seconds_from_commit"],
+                              rows={t["table"]: t["rows_kept"] for t in version["tables"]})),
+              flush=True)
+
+    def reached():
+        return until_step is not None and bool(newest) and newest[0] >= until_step
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt  # so a version half written is removed on the way out
+    signal.signal(signal.SIGTERM, interrupted)
+    with _export_errors(base):
+        try:
+            serving_versions.watch(template, model_dir, base, keep=keep, poll_secs=poll_secs,
+                                   min_count=min_count, seen_since=seen_since, stop=reached,
+                                   on_version=report)
+        except KeyboardInterrupt:
+            pass
+    return OK
+
+
+@contextlib.contextmanager
+def _export_errors(out: str):
+    """An export's failures as one line (exit status 2)."""
+    from graphmod.checkpoint.merged import StateError  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.portable import NotPortable  # pylint: disable=import-outside-toplevel
     try:
-        report = portable_saved_model(source, out)
-    except NotPortable as e:
+        yield
+    except (NotPortable, StateError) as e:
         raise InputError(render.printable(str(e))) from None
     except OSError as e:
         raise InputError(f"{e.filename or out}: cannot be written ({e.strerror})") from None
-    print(json.dumps(report, indent=1))
-    return OK

@@ -4,7 +4,7 @@
   graphmod rewrite --dry-run MODEL the hook's rewrite of a saved graph, without training
   graphmod inspect MODEL_DIR       tables, plan and checkpoint chain of a model_dir
   graphmod ckpt compact|convert    checkpoint tools: deltas folded in, tables <-> variables
-  graphmod export --portable SOURCE OUT  a SavedModel that serves on stock TensorFlow
+  graphmod export --portable|--watch   SavedModels that serve on stock TensorFlow
 
 `graphmod COMMAND --help` describes a command and its flags. Exit status: 0
 ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
@@ -67,16 +67,46 @@ def _ckpt_flags(fv):
 
 def _export_flags(fv):
     flags.DEFINE_boolean("portable", False, "write a SavedModel whose ops are all stock "
-                         "TensorFlow's (required for now)", flag_values=fv)
+                         "TensorFlow's", flag_values=fv)
+    flags.DEFINE_string("model_dir", None, "--portable: take the state from this model_dir "
+                        "(latest checkpoint, its deltas, Horovod parts) instead of SOURCE's "
+                        "variables", flag_values=fv)
+    flags.DEFINE_integer("min_count", 0, "leave out rows seen fewer than N times",
+                         flag_values=fv)
+    flags.DEFINE_integer("seen_since", None, "leave out rows last seen before T (the "
+                         "table's clock: global steps, or seconds with "
+                         "eviction_unit='seconds')", flag_values=fv)
+    flags.DEFINE_boolean("watch", False, "write a numbered version into OUT after each "
+                         "new state of MODEL_DIR", flag_values=fv)
+    flags.DEFINE_string("template", None, "--watch: the SavedModel graphmod.export_saved_model "
+                        "wrote of the model (default: OUT/.template, which "
+                        "GraphModifierHook(serving_export=...) writes)", flag_values=fv)
+    flags.DEFINE_integer("keep", 5, "--watch: versions kept", flag_values=fv)
+    flags.DEFINE_float("poll_secs", 5.0, "--watch: seconds between looks at MODEL_DIR",
+                       flag_values=fv)
+    flags.DEFINE_integer("until_step", None, "--watch: stop once a version of this global "
+                         "step or later is written (default: never)", flag_values=fv)
 
 
 def _export(fv, args: List[str]) -> int:
     from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
-    if not fv.portable:
-        raise UsageError("export needs --portable (SOURCE is already graphmod's export)")
+    if fv.portable == fv.watch:
+        raise UsageError("export takes --portable SOURCE OUT or --watch MODEL_DIR OUT")
     if len(args) != 2:
-        raise UsageError("export --portable takes SOURCE OUT")
-    return commands.export_portable(args[0], args[1])
+        raise UsageError("export --portable takes SOURCE OUT" if fv.portable
+                         else "export --watch takes MODEL_DIR OUT")
+    if fv.portable:
+        if fv.template is not None or fv.until_step is not None:
+            raise UsageError("--template and --until-step go with --watch")
+        return commands.export_portable(args[0], args[1], model_dir=fv.model_dir,
+                                        min_count=fv.min_count, seen_since=fv.seen_since)
+    if fv.model_dir is not None:
+        raise UsageError("--watch MODEL_DIR OUT takes the model_dir as its first argument")
+    if fv.keep < 1 or fv.poll_secs <= 0:
+        raise UsageError("--keep must be >= 1 and --poll-secs > 0")
+    return commands.export_watch(args[0], args[1], template=fv.template, keep=fv.keep,
+                                 poll_secs=fv.poll_secs, until_step=fv.until_step,
+                                 min_count=fv.min_count, seen_since=fv.seen_since)
 
 
 def _ckpt(fv, args: List[str]) -> int:
@@ -151,13 +181,22 @@ COMMANDS: Dict[str, tuple] = {
              "table fed the full ids of `ids % N` share rows). convert --to=tables: plain\n"
              "[rows, dim] variables (and their optimizer slots) become tables keyed\n"
              "0..N-1. Prints the written checkpoint's path."),
-    "export": (_export_flags, _export, "graphmod export --portable SOURCE OUT",
-               "SOURCE: a SavedModel graphmod.export_saved_model wrote (with graphmod's\n"
-               "table ops). Writes OUT (absent or empty; written aside, then renamed), a\n"
-               "SavedModel with the same signatures whose ops are all stock TensorFlow's:\n"
-               "each table a HashTableV2 key -> row plus its rows, in OUT's variables; keys\n"
-               "a table lacks read graphmod's initial row (or default_value). Optimizer\n"
-               "slots, counts and pending ids are dropped. Prints the report as JSON."),
+    "export": (_export_flags, _export, "graphmod export --portable [--model-dir=MODEL_DIR] "
+               "SOURCE OUT | export --watch [--template=SOURCE] MODEL_DIR OUT",
+               "--portable: SOURCE is a SavedModel graphmod.export_saved_model wrote (with\n"
+               "graphmod's table ops). Writes OUT (absent or empty; written aside, then\n"
+               "renamed), a SavedModel with the same signatures whose ops are all stock\n"
+               "TensorFlow's: each table a HashTableV2 key -> row plus its rows, in OUT's\n"
+               "variables; keys a table lacks read graphmod's initial row (or\n"
+               "default_value). Optimizer slots, counts and pending ids are dropped. With\n"
+               "--model-dir the state (latest checkpoint, its deltas, Horovod parts) is the\n"
+               "model_dir's. --min-count/--seen-since leave rarely or long unseen rows out.\n"
+               "Prints the report as JSON.\n"
+               "--watch: after each full checkpoint or committed delta of MODEL_DIR, writes\n"
+               "OUT/<global step> (TF Serving's version layout; written aside, renamed\n"
+               "whole) from the template SavedModel's graph and the new state, keeping the\n"
+               "newest --keep versions. Prints one JSON line per version. Runs until\n"
+               "interrupted or --until-step is reached."),
 }
 
 

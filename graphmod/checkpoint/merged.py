@@ -1,0 +1,151 @@
+"""The state a model_dir holds, as one plain checkpoint.
+
+A model_dir's latest state is its latest full checkpoint, the committed
+deltas after it (graphmod.checkpoint.deltas) and, for tables sharded across
+Horovod ranks, every rank's part (graphmod.distributed.checkpoints). This
+restores all of it into a stand-in graph of the checkpoint's own variables
+and tables and saves it as one checkpoint of the usual entries (`<table>-keys`,
+`-values`, ... and each variable by name): what `graphmod ckpt compact`
+writes into the model_dir and what a portable export reads its state from.
+
+>>> state = latest("/models/ctr")          # which checkpoint, deltas, step
+>>> write(state, "/tmp/merged/model.ckpt")  # one checkpoint of all of it
+"""
+import dataclasses
+import json
+import os
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+class StateError(ValueError):
+    """A model_dir whose state cannot be read; the message is one line naming
+    the file and why."""
+
+
+class NoCheckpoint(StateError):
+    """A model_dir that holds no checkpoint (yet)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """A model_dir's latest state: its full checkpoint, the deltas a restore
+    applies after it, and the global step of the last of them."""
+    checkpoint: str
+    deltas: List[str]
+    step: int
+
+
+def latest(model_dir: str) -> State:
+    """The latest full checkpoint of model_dir and its committed deltas. A
+    delta the manifest lists but whose files are torn is an error here (a
+    training restore stops before it; an export must not pass off an older
+    state as the latest)."""
+    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
+    if not tf.io.gfile.isdir(model_dir):
+        raise NoCheckpoint(f"{model_dir}: no such directory")
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    if checkpoint is None:
+        raise NoCheckpoint(f"{model_dir}: holds no checkpoint")
+    listed = deltas.read_manifest(checkpoint)
+    good = deltas.committed(checkpoint)
+    if len(good) < len(listed):
+        raise StateError(f"{deltas.directory(checkpoint)}: delta {listed[len(good)]['name']} "
+                         f"of {os.path.basename(checkpoint)} is torn (its files are missing or "
+                         "fail their checksums)")
+    step = listed[len(good) - 1]["step"] if good else int(checkpoint.rsplit("-", 1)[1])
+    return State(checkpoint, good, int(step))
+
+
+def table_entries(checkpoint: str) -> Dict[str, dict]:
+    """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
+    from graphmod.distributed.checkpoints import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
+    readers = [checkpoint]
+    if TableParts.is_sharded(checkpoint):
+        with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
+            manifest = json.load(f)
+        folder = os.path.dirname(checkpoint)
+        readers = sorted({os.path.join(folder, name.rsplit(".", 1)[0])
+                          for name in manifest["files"] if name.endswith(".index")})
+    tables: dict = {}
+    for prefix in readers:
+        try:
+            shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+        except (tf.errors.OpError, ValueError) as e:
+            raise StateError(f"{prefix}: unreadable checkpoint ({str(e).splitlines()[0]})") \
+                from None
+        for name, shape in shapes.items():
+            if "-" not in name or not name.endswith(("-keys", "-values", "-slots",
+                                                      "-pending_keys")):
+                continue
+            table, entry = name.rsplit("-", 1)
+            totals = tables.setdefault(table, {})
+            old = totals.get(entry)
+            totals[entry] = list(shape) if old is None else [old[0] + shape[0]] + list(shape[1:])
+    return {t: e for t, e in tables.items() if "keys" in e and "values" in e}
+
+
+def dense_entries(checkpoint: str, tables) -> Dict[str, tuple]:
+    """{name: (shape, dtype)} of the checkpoint's entries that are not tables'."""
+    reader = tf.train.load_checkpoint(checkpoint)
+    dtypes = reader.get_variable_to_dtype_map()
+    out = {}
+    for name, shape in reader.get_variable_to_shape_map().items():
+        if name == "_CHECKPOINTABLE_OBJECT_GRAPH" or any(name.startswith(t + "-") for t in tables):
+            continue
+        out[name] = (shape, dtypes[name])
+    return out
+
+
+def stand_in(checkpoint: str):
+    """(tables, variables) recreating what `checkpoint` holds, in the default
+    graph: what graphmod's TableSaver restores it into."""
+    import graphmod  # pylint: disable=import-outside-toplevel
+    from graphmod import optimizers  # pylint: disable=import-outside-toplevel
+    from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
+    graph_state().reads_parts = True  # a sharded checkpoint's parts
+    entries = table_entries(checkpoint)
+    tables = []
+    for name, e in sorted(entries.items()):
+        slots = e["slots"][1] if "slots" in e else 0
+        # Only the number of slot rows matters to saving and restoring.
+        opt = optimizers.with_slots("", [0.0] * slots) if slots else None
+        tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt))
+    variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
+                 for name, (shape, dtype) in sorted(dense_entries(checkpoint, entries).items())]
+    return tables, variables
+
+
+def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tuple[str, State]:
+    """Saves state as one checkpoint at `prefix`-<step> (no deltas, no parts);
+    returns its path and the state it holds (a delta committed since `state`
+    was read is in it too). recover: the model_dir's checkpoint paths, when the checkpoint is
+    written into it (its `checkpoint` state file is updated, keeping them);
+    None writes no state file."""
+    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
+    with tf.Graph().as_default():
+        stand_in(state.checkpoint)
+        saver = TableSaver(sharded=False, max_to_keep=None)
+        saver.build()
+        with tf1.Session() as sess:
+            try:
+                saver.restore(sess, state.checkpoint)
+            except (tf.errors.OpError, ValueError) as e:
+                raise StateError(f"{state.checkpoint}: cannot be restored "
+                                 f"({str(e).splitlines()[0]})") from None
+            applied = deltas.committed(state.checkpoint)[:saver.restored[1]]
+            step = (deltas.read_manifest(state.checkpoint)[len(applied) - 1]["step"] if applied
+                    else int(state.checkpoint.rsplit("-", 1)[1]))
+            if recover is not None:
+                saver.recover_last_checkpoints(recover)
+            # The model's graph, not this stand-in's, describes the checkpoint.
+            path = saver.save(sess, prefix, global_step=step, write_meta_graph=False,
+                              write_state=recover is not None)
+    return path, State(state.checkpoint, applied, int(step))
+
+__all__ = ["State", "StateError", "NoCheckpoint", "latest", "write", "table_entries", "dense_entries",
+           "stand_in"]

@@ -1,0 +1,208 @@
+"""Portable SavedModels of a model_dir's state, as TF Serving's numbered versions.
+
+>>> export_state("/tmp/export/1700000000", "/models/ctr", "/srv/ctr/1")   # once
+>>> watch("/models/ctr", "/tmp/export/1700000000", "/srv/ctr", keep=5)    # forever
+
+A model_dir's state changes with every full checkpoint and every committed
+delta (graphmod.checkpoint.deltas). Its serving graph does not: a template
+SavedModel graphmod.export_saved_model wrote of the same model gives the
+graph, the model_dir the state (graphmod.checkpoint.merged writes it as one
+checkpoint first, deltas and Horovod parts applied). TF Serving watches a
+base directory and loads the highest numbered version in it; a version is
+named after its state's global step, written aside under a name starting
+with '.' (which TF Serving skips) and renamed into place whole, and the
+newest `keep` versions stay.
+"""
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import tensorflow as tf
+from absl import logging
+
+from graphmod.checkpoint import deltas, merged
+from graphmod.checkpoint.portable import NotPortable, portable_saved_model
+
+
+def export_state(template: str, model_dir: str, out_dir: str, *, min_count: int = 0,
+                 seen_since: Optional[int] = None) -> Dict:
+    """Writes out_dir (absent or empty): the portable SavedModel of
+    template's graph with model_dir's latest state. Returns
+    portable_saved_model's report with the state's `step`."""
+    state = merged.latest(model_dir)
+    with _merged(state, os.path.dirname(os.path.abspath(out_dir))) as written:
+        return _export(template, written, out_dir, min_count, seen_since)
+
+
+def versions(base: str) -> List[int]:
+    """The version numbers in base, oldest first."""
+    if not os.path.isdir(base):
+        return []
+    return sorted(int(n) for n in os.listdir(base)
+                  if n.isdigit() and os.path.isdir(os.path.join(base, n)))
+
+
+def export_new_version(template: str, model_dir: str, base: str, *, keep: int = 5,
+                       min_count: int = 0, seen_since: Optional[int] = None) -> Optional[Dict]:
+    """If model_dir's latest state is newer than base's newest version, writes
+    it as version <step> and removes all but the newest `keep` versions.
+    Returns the export's report with `seconds_from_commit` (from the state's
+    commit, its manifest or checkpoint index written, to the version in
+    place), or None when there is nothing new."""
+    if keep < 1:
+        raise NotPortable(f"keep {keep}: must be >= 1")
+    state = merged.latest(model_dir)
+    have = versions(base)
+    if have and state.step <= have[-1]:
+        return None
+    with _merged(state, base) as written:
+        # Named by the step the merge reached: a delta committed meanwhile is in it.
+        out_dir = os.path.join(base, str(written[1].step))
+        report = _export(template, written, out_dir, min_count, seen_since)
+    report["seconds_from_commit"] = round(time.time() - _committed_at(written[1]), 3)
+    for old in versions(base)[:-keep]:
+        shutil.rmtree(os.path.join(base, str(old)), ignore_errors=True)
+    logging.info("graphmod: serving version %s written (%s + %d delta(s)), %.1f s after its "
+                 "commit", out_dir, os.path.basename(state.checkpoint), report["deltas"],
+                 report["seconds_from_commit"])
+    return report
+
+
+@contextlib.contextmanager
+def _merged(state: merged.State, parent: str):
+    """(path, state) of the state written as one checkpoint in a scratch dir
+    in parent (the export's file system; a name TF Serving skips), removed
+    afterwards."""
+    os.makedirs(parent, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".tmp-state-", dir=parent)
+    try:
+        yield merged.write(state, os.path.join(scratch, "model.ckpt"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _export(template, written, out_dir, min_count, seen_since) -> Dict:
+    path, state = written
+    report = portable_saved_model(template, out_dir, variables=path, min_count=min_count,
+                                  seen_since=seen_since)
+    report.update(checkpoint=state.checkpoint, deltas=len(state.deltas), step=state.step)
+    return report
+
+
+def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs: float = 5.0,
+          min_count: int = 0, seen_since: Optional[int] = None,
+          stop: Optional[Callable[[], bool]] = None,
+          on_version: Optional[Callable[[Dict], None]] = None) -> int:
+    """Writes a version after each new state of model_dir until stop()
+    returns True (checked after each poll; None: forever). A model_dir with no
+    checkpoint yet is waited for. Returns the number of versions written."""
+    written = 0
+    while True:
+        try:
+            report = export_new_version(template, model_dir, base, keep=keep,
+                                        min_count=min_count, seen_since=seen_since)
+        except merged.NoCheckpoint:
+            report = None
+        if report is not None:
+            written += 1
+            if on_version is not None:
+                on_version(report)
+        if stop is not None and stop():
+            return written
+        if report is None:
+            time.sleep(poll_secs)
+
+
+def _committed_at(state: merged.State) -> float:
+    """When state was committed: its last delta's manifest or its checkpoint written."""
+    if state.deltas:
+        return os.path.getmtime(os.path.join(deltas.directory(state.checkpoint),
+                                             "manifest.json"))
+    return os.path.getmtime(state.checkpoint + ".index")
+
+
+class ServingExport:
+    """GraphModifierHook(serving_export=ServingExport(receiver_fn, base)):
+    while the chief trains, a thread writes a portable version into base
+    after each full checkpoint or committed delta (`watch`). The template is
+    exported once, from the first checkpoint, into base/.template (TF Serving
+    skips names starting with '.'). When training ends the thread writes the
+    final state's version, then stops."""
+
+    def __init__(self, serving_input_receiver_fn, base: str, *, keep: int = 5,
+                 poll_secs: float = 2.0, min_count: int = 0, seen_since: Optional[int] = None):
+        if keep < 1:
+            raise ValueError(f"graphmod: ServingExport keep={keep}: must be >= 1")
+        if poll_secs <= 0:
+            raise ValueError(f"graphmod: ServingExport poll_secs={poll_secs}: must be > 0")
+        self.receiver_fn, self.base, self.keep = serving_input_receiver_fn, base, keep
+        self.poll_secs, self.min_count, self.seen_since = poll_secs, min_count, seen_since
+        self.reports: List[Dict] = []
+        self.error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self._final_step: Optional[int] = None
+        self._ended_at = 0.0
+
+    def start(self, estimator, rules) -> None:
+        """Starts the thread (once) for estimator's model_dir."""
+        if self._thread is not None:
+            return
+        self._final_step, self.error = None, None
+        # Not a daemon: the process waits for the last version when train() returns.
+        self._thread = threading.Thread(target=self._run, args=(estimator, rules),
+                                        name="graphmod-serving-export")
+        self._thread.start()
+
+    def finish(self, final_step: int) -> None:
+        """Training ended at final_step: the thread writes that state's version
+        (once the Estimator's last checkpoint is written) and stops."""
+        self._final_step, self._ended_at = final_step, time.time()
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits for the thread to write the final version; whether it has stopped."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _done(self) -> bool:
+        if self._final_step is None:
+            return False
+        newest = versions(self.base)
+        # The Estimator's saver writes the final checkpoint after the hooks'
+        # end; a state that never reaches the final step ends the wait.
+        return (bool(newest) and newest[-1] >= self._final_step) \
+            or time.time() - self._ended_at > 10 * self.poll_secs + 60
+
+    def _run(self, estimator, rules) -> None:
+        from graphmod.checkpoint.export import export_saved_model  # pylint: disable=import-outside-toplevel
+        try:
+            while tf.train.latest_checkpoint(estimator.model_dir) is None:
+                if self._final_step is not None and self._done():
+                    return
+                time.sleep(self.poll_secs)
+            template = os.path.join(self.base, ".template")
+            if not os.path.isdir(template):
+                aside = tempfile.mkdtemp(prefix=".tmp-template-", dir=_made(self.base))
+                made = export_saved_model(estimator, self.receiver_fn, aside,
+                                          rules=rules).decode()
+                os.rename(made, template)
+                shutil.rmtree(aside, ignore_errors=True)
+            watch(template, estimator.model_dir, self.base, keep=self.keep,
+                  poll_secs=self.poll_secs, min_count=self.min_count,
+                  seen_since=self.seen_since, stop=self._done, on_version=self.reports.append)
+        except BaseException as e:  # pylint: disable=broad-except
+            self.error = e
+            logging.error("graphmod: serving export into %s stopped: %s", self.base,
+                          str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def _made(folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+__all__ = ["export_state", "export_new_version", "watch", "versions", "ServingExport"]
