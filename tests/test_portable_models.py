@@ -10,7 +10,9 @@ stock TensorFlow's op registry.
   deepfm     DeepCTR 0.9.4's DeepFMEstimator on the same features;
   horovod    a model_fn trained on 2 Horovod ranks (Gloo over loopback), its
              tables sharded by key into one model_dir, exported and predicted
-             in one process without Horovod.
+             in one process without Horovod: by export_saved_model(portable=True)
+             and from the model_dir's parts (`graphmod export --portable
+             --model-dir`, graphmod.checkpoint.serving_versions.export_state).
 
 Each model trains once (module-scoped fixture). The stock-TensorFlow client
 is tests/test_portable.py's (STOCK: graphmod cannot be imported; CLI).
@@ -270,7 +272,7 @@ HOROVOD_RANK = textwrap.dedent("""
 """).replace("# MODEL\n", HOROVOD_MODEL)
 
 
-def build_horovod(root):
+def train_horovod(root):
     np.savez(root / "data.npz", labels=LABELS, **FEATS)
     script = root / "rank.py"
     script.write_text(HOROVOD_RANK.replace("STEPS", str(STEPS)).replace("BATCH", str(BATCH // 2)))
@@ -290,10 +292,28 @@ def build_horovod(root):
         assert f"model.ckpt-{STEPS}.tables-0000{r}-of-00002.index" in names, names
     # One process, no Horovod: graphmod's predict and the export read both parts.
     estimator = tf.estimator.Estimator(horovod_model_fn, model_dir=str(model_dir))
+    return estimator, tables, ranks[0]["squeezed_keys_kept"]
+
+
+def build_horovod(root, trained):
+    estimator, tables, kept = trained
     expected = graphmod_predict(estimator, ["logits", "p"])
     path, report = portable_export(estimator, root / "serving")
-    return model_info(path, report, expected, "serving_default", tables,
-                      ranks[0]["squeezed_keys_kept"])
+    return model_info(path, report, expected, "serving_default", tables, kept)
+
+
+def build_horovod_model_dir(root, trained):
+    """`graphmod export --portable --model-dir`: the state read from the
+    model_dir's parts (graphmod.checkpoint.merged), the graph from a
+    SavedModel of graphmod's."""
+    from graphmod.checkpoint.serving_versions import export_state
+    estimator, tables, kept = trained
+    expected = graphmod_predict(estimator, ["logits", "p"])
+    template = graphmod.export_saved_model(estimator, raw_receiver, str(root / "graphmod"))
+    path = str(root / "serving")
+    report = export_state(template.decode(), estimator.model_dir, path)
+    assert report["step"] == STEPS and report["deltas"] == 0
+    return model_info(path, report, expected, "serving_default", tables, kept)
 
 
 @pytest.fixture(scope="module")
@@ -301,17 +321,25 @@ def wide_deep(tmp_path_factory):
     return train_wide_deep(tmp_path_factory.mktemp("wide_deep"))
 
 
-BUILDERS = {"wide_deep": build_wide_deep, "wide_deep_examples": build_wide_deep_examples,
-            "deepfm": build_deepfm, "horovod": build_horovod}
+@pytest.fixture(scope="module")
+def horovod(tmp_path_factory):
+    return train_horovod(tmp_path_factory.mktemp("horovod"))
+
+
+BUILDERS = {"wide_deep": (build_wide_deep, "wide_deep"),
+            "wide_deep_examples": (build_wide_deep_examples, "wide_deep"),
+            "deepfm": (build_deepfm, None), "horovod": (build_horovod, "horovod"),
+            "horovod_model_dir": (build_horovod_model_dir, "horovod")}
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def model(request, tmp_path_factory):
     """One model's portable export (each model trains once)."""
     root = tmp_path_factory.mktemp(request.param)
-    if request.param.startswith("wide_deep"):
-        return BUILDERS[request.param](root, request.getfixturevalue("wide_deep"))
-    return BUILDERS[request.param](root)
+    build, trained = BUILDERS[request.param]
+    if trained is not None:
+        return build(root, request.getfixturevalue(trained))
+    return build(root)
 
 
 # --- what a stock TensorFlow process serves ----------------------------------
