@@ -192,6 +192,24 @@ def test_min_count_keeps_the_rows_seen_that_often(watched, tmp_path, capsys):
     assert lean_answers.shape == full.shape and not np.allclose(lean_answers, full)
 
 
+def test_seen_since_keeps_the_rows_seen_since(watched, tmp_path, capsys):
+    model_dir, template, _, _ = watched
+    held = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+    since = int(np.median(held.get_tensor("emb-last_seen")))
+    out = str(tmp_path / "recent")
+    assert main(["graphmod", "export", "--portable", f"--model-dir={model_dir}",
+                 f"--seen-since={since}", template, out]) == 0
+    report = json.loads(capsys.readouterr().out)
+    recent = tf.train.load_checkpoint(os.path.join(out, "variables", "variables"))
+    for table in report["tables"]:
+        name = table["table"]
+        keys, seen = held.get_tensor(f"{name}-keys"), held.get_tensor(f"{name}-last_seen")
+        kept = recent.get_tensor(f"{name}-keys") if recent.has_tensor(f"{name}-keys") else []
+        assert sorted(kept) == sorted(keys[seen >= since]) and table["rows_kept"] == len(kept)
+    assert 0 < report["tables"][0]["rows_kept"] < report["tables"][0]["rows"] or \
+        0 < report["tables"][1]["rows_kept"] < report["tables"][1]["rows"]
+
+
 def _export_full(template, model_dir, tmp_path):
     from graphmod.checkpoint.serving_versions import export_state
     out = str(tmp_path / "full")

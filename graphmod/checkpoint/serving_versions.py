@@ -148,8 +148,8 @@ class ServingExport:
         self._ended_at = 0.0
 
     def start(self, estimator, rules) -> None:
-        """Starts the thread (once) for estimator's model_dir."""
-        if self._thread is not None:
+        """Starts the thread for estimator's model_dir (unless it runs)."""
+        if self._thread is not None and self._thread.is_alive():
             return
         self._final_step, self.error = None, None
         # Not a daemon: the process waits for the last version when train() returns.
