@@ -370,11 +370,16 @@ class _StockTable:
         index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=flat,
                                              default_value=tf.constant(-1, tf.int64))
         rows = tf.gather(self.rows, tf.maximum(index, 0))
-        # Initial rows only for the keys the table lacks: most keys of a
-        # serving batch are seen, and an initial row costs ~100 integer ops.
-        missing = tf.where(index < 0)  # [m, 1]
-        rows = tf.tensor_scatter_nd_update(rows, missing,
-                                           self._unseen_rows(tf.gather_nd(flat, missing)))
+
+        def with_unseen():
+            missing = tf.where(index < 0)  # [m, 1]
+            return tf.tensor_scatter_nd_update(rows, missing,
+                                               self._unseen_rows(tf.gather_nd(flat, missing)))
+        # Initial rows only when the batch has keys the table lacks: most
+        # serving batches have none, and the ~80 ops of an initial row cost
+        # even on no keys (measured at batch 1: 1.19x the dense model's
+        # latency without the cond, 1.14x with it; a stock If op).
+        rows = tf.cond(tf.reduce_any(index < 0), with_unseen, lambda: rows)
         return tf.reshape(rows, shape)
 
     def _unseen_rows(self, keys):
