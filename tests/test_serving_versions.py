@@ -245,3 +245,38 @@ def test_hook_option_writes_versions_while_training(tmp_path):
         str(r["step"]) for r in export.reports[-2:]])
     np.testing.assert_allclose(_served(os.path.join(base, "30"), tmp_path),
                                _predict(str(tmp_path / "model")), rtol=1e-6, atol=1e-6)
+
+
+FAILING = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {HERE!r})
+    import numpy as np, tensorflow as tf, graphmod
+    from test_portable import model_fn, receiver, WORDS
+
+    class Boom(tf.compat.v1.train.SessionRunHook):
+        steps = 0
+        def after_run(self, run_context, run_values):
+            self.steps += 1
+            if self.steps == 12:
+                raise RuntimeError("boom")
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, size=(256, 3))
+    s = np.array(WORDS)[rng.integers(0, len(WORDS), 256)].astype(bytes)
+    c = np.array([b"a"] * 256)
+    est = tf.estimator.Estimator(model_fn, model_dir=sys.argv[1],
+                                 config=tf.estimator.RunConfig(save_checkpoints_steps=5))
+    export = graphmod.ServingExport(receiver, sys.argv[2], poll_secs=0.2)
+    est.train(lambda: tf.data.Dataset.from_tensor_slices(
+        ({{"ids": ids, "s": s, "c": c}}, (ids[:, 0] % 2).astype(np.float32))).repeat().batch(32),
+        steps=30, hooks=[graphmod.GraphModifierHook(serving_export=export), Boom()])
+""")
+
+
+def test_a_training_that_raises_exits_with_its_error_not_waiting_for_the_export(tmp_path):
+    """The export's thread is not a daemon (the last version is written after
+    train() returns); when training raises instead, the process still exits."""
+    done = subprocess.run([sys.executable, "-c", FAILING, str(tmp_path / "model"),
+                           str(tmp_path / "serving")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 1 and "RuntimeError: boom" in done.stderr, done.stderr[-2000:]

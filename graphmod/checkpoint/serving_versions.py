@@ -99,14 +99,25 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
           on_version: Optional[Callable[[Dict], None]] = None) -> int:
     """Writes a version after each new state of model_dir until stop()
     returns True (checked after each poll; None: forever). A model_dir with no
-    checkpoint yet is waited for. Returns the number of versions written."""
+    checkpoint yet is waited for; a checkpoint the training's Saver deletes
+    (max_to_keep) while it is read is passed over for the newer one. One
+    watcher per base: what an earlier one killed mid-write left is removed.
+    Returns the number of versions written."""
+    _remove_half_written(base)
     written = 0
     while True:
+        before = _latest_checkpoint(model_dir)
         try:
             report = export_new_version(template, model_dir, base, keep=keep,
                                         min_count=min_count, seen_since=seen_since)
         except merged.NoCheckpoint:
             report = None
+        except merged.StateError:
+            if _latest_checkpoint(model_dir) == before:
+                raise  # not a race with the training's saver: torn or unreadable
+            logging.info("graphmod: %s was replaced while read; reading the newer state",
+                         before)
+            continue
         if report is not None:
             written += 1
             if on_version is not None:
@@ -115,6 +126,18 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
             return written
         if report is None:
             time.sleep(poll_secs)
+
+
+def _latest_checkpoint(model_dir: str) -> Optional[str]:
+    return tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+
+
+def _remove_half_written(base: str) -> None:
+    """The scratch dirs (.tmp-state-*, .tmp-portable-*) a watcher killed
+    mid-write left in base; TF Serving never reads them (names starting with '.')."""
+    for name in os.listdir(base) if os.path.isdir(base) else []:
+        if name.startswith((".tmp-state-", ".tmp-portable-")):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def _committed_at(state: merged.State) -> float:
@@ -170,7 +193,9 @@ class ServingExport:
 
     def _done(self) -> bool:
         if self._final_step is None:
-            return False
+            # Training raised (the hooks' end never ran) and the program is
+            # exiting: the interpreter waits for this thread, so it stops.
+            return not threading.main_thread().is_alive()
         newest = versions(self.base)
         # The Estimator's saver writes the final checkpoint after the hooks'
         # end; a state that never reaches the final step ends the wait.
@@ -181,7 +206,7 @@ class ServingExport:
         from graphmod.checkpoint.export import export_saved_model  # pylint: disable=import-outside-toplevel
         try:
             while tf.train.latest_checkpoint(estimator.model_dir) is None:
-                if self._final_step is not None and self._done():
+                if self._done():
                     return
                 time.sleep(self.poll_secs)
             template = os.path.join(self.base, ".template")
