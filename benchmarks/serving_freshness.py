@@ -19,7 +19,6 @@ Usage: python benchmarks/serving_freshness.py [--keys-per-step 25000] [--steps 8
                                               [--json benchmarks/results/serving_freshness.json]
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,8 +26,6 @@ import sys
 import tempfile
 import textwrap
 import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rounds import Meter, machine, spread, write_json  # noqa: E402
