@@ -16,6 +16,7 @@ Refuses gathers with batch dimensions, on another axis, or with non-integer ids.
 Builds, per conversion, its Lookups: the table, each lookup's keys and rows,
 and the tensors the gathers' consumers now read.
 """
+import contextlib
 import dataclasses
 from typing import List, Tuple
 
@@ -61,7 +62,13 @@ def rewrite(rw, conversions, context: Context) -> None:
 def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
     s = conversion.settings
     reads, outputs = [], []
-    with rw.rule(NAME):
+    # The table lives where the variable did: on the ps task the Estimator's
+    # replica_device_setter gave it (a GraphmodTable is not one of the op
+    # types it places). Its lookups and updates follow it there: TF's placer
+    # runs an op taking a resource on the resource's device.
+    device = tf.device(conversion.variable.device) if conversion.variable.device \
+        else contextlib.nullcontext()
+    with rw.rule(NAME), device:
         table = graphmod.create_table(
             conversion.table_name, conversion.dim, initializer=conversion.initializer,
             optimizer=optimizer,
