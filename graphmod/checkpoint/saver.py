@@ -204,7 +204,8 @@ class TableSaver(tf1.train.Saver):
             elif self._parts is not None:
                 self._parts.build_deltas(parts)
             if dense or parts:
-                self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=False,
+                # Sharded: one part per device, as the full save (tables on ps tasks).
+                self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=True,
                                                     allow_empty=True, builder=_PartsBuilder())
 
     def _build_adoption(self, saveables) -> None:
