@@ -3,7 +3,8 @@ the same script in a chief, two ps and an evaluator process on 127.0.0.1
 ports, `tf.estimator.train_and_evaluate` under TF_CONFIG, GraphModifierHook
 in both specs. Its tables live on the ps tasks (none on the chief), it trains
 exactly as the same script in one process, its eval graph is rewritten on
-the evaluator, and its checkpoint restores on one machine with no cluster."""
+the evaluator, its checkpoint restores on one machine with no cluster, and
+training resumes from it on 3 ps tasks as it does in one process."""
 import glob
 import os
 import subprocess
@@ -19,7 +20,7 @@ import graphmod
 
 pytestmark = pytest.mark.slow
 HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS = 20
+STEPS, MORE = 20, 30
 
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 from ps_cluster import run_cluster  # noqa: E402
@@ -45,6 +46,23 @@ def trained(tmp_path_factory):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CONFIG", None)
     done = subprocess.run([sys.executable, TRAIN, single, "--steps", str(STEPS)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return model_dir, single
+
+
+@pytest.fixture(scope="module")
+def resumed(trained, tmp_path_factory):
+    """Both model_dirs trained on to MORE steps: the cluster's on 3 ps tasks
+    (its checkpoint written by 2), the one-process one in one process."""
+    model_dir, single = trained
+    logs = str(tmp_path_factory.mktemp("ps3_logs"))
+    status = run_cluster([sys.executable, TRAIN, model_dir, "--steps", str(MORE)], ps=3,
+                         evaluator=False, log_dir=logs, timeout=300)
+    assert status == {"chief0": 0}, open(os.path.join(logs, "chief0.log")).read()[-3000:]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, TRAIN, single, "--steps", str(MORE)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return model_dir, single
@@ -106,3 +124,20 @@ def test_the_evaluator_evaluates_with_the_rewritten_graph(trained):
     graph = _graph(model_dir, "eval")
     assert any(n.op == "GraphmodTable" for n in graph.node)
     assert glob.glob(os.path.join(model_dir, "eval", "events.out.tfevents.*"))
+
+
+def test_a_checkpoint_of_2_ps_tasks_resumes_on_3(resumed):
+    """Tables are saved by name, not by task: training resumes on another
+    number of ps tasks exactly as in one process."""
+    model_dir, single = resumed
+    answers = []
+    for d in (model_dir, single):
+        assert tf.train.latest_checkpoint(d).endswith(f"-{MORE}")
+        est = tf.estimator.Estimator(model_fn, model_dir=d)
+        answers.append(np.array([p["p"] for p in est.predict(
+            lambda: tf.data.Dataset.from_tensor_slices(QUERY).batch(3),
+            hooks=[graphmod.GraphModifierHook()])]))
+    np.testing.assert_array_equal(answers[0], answers[1])
+    # The resumed graph's tables spread over the 3 tasks.
+    devices = {n.device for n in _graph(model_dir, "train").node if n.op == "GraphmodTable"}
+    assert devices == {"/job:ps/task:0", "/job:ps/task:1", "/job:ps/task:2"}, devices
