@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import graphmod
 from graphmod.checkpoint import deltas
+from graphmod.checkpoint.serving_versions import versions
 from graphmod.cli.main import main
 from test_portable import LOAD, QUERY, QUERY_IDS, WORDS, _run, model_fn, receiver
 
@@ -52,14 +53,14 @@ TRAIN = textwrap.dedent(f"""
 """)
 
 
-def _train_briefly(model_dir, steps, serving_export=None):
+def _train_briefly(model_dir, steps, serving_export=None, **config):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, size=(256, 3))
     s = np.array(WORDS)[rng.integers(0, len(WORDS), 256)].astype(bytes)
     c = np.array([b"a", b"b", b"c"])[rng.integers(0, 3, 256)]
     labels = (ids[:, 0] % 2).astype(np.float32)
     est = tf.estimator.Estimator(model_fn, model_dir=model_dir, config=tf.estimator.RunConfig(
-        save_checkpoints_steps=10))
+        **{"save_checkpoints_steps": 10, **config}))
     est.train(lambda: tf.data.Dataset.from_tensor_slices(
         ({"ids": ids, "s": s, "c": c}, labels)).repeat().batch(32), steps=steps,
         hooks=[graphmod.GraphModifierHook(incremental_every_steps=5,
@@ -245,6 +246,52 @@ def test_hook_option_writes_versions_while_training(tmp_path):
         str(r["step"]) for r in export.reports[-2:]])
     np.testing.assert_allclose(_served(os.path.join(base, "30"), tmp_path),
                                _predict(str(tmp_path / "model")), rtol=1e-6, atol=1e-6)
+
+
+def test_watch_reads_on_when_the_checkpoint_it_reads_is_deleted(watched, tmp_path,
+                                                                monkeypatch):
+    """The training's Saver deletes the full checkpoint (and its deltas) the
+    watcher is exporting, and moves on to a newer one: the version of what
+    was read is written, then the newer state's, instead of a failure."""
+    from graphmod.checkpoint import merged, serving_versions
+    model_dir, template, _, _ = watched
+    at = STEPS - FULL_EVERY + 2 * DELTA_EVERY
+    state = _at_step(model_dir, at, str(tmp_path / "m"))
+    reading = tf.train.latest_checkpoint(state)
+    real_write = merged.write
+
+    def saver_moves_on(st, prefix, recover=None):
+        written = real_write(st, prefix, recover)
+        if st.checkpoint == reading:  # as max_to_keep does, while the export runs
+            for name in os.listdir(state):
+                if name.startswith(os.path.basename(reading) + "."):
+                    os.remove(os.path.join(state, name))
+            shutil.rmtree(deltas.directory(reading))
+            tf1.train.update_checkpoint_state(state, os.path.join(state, f"model.ckpt-{STEPS}"))
+        return written
+    monkeypatch.setattr(merged, "write", saver_moves_on)
+    base = str(tmp_path / "serving")
+    for _ in range(2):
+        assert serving_versions.watch(template, state, base, poll_secs=0.01,
+                                      stop=lambda: True) == 1
+    assert versions(base) == [at, STEPS]
+
+
+def test_hook_option_survives_deleted_checkpoints_and_a_resume(tmp_path):
+    """keep_checkpoint_max=1 deletes each full checkpoint (and its deltas)
+    as the next is written, and a second train() writes a checkpoint again
+    under a name the first used: the export reads on and ends at the last
+    state, which serves what graphmod's predict answers."""
+    base, model = str(tmp_path / "serving"), str(tmp_path / "model")
+    export = graphmod.ServingExport(receiver, base, keep=3, poll_secs=0.05)
+    for final in (20, 40):  # 20 steps each
+        _train_briefly(model, 20, serving_export=export, save_checkpoints_steps=4,
+                       keep_checkpoint_max=1)
+        assert export.join(timeout=180) and export.error is None, export.error
+        assert versions(base)[-1] == final
+    assert len(versions(base)) <= 3 and len(export.reports) >= 2
+    np.testing.assert_allclose(_served(os.path.join(base, "40"), tmp_path), _predict(model),
+                               rtol=1e-6, atol=1e-6)
 
 
 FAILING = textwrap.dedent(f"""

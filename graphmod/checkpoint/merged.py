@@ -107,6 +107,9 @@ def stand_in(checkpoint: str):
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
     from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
     graph_state().reads_parts = True  # a sharded checkpoint's parts
+    # Read here as one whole, never sharded across Horovod ranks (a rank
+    # exporting while it trains with graphmod.distributed.enable()).
+    graph_state().sharded = False
     entries = table_entries(checkpoint)
     tables = []
     for name, e in sorted(entries.items()):
@@ -122,13 +125,13 @@ def stand_in(checkpoint: str):
 def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tuple[str, State]:
     """Saves state as one checkpoint at `prefix`-<step> (no deltas, no parts);
     returns its path and the state it holds (a delta committed since `state`
-    was read is in it too). recover: the model_dir's checkpoint paths, when the checkpoint is
-    written into it (its `checkpoint` state file is updated, keeping them);
-    None writes no state file."""
+    was read is in it too). recover: the model_dir's checkpoint paths, when
+    the checkpoint is written into it (its `checkpoint` state file is
+    updated, keeping them); None writes no state file."""
     from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
     with tf.Graph().as_default():
-        stand_in(state.checkpoint)
+        _, variables = stand_in(state.checkpoint)
         saver = TableSaver(sharded=False, max_to_keep=None)
         saver.build()
         with tf1.Session() as sess:
@@ -137,15 +140,24 @@ def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tup
             except (tf.errors.OpError, ValueError) as e:
                 raise StateError(f"{state.checkpoint}: cannot be restored "
                                  f"({str(e).splitlines()[0]})") from None
-            applied = deltas.committed(state.checkpoint)[:saver.restored[1]]
-            step = (deltas.read_manifest(state.checkpoint)[len(applied) - 1]["step"] if applied
-                    else int(state.checkpoint.rsplit("-", 1)[1]))
+            applied = saver.restored[1]
+            # The restored global step (deltas carry it) is the state's: the
+            # chain may change on disk while this reads it.
+            steps = [v for v in variables if v.op.name == "global_step"]
+            if steps:
+                step = int(sess.run(steps[0]))
+            else:  # a table-API model without a global step
+                step = (int(deltas.read_manifest(state.checkpoint)[applied - 1]["step"])
+                        if applied else int(state.checkpoint.rsplit("-", 1)[1]))
             if recover is not None:
                 saver.recover_last_checkpoints(recover)
             # The model's graph, not this stand-in's, describes the checkpoint.
             path = saver.save(sess, prefix, global_step=step, write_meta_graph=False,
                               write_state=recover is not None)
-    return path, State(state.checkpoint, applied, int(step))
+    folder = deltas.directory(state.checkpoint)
+    return path, State(state.checkpoint, [os.path.join(folder, deltas.delta_name(i + 1))
+                                          for i in range(applied)], step)
+
 
 __all__ = ["State", "StateError", "NoCheckpoint", "latest", "write", "table_entries", "dense_entries",
            "stand_in"]

@@ -59,11 +59,14 @@ def export_new_version(template: str, model_dir: str, base: str, *, keep: int = 
     have = versions(base)
     if have and state.step <= have[-1]:
         return None
+    committed_at = _committed_at(state)  # read now: the training may delete the files
     with _merged(state, base) as written:
         # Named by the step the merge reached: a delta committed meanwhile is in it.
         out_dir = os.path.join(base, str(written[1].step))
+        if os.path.exists(out_dir):  # another writer was first
+            return None
         report = _export(template, written, out_dir, min_count, seen_since)
-    report["seconds_from_commit"] = round(time.time() - _committed_at(written[1]), 3)
+    report["seconds_from_commit"] = round(time.time() - committed_at, 3)
     for old in versions(base)[:-keep]:
         shutil.rmtree(os.path.join(base, str(old)), ignore_errors=True)
     logging.info("graphmod: serving version %s written (%s + %d delta(s)), %.1f s after its "
@@ -104,20 +107,23 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
     watcher per base: what an earlier one killed mid-write left is removed.
     Returns the number of versions written."""
     _remove_half_written(base)
-    written = 0
+    written, seen = 0, None
     while True:
-        before = _latest_checkpoint(model_dir)
-        try:
-            report = export_new_version(template, model_dir, base, keep=keep,
-                                        min_count=min_count, seen_since=seen_since)
-        except merged.NoCheckpoint:
-            report = None
-        except merged.StateError:
-            if _latest_checkpoint(model_dir) == before:
-                raise  # not a race with the training's saver: torn or unreadable
-            logging.info("graphmod: %s was replaced while read; reading the newer state",
-                         before)
-            continue
+        before = _signature(model_dir)
+        report = None
+        if before != seen:  # checksums the chain only when the model_dir changed
+            try:
+                report = export_new_version(template, model_dir, base, keep=keep,
+                                            min_count=min_count, seen_since=seen_since)
+                seen = before
+            except merged.NoCheckpoint:
+                pass
+            except (merged.StateError, NotPortable, OSError, tf.errors.OpError) as e:
+                if _signature(model_dir) == before:
+                    raise  # not a race with the training's saver: torn or unreadable
+                logging.info("graphmod: %s changed while read (%s); reading it again",
+                             model_dir, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                continue
         if report is not None:
             written += 1
             if on_version is not None:
@@ -128,24 +134,40 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
             time.sleep(poll_secs)
 
 
-def _latest_checkpoint(model_dir: str) -> Optional[str]:
-    return tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+def _signature(model_dir: str):
+    """What changes when the training commits a state, deletes a checkpoint or
+    writes one again under its name: the state file, and the latest
+    checkpoint's index and delta manifest (name, time, size)."""
+    files = [os.path.join(model_dir, "checkpoint")]
+    latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+    if latest is not None:
+        files += [latest + ".index", os.path.join(deltas.directory(latest), "manifest.json")]
+    out = []
+    for path in files:
+        try:
+            stat = tf.io.gfile.stat(path)
+            out.append((path, stat.mtime_nsec, stat.length))
+        except tf.errors.NotFoundError:
+            out.append((path, None, None))
+    return tuple(out)
 
 
 def _remove_half_written(base: str) -> None:
     """The scratch dirs (.tmp-state-*, .tmp-portable-*) a watcher killed
     mid-write left in base; TF Serving never reads them (names starting with '.')."""
     for name in os.listdir(base) if os.path.isdir(base) else []:
-        if name.startswith((".tmp-state-", ".tmp-portable-")):
+        if name.startswith((".tmp-state-", ".tmp-portable-", ".tmp-template-")):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def _committed_at(state: merged.State) -> float:
     """When state was committed: its last delta's manifest or its checkpoint written."""
-    if state.deltas:
-        return os.path.getmtime(os.path.join(deltas.directory(state.checkpoint),
-                                             "manifest.json"))
-    return os.path.getmtime(state.checkpoint + ".index")
+    path = (os.path.join(deltas.directory(state.checkpoint), "manifest.json") if state.deltas
+            else state.checkpoint + ".index")
+    try:
+        return tf.io.gfile.stat(path).mtime_nsec / 1e9  # gfile: remote model_dirs too
+    except tf.errors.NotFoundError:  # deleted by the training meanwhile
+        return time.time()
 
 
 class ServingExport:
@@ -167,14 +189,17 @@ class ServingExport:
         self.reports: List[Dict] = []
         self.error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
+        self.model_dir: Optional[str] = None
         self._final_step: Optional[int] = None
         self._ended_at = 0.0
 
     def start(self, estimator, rules) -> None:
         """Starts the thread for estimator's model_dir (unless it runs)."""
+        self.model_dir = estimator.model_dir
+        self._final_step = None  # a new training: its own final step
         if self._thread is not None and self._thread.is_alive():
             return
-        self._final_step, self.error = None, None
+        self.error = None
         # Not a daemon: the process waits for the last version when train() returns.
         self._thread = threading.Thread(target=self._run, args=(estimator, rules),
                                         name="graphmod-serving-export")
@@ -196,6 +221,10 @@ class ServingExport:
             # Training raised (the hooks' end never ran) and the program is
             # exiting: the interpreter waits for this thread, so it stops.
             return not threading.main_thread().is_alive()
+        if tf.train.latest_checkpoint(self.model_dir) is None:
+            logging.warning("graphmod: the training wrote no checkpoint: no serving version "
+                            "written into %s", self.base)
+            return True
         newest = versions(self.base)
         # The Estimator's saver writes the final checkpoint after the hooks'
         # end; a state that never reaches the final step ends the wait.
@@ -212,10 +241,12 @@ class ServingExport:
             template = os.path.join(self.base, ".template")
             if not os.path.isdir(template):
                 aside = tempfile.mkdtemp(prefix=".tmp-template-", dir=_made(self.base))
-                made = export_saved_model(estimator, self.receiver_fn, aside,
-                                          rules=rules).decode()
-                os.rename(made, template)
-                shutil.rmtree(aside, ignore_errors=True)
+                try:
+                    made = export_saved_model(estimator, self.receiver_fn, aside,
+                                              rules=rules).decode()
+                    os.rename(made, template)
+                finally:
+                    shutil.rmtree(aside, ignore_errors=True)
             watch(template, estimator.model_dir, self.base, keep=self.keep,
                   poll_secs=self.poll_secs, min_count=self.min_count,
                   seen_since=self.seen_since, stop=self._done, on_version=self.reports.append)
