@@ -102,3 +102,65 @@ def input_feature(name: str) -> tf.Tensor:
     raise ValueError(f"GraphModifierHook: timestamp_feature '{name}' is not in the input batch "
                      f"({'its features: ' + str(seen) if seen else 'no features dict found'}); "
                      "pass the timestamp tensor itself when not training an Estimator")
+
+
+def beginning_session() -> Optional[Tuple[list, object]]:
+    """(hooks, session_creator) of the MonitoredSession whose hooks' begin()
+    is running (None outside one).
+
+    Relies on (TF 2.15.1): _MonitoredSession.__init__(session_creator, hooks,
+    ...) sets self._hooks and then calls every hook's begin() in its own
+    frame, before it creates the session with session_creator (a
+    ChiefSessionCreator under Estimators and MonitoredTrainingSession).
+    """
+    from tensorflow.python.training import monitored_session  # pylint: disable=import-outside-toplevel
+    for frame in _callers():
+        owner = frame.f_locals.get("self")
+        if (isinstance(owner, monitored_session._MonitoredSession)  # pylint: disable=protected-access
+                and frame.f_code.co_name == "__init__" and "session_creator" in frame.f_locals):
+            return list(getattr(owner, "_hooks", [])), frame.f_locals["session_creator"]
+    return None
+
+
+def saver_hook_settings(hook) -> Tuple[Optional[str], Optional[float], Optional[int]]:
+    """(checkpoint_dir, save_secs, save_steps) of a CheckpointSaverHook.
+
+    Relies on (TF 2.15.1): it keeps checkpoint_dir in _checkpoint_dir and its
+    schedule in _timer, a SecondOrStepTimer with _every_secs, _every_steps.
+    """
+    timer = hook._timer  # pylint: disable=protected-access
+    return (hook._checkpoint_dir,  # pylint: disable=protected-access
+            getattr(timer, "_every_secs", getattr(timer, "every_secs", None)),
+            getattr(timer, "_every_steps", getattr(timer, "every_steps", None)))
+
+
+def set_saver_hook_timer(hook, timer) -> None:
+    """Makes a CheckpointSaverHook save when timer says.
+
+    Relies on (TF 2.15.1): the hook asks only its _timer when to save
+    (should_trigger_for_step, update_last_triggered_step,
+    last_triggered_step) and saves unconditionally when its session is
+    created and, unless it just did, when it ends.
+    """
+    hook._timer = timer  # pylint: disable=protected-access
+
+
+def session_checkpoint(creator) -> Optional[str]:
+    """The checkpoint a ChiefSessionCreator was given to restore (None: the
+    latest of its checkpoint_dir, if any).
+
+    Relies on (TF 2.15.1): ChiefSessionCreator keeps its arguments in
+    _checkpoint_dir and _checkpoint_filename_with_path and reads them when it
+    creates the session.
+    """
+    return getattr(creator, "_checkpoint_filename_with_path", None)
+
+
+def set_session_checkpoint_dir(creator, checkpoint_dir: str) -> None:
+    """Makes a ChiefSessionCreator restore checkpoint_dir's latest checkpoint (see session_checkpoint)."""
+    creator._checkpoint_dir = checkpoint_dir  # pylint: disable=protected-access
+
+
+def set_session_checkpoint(creator, path: str) -> None:
+    """Makes a ChiefSessionCreator restore the checkpoint path (see session_checkpoint)."""
+    creator._checkpoint_filename_with_path = path  # pylint: disable=protected-access

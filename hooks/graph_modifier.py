@@ -20,10 +20,12 @@ of dense checkpoints) and, when asked, builds a warm start from other models
 into the variables' initialization.
 
 Under Horovod (several ranks, hvd.DistributedOptimizer), the tables are
-sharded by key across the ranks (graphmod.distributed): every rank must then
-train with the same model_dir and save at the same steps
-(RunConfig(save_checkpoints_steps=N), incremental_every_steps), which begin()
-checks, and evaluate with the hook too.
+sharded by key across the ranks (graphmod.distributed): every rank saves its
+keys at rank 0's save steps (steps or seconds, its RunConfig's, and
+incremental_every_steps/secs) into rank 0's model_dir, whatever model_dir
+the other ranks have, and restores from there
+(graphmod.distributed.save_schedule, which begin() sets up and which refuses
+ranks that cannot follow rank 0); every rank must evaluate with the hook too.
 """
 import os
 import sys
@@ -48,32 +50,24 @@ from graphmod.state import tables as graphmod_tables
 tf1 = tf.compat.v1
 
 
-def _check_sharded_training(estimator, ranks: int) -> None:
-    """Every rank saves the keys it owns, together (a save is a collective):
-    the ranks need one model_dir and saves at the same steps. Time-based
-    saves come at a different step on each rank, and one rank's save would
-    then wait forever for the others. Checked for Estimators and
-    MonitoredTrainingSession; other sessions' saves cannot be seen here."""
-    if estimator is not None:
-        model_dir = estimator.model_dir
-        secs = estimator.config.save_checkpoints_secs
-        steps = estimator.config.save_checkpoints_steps
-    else:
-        saves = tf_private.session_saves()
-        if saves is None:
-            logging.warning("graphmod: the tables are sharded across %d Horovod ranks: every "
-                            "rank must save at the same steps, into one model_dir", ranks)
-            return
-        model_dir, secs, steps = saves
-    if model_dir is not None and secs is not None:
-        raise ValueError(
-            f"graphmod: the tables are sharded across {ranks} Horovod ranks, and every rank "
-            f"saves its keys at the same steps: saving every {secs} seconds would save at a "
-            "different step on each rank; give every rank the same model_dir and "
-            "RunConfig(save_checkpoints_steps=N) (MonitoredTrainingSession: "
-            "save_checkpoint_steps=N, save_checkpoint_secs=None)")
-    from graphmod.distributed.checkpoints import check_same_saves  # pylint: disable=import-outside-toplevel
-    check_same_saves(model_dir, steps)
+def _coordinate_saves(estimator, incremental, graph):
+    """Every rank saves the keys it owns, together (a save is a collective),
+    at rank 0's save steps (by steps or by its clock) into rank 0's
+    model_dir, and restores from there: graphmod.distributed.save_schedule,
+    which refuses ranks that cannot. The SaveSchedule to drive (None when
+    the session's saves cannot be seen: the rule is logged)."""
+    from graphmod.distributed import save_schedule  # pylint: disable=import-outside-toplevel
+    return save_schedule.coordinate(estimator, incremental, graph)
+
+
+def _restore_from_rank0(estimator) -> None:
+    """Evaluation and prediction on a rank > 0 that trained saving into rank
+    0's model_dir restore rank 0's latest checkpoint."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if (estimator is not None and hvd is not None and hvd.is_initialized()
+            and hvd.rank() > 0):
+        from graphmod.distributed import save_schedule  # pylint: disable=import-outside-toplevel
+        save_schedule.restore_from_rank0(estimator.model_dir)
 
 
 def _chief(estimator) -> bool:
@@ -162,6 +156,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                             f"got {type(serving_export).__name__}")
         self.serving_export = serving_export
         self._exporting = False
+        self._schedule = None  # graphmod.distributed.save_schedule.SaveSchedule
         self.report: Optional[RewriteReport] = None
         self._counters = {}
 
@@ -170,6 +165,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
         self._counters = {}
+        self._schedule = None
+        if self.incremental_hook is not None:  # until this graph's ranks coordinate
+            self.incremental_hook.coordinated = False
         estimator = tf_private.running_estimator()
         estimator_dir = estimator.model_dir if estimator is not None else None
         # The plan lives beside the checkpoints it describes (the Estimator's
@@ -192,7 +190,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
         if self.report.sharded_ranks > 1 and mode == "train":
-            _check_sharded_training(estimator, self.report.sharded_ranks)
+            self._schedule = _coordinate_saves(estimator, self.incremental_hook, graph)
+        elif mode != "train":
+            _restore_from_rank0(estimator)
         self._exporting = (self.serving_export is not None and mode == "train"
                            and estimator is not None and _chief(estimator))
         if self._exporting:
@@ -214,11 +214,14 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 self.incremental_hook.begin()
 
     # The EvictHook and IncrementalSaveHook run inside this hook, in training
-    # graphs with tables.
+    # graphs with tables; first, with sharded tables, the SaveSchedule that
+    # carries rank 0's save decisions (a step's full save precedes its
+    # eviction, its delta follows it).
     def _driven(self):
-        if not self._counters:
-            return []
-        return [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
+        driven = [self._schedule] if self._schedule is not None else []
+        if self._counters:
+            driven += [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
+        return driven
 
     def after_create_session(self, session, coord) -> None:
         for hook in self._driven():

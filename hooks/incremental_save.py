@@ -13,6 +13,11 @@ Estimator's (save_checkpoints_steps/secs); each starts a new chain, and a
 restore of it applies its committed deltas in order, in every mode. Deltas
 need the graph's Saver to be graphmod's TableSaver, which GraphModifierHook's
 rewrite installs (this hook installs it for table-API graphs).
+
+With tables sharded across Horovod ranks every rank writes its part of a
+delta at the same step: when GraphModifierHook drives this hook, rank 0's
+settings and clock decide (graphmod.distributed.save_schedule); used alone
+there, it writes by steps only.
 """
 import time
 from typing import Optional
@@ -48,6 +53,11 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
         self.every_steps, self.every_secs = every_steps, every_secs
         self.saver: Optional[table_saver.TableSaver] = None
         self.deltas_written = 0
+        # Sharded tables under GraphModifierHook: every_secs is rank 0's
+        # clock, whose decision (graphmod.distributed.save_schedule) sets
+        # due_by_time on every rank at the same step.
+        self.coordinated = False
+        self.due_by_time = False
 
     def begin(self) -> None:
         graph = tf1.get_default_graph()
@@ -76,7 +86,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             "has no graphmod tables, or its Saver is the model's own (a "
                             "Scaffold's, or already built), not graphmod's TableSaver")
             return
-        if savers[0].sharded and self.every_secs is not None:
+        if savers[0].sharded and self.every_secs is not None and not self.coordinated:
             # Every rank writes its part of a delta at the same step.
             raise ValueError("IncrementalSaveHook: the tables are sharded across Horovod ranks, "
                              "whose deltas must be written at the same steps: every_secs "
@@ -103,17 +113,25 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
         step = run_values.results + 1
         if self.every_steps is not None and step - self._last_step >= self.every_steps:
             step = run_context.session.run(self._step)
-        due = ((self.every_steps is not None and step - self._last_step >= self.every_steps) or
-               (self.every_secs is not None and time.time() - self._last_time >= self.every_secs))
+        by_time = self.due_by_time if self.coordinated else self._time_elapsed()
+        due = (self.every_steps is not None and step - self._last_step >= self.every_steps) or by_time
         if due:
             self._write(run_context.session)
+
+    def _time_elapsed(self) -> bool:
+        return self.every_secs is not None and time.time() - self._last_time >= self.every_secs
+
+    def time_due(self) -> bool:
+        """On rank 0, before a step: whether its clock says write a delta
+        (graphmod.distributed.save_schedule)."""
+        return self.saver is not None and not self.due_by_time and self._time_elapsed()
 
     def _write(self, session) -> None:
         step = session.run(self._step)
         start = time.time()
         base = self.saver.chain[0]
         prefix = self.saver.save_delta(session, step)
-        self._last_step, self._last_time = step, time.time()
+        self._last_step, self._last_time, self.due_by_time = step, time.time(), False
         if prefix is None:
             logging.warning("graphmod: no full checkpoint to follow yet: no delta at step %d",
                             step)

@@ -149,6 +149,9 @@ class TableSaver(tf1.train.Saver):
         self._sharded_tables = None  # graphmod.distributed.checkpoints.ShardedTables
         self._parts = None  # a TableParts, when the tables are not sharded
         self._dense_reader: Optional[tf1.train.Saver] = None  # the dense variables alone
+        # Sharded tables: where every rank's save goes, rank 0's model_dir
+        # (set by graphmod.distributed.save_schedule; None: the path save() is given)
+        self.rank0_dir: Optional[str] = None
 
     # ---------------------------------------------------------------- build
 
@@ -366,6 +369,10 @@ class TableSaver(tf1.train.Saver):
         Every rank must call it at the same step."""
         if self.saver_def is None:
             self.build()
+        if self.rank0_dir:
+            # Every rank writes its part into rank 0's model_dir, whatever its
+            # own (graphmod.distributed.save_schedule).
+            save_path = os.path.join(self.rank0_dir, os.path.basename(save_path))
         checkpoint = save_path
         if global_step is not None:
             # CheckpointSaverHook passes the step it fetched (a numpy integer).
@@ -375,10 +382,7 @@ class TableSaver(tf1.train.Saver):
             checkpoint = (f"{save_path}-{step:08d}" if self._pad_step_number  # pylint: disable=protected-access
                           else f"{save_path}-{step}")
         versions = sess.run(self._versions) if self.marks is not None else None
-        if self._sharded_tables.rank == 0:
-            # See save(). Before the parts are written: once they are, other
-            # ranks may write their parts of this checkpoint's first delta.
-            deltas.drop(checkpoint)
+        # (rank 0 drops the checkpoint's old deltas in there: see save())
         self._sharded_tables.save(sess, checkpoint)
         path = checkpoint
         if self._sharded_tables.rank == 0 and not self._is_empty:  # else tables alone

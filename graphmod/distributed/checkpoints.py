@@ -217,10 +217,16 @@ class ShardedTables(TableParts):
         (then the rest of the checkpoint, and every rank calls wait_committed)."""
         _refuse_differing(sess.run(self._paths, {
             self._path: [_fingerprint(os.path.abspath(checkpoint))]}), "checkpoint", checkpoint)
-        if self.rank == 0 and tf.io.gfile.exists(manifest_path(checkpoint)):
+        if self.rank == 0:
             # Saved again under its name (a resumed run saves the step it
-            # restored): incomplete until the new manifest is written.
-            tf.io.gfile.remove(manifest_path(checkpoint))
+            # restored): its old deltas go (TableSaver.save), and it is
+            # incomplete until the new manifest is written. Only now: every
+            # rank has joined the check above, so none is still restoring
+            # them. Before the parts are written: once they are, other ranks
+            # may write their parts of this checkpoint's first delta.
+            deltas.drop(checkpoint)
+            if tf.io.gfile.exists(manifest_path(checkpoint)):
+                tf.io.gfile.remove(manifest_path(checkpoint))
         sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
         if self.rank == 0:
             folder = os.path.dirname(checkpoint)
