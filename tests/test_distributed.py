@@ -572,7 +572,9 @@ REFUSED_SCRIPT = textwrap.dedent("""
 
     mine = model_dir if hvd.rank() == 0 else None  # Horovod's examples: rank 0's alone
     data = lambda: tf.data.Dataset.from_tensor_slices({"ids": np.arange(8)[:, None]}).batch(2)
-    hooks = [hvd.BroadcastGlobalVariablesHook(0), graphmod.GraphModifierHook()]
+    # Deltas on rank 0 alone: rank 1 could not write its part of them.
+    deltas = dict(incremental_every_steps=2) if case == "deltas" and hvd.rank() == 0 else {}
+    hooks = [hvd.BroadcastGlobalVariablesHook(0), graphmod.GraphModifierHook(**deltas)]
     try:
         if case == "session":
             tf1.disable_eager_execution()
@@ -582,8 +584,7 @@ REFUSED_SCRIPT = textwrap.dedent("""
                                                     save_checkpoint_steps=2) as sess:
                 sess.run(spec.train_op, {ids: [[1], [2]]})
         else:
-            config = (tf.estimator.RunConfig(model_dir=model_dir) if case == "seconds"
-                      else tf.estimator.RunConfig(model_dir=mine, save_checkpoints_steps=2))
+            config = tf.estimator.RunConfig(model_dir=mine, save_checkpoints_steps=2)
             estimator = tf.estimator.Estimator(model_fn, config=config)
             estimator.train(lambda: data().map(lambda f: (f, 0.0)), steps=2, hooks=hooks)
         message = "trained"
@@ -594,10 +595,14 @@ REFUSED_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("seconds", "saving every 600 seconds would save at a different step on each rank"),
-    ("model_dirs", "ranks [1] save sharded tables to another model_dir or at other steps"),
-    ("session", "ranks [1] save sharded tables to another model_dir or at other steps")])
+    ("deltas", "ranks [1] write deltas at other settings than rank 0 "
+               "(rank 0: incremental_every_steps=2, incremental_every_secs=None)"),
+    # MonitoredTrainingSession without a checkpoint_dir on rank 1 has no
+    # saver hook there to write rank 1's part of rank 0's checkpoints.
+    ("session", "ranks [1] save checkpoints where rank 0 does not, or the reverse")])
 def test_save_settings_sharded_tables_cannot_use_are_refused_before_training(tmp_path, case, expected):
+    """Ranks that cannot follow rank 0's saves (the model_dirs and save
+    times of Horovod's examples can: tests/test_horovod_layouts.py)."""
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "refused.py"
