@@ -100,3 +100,72 @@ def test_the_global_step_read_is_cached_in_the_collection_estimator_trains_reads
             sess.run(step.initializer)
             sess.run(step.assign(7))
             assert sess.run(read) == 7
+
+
+class SessionProbe(tf1.train.SessionRunHook):
+    """In begin(): the beginning session's saver hooks (their settings) and
+    creator (its checkpoint); optionally redirects them."""
+
+    def __init__(self, timer=None, restore_dir=None, restore=None):
+        self.timer, self.restore_dir, self.restore = timer, restore_dir, restore
+        self.seen = []
+
+    def begin(self):
+        hooks, creator = tf_private.beginning_session()
+        savers = [h for h in hooks if isinstance(h, tf1.train.CheckpointSaverHook)]
+        self.seen.append(dict(savers=[tf_private.saver_hook_settings(h) for h in savers],
+                              checkpoint=tf_private.session_checkpoint(creator)))
+        for h in savers:
+            if self.timer is not None:
+                tf_private.set_saver_hook_timer(h, self.timer)
+        if self.restore_dir is not None:
+            tf_private.set_session_checkpoint_dir(creator, self.restore_dir)
+        if self.restore is not None:
+            tf_private.set_session_checkpoint(creator, self.restore)
+
+
+def test_the_beginning_session_s_saver_hooks_and_checkpoint_are_found_and_redirected(tmp_path):
+    """What graphmod.distributed.save_schedule relies on: the session's
+    CheckpointSaverHook saves when the timer it is given says, and its
+    session creator restores the checkpoint (or the dir's latest) it is
+    pointed at."""
+    from graphmod.distributed.save_schedule import SharedTimer
+
+    def model_fn(features, labels, mode):
+        w = tf1.get_variable("w", [3, 1], initializer=tf1.zeros_initializer())
+        logits = tf.squeeze(tf.matmul(tf.cast(features["ids"], tf.float32), w), 1)
+        loss = tf.reduce_mean(tf.square(logits - 1.0))
+        train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss, tf1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train,
+                                          predictions={"p": logits})
+
+    def input_fn():
+        return tf.data.Dataset.from_tensor_slices(
+            ({"ids": np.arange(12, dtype=np.int64).reshape(4, 3)}, np.ones(4, np.float32))).batch(1)
+
+    first = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "first"))
+    timer = SharedTimer(every_steps=None, every_secs=600)  # by time: never, unless due
+    probe = SessionProbe(timer)
+
+    class Due(tf1.train.SessionRunHook):  # as rank 0's broadcast decision at step 2
+        def after_run(self, run_context, run_values):
+            timer.due = timer.last_triggered_step() == 0 and not timer.due
+    first.train(lambda: input_fn().repeat(), steps=4, hooks=[probe, Due()])
+    (train,) = probe.seen
+    assert train["savers"] == [(first.model_dir, 600, None)] and train["checkpoint"] is None
+    # Saved when the session began, when `due` (after the next step) and at the end.
+    steps = sorted(int(p.rsplit("-", 1)[1]) for p in tf.train.get_checkpoint_state(
+        first.model_dir).all_model_checkpoint_paths)
+    assert steps == [0, 2, 4], steps
+    # Another Estimator's training and prediction restore first's checkpoints.
+    second = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "second"))
+    probe = SessionProbe(restore_dir=first.model_dir)
+    second.train(input_fn, steps=1, hooks=[probe])
+    assert second.get_variable_value("global_step") == 5
+    probe = SessionProbe(restore=tf.train.latest_checkpoint(first.model_dir))
+    fresh = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "fresh"))
+    got = [p["p"] for p in fresh.predict(input_fn, hooks=[probe])]
+    want = [p["p"] for p in first.predict(input_fn)]
+    assert probe.seen[0]["checkpoint"] is None and probe.seen[0]["savers"] == []
+    np.testing.assert_allclose(got, want)
+    assert np.abs(want).max() > 0  # trained, not the zeros a fresh start predicts
