@@ -60,13 +60,16 @@ def _coordinate_saves(estimator, incremental, graph):
     return save_schedule.coordinate(estimator, incremental, graph)
 
 
-def _restore_from_rank0(estimator) -> None:
-    """Evaluation and prediction on a rank > 0 that trained saving into rank
-    0's model_dir restore rank 0's latest checkpoint."""
+def _restore_from_rank0(estimator, mode: str, sharded: bool) -> None:
+    """Ranks restore rank 0's checkpoint: every rank in a sharded evaluation
+    (a collective), and a rank > 0 that trained saving into rank 0's
+    model_dir in its predictions (no collective)."""
+    from graphmod.distributed import save_schedule  # pylint: disable=import-outside-toplevel
     hvd = sys.modules.get("horovod.tensorflow")
-    if (estimator is not None and hvd is not None and hvd.is_initialized()
-            and hvd.rank() > 0):
-        from graphmod.distributed import save_schedule  # pylint: disable=import-outside-toplevel
+    if mode == "eval" and sharded:
+        save_schedule.evaluate_rank0_checkpoint()
+    elif (estimator is not None and hvd is not None and hvd.is_initialized()
+          and hvd.rank() > 0):
         save_schedule.restore_from_rank0(estimator.model_dir)
 
 
@@ -192,7 +195,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         if self.report.sharded_ranks > 1 and mode == "train":
             self._schedule = _coordinate_saves(estimator, self.incremental_hook, graph)
         elif mode != "train":
-            _restore_from_rank0(estimator)
+            _restore_from_rank0(estimator, mode, self.report.sharded_ranks > 1)
         self._exporting = (self.serving_export is not None and mode == "train"
                            and estimator is not None and _chief(estimator))
         if self._exporting:

@@ -97,6 +97,9 @@ SCRIPT = textwrap.dedent("""
 
     if phase in ("first", "both"):
         train_and_read(0, FIRST, "first")
+    if phase == "resume":  # a new process: ranks > 0 have no checkpoint of their own
+        result["restored_eval"] = float(estimator.evaluate(
+            input_fn(0), steps=3, hooks=[hook()])["global_loss"])
     if phase in ("resume", "both"):
         train_and_read(FIRST, MORE, "resume")
     result["model_dir"] = estimator.model_dir
@@ -171,6 +174,9 @@ def test_default_run_config_trains_and_resumes_on_1_and_3_ranks(tmp_path, one_ra
         shutil.copytree(base, copy)
         resumed = run(tmp_path, f"resume{count}", count, "resume", layout, "default", copy)
         assert_as_one_rank(resumed, one_rank, "resume")
+        # Evaluated before training there: every rank restored rank 0's checkpoint.
+        for r in resumed:
+            np.testing.assert_allclose(r["restored_eval"], one_rank["first"]["eval"], rtol=1e-6)
 
 
 def test_saves_by_time_mid_training(tmp_path, one_rank):

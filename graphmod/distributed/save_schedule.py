@@ -26,8 +26,10 @@ when GraphModifierHook begins training with sharded tables:
   saying so (streaming the parts to rank 0 is not built).
 - Ranks > 0 restore rank 0's latest checkpoint (their session creator is
   pointed at rank 0's model_dir), and note rank 0's model_dir in their own
-  (<model_dir>/graphmod/rank0_model_dir), where their evaluation and
-  prediction find the checkpoint to restore (restore_from_rank0).
+  (<model_dir>/graphmod/rank0_model_dir), where their predictions find
+  the checkpoint to restore (restore_from_rank0). A sharded evaluation is a
+  collective: there every rank restores the checkpoint rank 0 restores
+  (evaluate_rank0_checkpoint), also in a later process.
 - Ranks that cannot follow rank 0 are refused on every rank before
   training: several CheckpointSaverHooks, a rank that saves checkpoints
   where rank 0 does not (or the reverse), other delta settings.
@@ -227,6 +229,19 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     return SaveSchedule(rank, timers, incremental, time_based)
 
 
+def evaluate_rank0_checkpoint() -> None:
+    """In a sharded evaluation (a collective: every rank evaluates) beginning:
+    every rank restores the checkpoint rank 0 restores, whatever its own
+    model_dir holds (a temporary dir made in another process holds nothing)."""
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    session = tf_private.beginning_session()
+    mine = tf_private.session_checkpoint(session[1]) if session is not None else None
+    first = _gather(mine, "graphmod_evaluated_checkpoint")[0]
+    if session is not None and hvd.rank() > 0 and first != mine:
+        tf_private.set_session_checkpoint(session[1], first)
+        logging.info("graphmod: evaluating rank 0's checkpoint %s (not %s)", first, mine)
+
+
 def rank0_dir_of(model_dir: Optional[str]) -> Optional[str]:
     """Rank 0's model_dir, as a rank > 0 that trained with model_dir noted
     it there (None when it did not)."""
@@ -240,9 +255,10 @@ def rank0_dir_of(model_dir: Optional[str]) -> Optional[str]:
 
 
 def restore_from_rank0(model_dir: Optional[str]) -> None:
-    """In an evaluation or prediction session beginning on a rank > 0 that
-    trained saving into rank 0's model_dir: restores rank 0's latest
-    checkpoint when the session would restore none of its own."""
+    """In a prediction session beginning on a rank > 0 that trained saving
+    into rank 0's model_dir (prediction is no collective: each rank alone):
+    restores rank 0's latest checkpoint when the session would restore none
+    of its own."""
     rank0_dir = rank0_dir_of(model_dir)
     session = tf_private.beginning_session()
     if rank0_dir is None or session is None:
