@@ -15,6 +15,7 @@ saves by time every second while steps take 0.25 s, with deltas every
 """
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,11 @@ SCRIPT = textwrap.dedent("""
                 hooks=[hook()])])
         Recorder.losses.clear()
 
+    if phase == "unshared":  # rank 1 sees another file system at rank 0's model_dir
+        try:
+            train_and_read(0, FIRST, "first")
+        except ValueError as e:
+            result["refused"] = str(e)
     if phase in ("first", "both"):
         train_and_read(0, FIRST, "first")
     if phase == "resume":  # a new process: ranks > 0 have no checkpoint of their own
@@ -107,10 +113,17 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def launch(ranks, *args):
+def launch(ranks, *args, hide=None):
     """Runs python with args on `ranks` Horovod ranks (plainly for one),
-    checked to have succeeded; horovodrun stops every rank when it returns."""
+    checked to have succeeded; horovodrun stops every rank when it returns.
+    hide: a folder that rank 1 sees empty (a tmpfs mounted over it in a
+    mount namespace of its own), as on a file system the ranks do not share."""
     command = [sys.executable, *map(str, args)]
+    if hide is not None:
+        line = " ".join(shlex.quote(str(a)) for a in command)
+        command = ["sh", "-c", f'if [ "$HOROVOD_RANK" = 1 ]; then exec unshare -m sh -c '
+                   f'{shlex.quote(f"mount -t tmpfs none {shlex.quote(str(hide))} && exec {line}")}; '
+                   f'else exec {line}; fi']
     if ranks > 1:
         horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] + command
@@ -119,12 +132,12 @@ def launch(ranks, *args):
     return done
 
 
-def run(tmp_path, name, ranks, phase, layout, secs, base):
+def run(tmp_path, name, ranks, phase, layout, secs, base, hide=None):
     out = tmp_path / name
     out.mkdir()
     script = tmp_path / "layouts.py"
     script.write_text(SCRIPT)
-    launch(ranks, script, phase, layout, secs, base, out)
+    launch(ranks, script, phase, layout, secs, base, out, hide=hide)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
@@ -200,3 +213,17 @@ def test_saves_by_time_mid_training(tmp_path, one_rank):
     shutil.copytree(base, copy)
     assert_as_one_rank(run(tmp_path, "resume3", 3, "resume", "rank0", "1", copy), one_rank,
                        "resume")
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="needs unshare and root to give rank 1 a file system of its own")
+def test_a_model_dir_the_ranks_do_not_share_is_refused_on_every_rank(tmp_path):
+    """Rank 1 sees an empty tmpfs where rank 0's model_dir is: it could not
+    write its parts there, and every rank refuses before training."""
+    base = tmp_path / "model"
+    base.mkdir()
+    ranks = run(tmp_path, "unshared", 2, "unshared", "rank0", "default", base, hide=base)
+    for r in ranks:
+        assert "ranks [1] do not see rank 0's model_dir" in r["refused"], r
+        assert "streaming the parts to rank 0 is not built" in r["refused"]
+    assert not [n for n in os.listdir(base) if n.startswith("model.ckpt")]
