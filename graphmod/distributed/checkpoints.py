@@ -1,7 +1,8 @@
 """Checkpoints of tables sharded across Horovod ranks.
 
 A save runs on every rank at once (graphmod.checkpoint.saver.TableSaver under
-sharding): rank r writes the keys it owns as a part of the checkpoint,
+sharding; under GraphModifierHook at rank 0's save steps, into rank 0's
+model_dir: graphmod.distributed.save_schedule): rank r writes the keys it owns as a part of the checkpoint,
 `<checkpoint>.tables-0000r-of-0000N` (the tables' usual entries, written
 one table shard at a time), all ranks meet in an allreduce once their parts
 are written, and rank 0 then commits `<checkpoint>.tables.json` (the number
@@ -20,7 +21,7 @@ import hashlib
 import json
 import os
 import re
-from typing import List, Optional
+from typing import List
 
 import tensorflow as tf
 
@@ -61,23 +62,6 @@ def _refuse_differing(fingerprints, what: str, mine: str) -> None:
             f"(this rank: {mine}): every rank writes its keys as a part of one checkpoint, "
             "so give every rank the same model_dir (a shared file system) and the same save "
             "steps")
-
-
-def check_same_saves(model_dir: Optional[str], steps: Optional[int]) -> None:
-    """Refuses, on every rank, ranks that would save into different
-    model_dirs or at different steps (as Horovod's examples give rank 0
-    alone the model_dir): found when the graph is built, not at the first
-    save, where one rank would wait forever for the others. A collective,
-    in a graph of its own."""
-    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-    mine = (f"model_dir={os.path.abspath(model_dir) if model_dir else None}, "
-            f"save_checkpoints_steps={steps}")
-    with tf.Graph().as_default() as graph:
-        sent = tf1.placeholder(tf.int64, [1])
-        every = hvd.allgather(sent, name="graphmod_save_settings_check")
-        with tf1.Session(graph=graph) as sess:
-            fingerprints = sess.run(every, {sent: [_fingerprint(mine)]})
-    _refuse_differing(fingerprints.tolist(), "model_dir or at other steps", mine)
 
 
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
