@@ -261,10 +261,15 @@ def restore_from_rank0(model_dir: Optional[str]) -> None:
     of its own."""
     rank0_dir = rank0_dir_of(model_dir)
     session = tf_private.beginning_session()
-    if rank0_dir is None or session is None:
+    if session is None or tf_private.session_checkpoint(session[1]) is not None:
         return
     creator = session[1]
-    if tf_private.session_checkpoint(creator) is not None:
+    if rank0_dir is None:
+        # (a temporary model_dir made in another process than the training's)
+        logging.warning("graphmod: this Horovod rank's model_dir %s holds no checkpoint and "
+                        "no note of rank 0's, where the training saved: it predicts from "
+                        "initial values; predict on rank 0, or give this rank rank 0's "
+                        "model_dir", model_dir)
         return
     latest = tf.train.latest_checkpoint(rank0_dir)
     if latest is not None:
