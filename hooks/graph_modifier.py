@@ -249,6 +249,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
     def end(self, session) -> None:
         if self._exporting:  # its last version: the final checkpoint's
             self.serving_export.finish(int(session.run(tf1.train.get_global_step())))
+        if self._schedule is not None:  # (the saver hooks' last saves came before)
+            self._schedule.end(session)
         if not self._counters:
             return
         for name, c in session.run(self._counters).items():

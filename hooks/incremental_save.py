@@ -19,6 +19,7 @@ delta at the same step: when GraphModifierHook drives this hook, rank 0's
 settings and clock decide (graphmod.distributed.save_schedule); used alone
 there, it writes by steps only.
 """
+import os
 import time
 from typing import Optional
 
@@ -137,7 +138,10 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
                             step)
             return
         self.deltas_written += 1
-        written = deltas.files(prefix) + deltas.part_files(prefix)  # (parts: sharded tables)
+        # (parts: sharded tables; none here on a rank > 0 that sent its part
+        # to rank 0, graphmod.distributed.part_stream)
+        written = (deltas.files(prefix) + deltas.part_files(prefix)
+                   if tf.io.gfile.isdir(os.path.dirname(prefix)) else [])
         size = sum(tf.io.gfile.stat(f).length for f in written if tf.io.gfile.exists(f))
         logging.info("graphmod: delta %d after %s at step %d: %.1f KB in %.2fs",
                      self.saver.chain[1], base, step, size / 1024, time.time() - start)

@@ -116,12 +116,12 @@ SCRIPT = textwrap.dedent("""
 def launch(ranks, *args, hide=None):
     """Runs python with args on `ranks` Horovod ranks (plainly for one),
     checked to have succeeded; horovodrun stops every rank when it returns.
-    hide: a folder that rank 1 sees empty (a tmpfs mounted over it in a
-    mount namespace of its own), as on a file system the ranks do not share."""
+    hide: a folder that ranks > 0 see empty (a tmpfs mounted over it in a
+    mount namespace of their own), as on a file system the ranks do not share."""
     command = [sys.executable, *map(str, args)]
     if hide is not None:
         line = " ".join(shlex.quote(str(a)) for a in command)
-        command = ["sh", "-c", f'if [ "$HOROVOD_RANK" = 1 ]; then exec unshare -m sh -c '
+        command = ["sh", "-c", f'if [ "$HOROVOD_RANK" != 0 ]; then exec unshare -m sh -c '
                    f'{shlex.quote(f"mount -t tmpfs none {shlex.quote(str(hide))} && exec {line}")}; '
                    f'else exec {line}; fi']
     if ranks > 1:
@@ -216,14 +216,33 @@ def test_saves_by_time_mid_training(tmp_path, one_rank):
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
-                    reason="needs unshare and root to give rank 1 a file system of its own")
-def test_a_model_dir_the_ranks_do_not_share_is_refused_on_every_rank(tmp_path):
-    """Rank 1 sees an empty tmpfs where rank 0's model_dir is: it could not
-    write its parts there, and every rank refuses before training."""
+                    reason="needs unshare and root to give ranks > 0 a file system of their own")
+def test_ranks_that_do_not_share_rank_0_s_model_dir_send_it_their_parts(tmp_path, one_rank):
+    """Ranks > 0 see an empty tmpfs where rank 0's model_dir is (a mount
+    namespace of their own): they send their parts of checkpoints and deltas
+    (saved by time) to rank 0, and restore (training, evaluation) from a
+    copy of rank 0's checkpoint it sends them."""
     base = tmp_path / "model"
     base.mkdir()
-    ranks = run(tmp_path, "unshared", 2, "unshared", "rank0", "default", base, hide=base)
-    for r in ranks:
-        assert "ranks [1] do not see rank 0's model_dir" in r["refused"], r
-        assert "streaming the parts to rank 0 is not built" in r["refused"]
-    assert not [n for n in os.listdir(base) if n.startswith("model.ckpt")]
+    ranks = run(tmp_path, "two", 2, "first", "rank0", "1", base, hide=base)
+    assert_as_one_rank(ranks[:1], one_rank, "first")  # rank 0 predicts
+    np.testing.assert_allclose(ranks[1]["first"]["losses"], one_rank["first"]["losses"],
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ranks[1]["first"]["eval"], one_rank["first"]["eval"], rtol=1e-6)
+    saved = checkpoints(base)
+    assert all(saved.values()) and {0, 8} < set(saved), saved
+    assert not [n for n in os.listdir(base) if "stream-tmp" in n]
+    deltas = base / "graphmod" / "deltas"
+    entries = [e for c in os.listdir(deltas)
+               for e in json.loads((deltas / c / "manifest.json").read_text())["deltas"]]
+    assert entries and all(any("tables-00001-of-00002" in f for f in e["files"])
+                           for e in entries)
+    copy = tmp_path / "model_copy3"
+    shutil.copytree(base, copy)
+    resumed = run(tmp_path, "resume3", 3, "resume", "rank0", "1", copy, hide=copy)
+    assert_as_one_rank(resumed[:1], one_rank, "resume")
+    for r in resumed:
+        np.testing.assert_allclose(r["restored_eval"], one_rank["first"]["eval"], rtol=1e-6)
+        np.testing.assert_allclose(r["resume"]["losses"], one_rank["resume"]["losses"],
+                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(r["resume"]["eval"], one_rank["resume"]["eval"], rtol=1e-6)

@@ -152,6 +152,8 @@ class TableSaver(tf1.train.Saver):
         # Sharded tables: where every rank's save goes, rank 0's model_dir
         # (set by graphmod.distributed.save_schedule; None: the path save() is given)
         self.rank0_dir: Optional[str] = None
+        # ... and, where the ranks share no file system, (PartStream, local staging folder)
+        self.part_stream: Optional[tuple] = None
 
     # ---------------------------------------------------------------- build
 
@@ -383,6 +385,7 @@ class TableSaver(tf1.train.Saver):
                           else f"{save_path}-{step}")
         versions = sess.run(self._versions) if self.marks is not None else None
         # (rank 0 drops the checkpoint's old deltas in there: see save())
+        self._sharded_tables.stream, self._sharded_tables.staging = self.part_stream or (None, None)
         self._sharded_tables.save(sess, checkpoint)
         path = checkpoint
         if self._sharded_tables.rank == 0 and not self._is_empty:  # else tables alone
@@ -420,6 +423,8 @@ class TableSaver(tf1.train.Saver):
             def save_dense(tmp):
                 sess.run(self._delta_saver.saver_def.save_tensor_name,
                          {self._delta_saver.saver_def.filename_tensor_name: tmp})
+            self._sharded_tables.stream, self._sharded_tables.staging = (
+                self.part_stream or (None, None))
             prefix = self._sharded_tables.save_delta(
                 sess, base, count + 1, step, feed,
                 save_dense if self._delta_saver is not None else None)

@@ -175,6 +175,28 @@ class ShardedTables(TableParts):
             # rank reading it next (an evaluation) finds it complete.
             self._committed = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                             name="graphmod_checkpoint_committed")
+        # Where rank 0's model_dir is on no file system this rank shares: a
+        # graphmod.distributed.part_stream.PartStream and the local folder
+        # its parts are written in before they go to rank 0 (set by TableSaver).
+        self.stream, self.staging = None, None
+
+    def _write_part(self, sess, written, placeholder, prefix: str, feed=None) -> None:
+        """Writes this rank's part of `prefix` (rank 0's name for it) and
+        returns once every rank wrote its own; streamed to rank 0 where
+        the ranks share no file system."""
+        part = part_prefix(prefix, self.rank, self.size)
+        if self.stream is None:
+            sess.run(written, {**(feed or {}), placeholder: part})
+            return
+        if self.rank > 0:
+            part = os.path.join(self.staging, os.path.basename(part))
+        sess.run(written, {**(feed or {}), placeholder: part})
+        folder, name = os.path.split(part)
+        files = ([os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
+                  if f.startswith(name + ".")] if self.rank > 0 else [])
+        self.stream.to_rank0(files, os.path.dirname(prefix))
+        for f in files:
+            tf.io.gfile.remove(f)
 
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
         """The ops of deltas (graphmod.checkpoint.deltas): this rank writes the changes
@@ -211,7 +233,7 @@ class ShardedTables(TableParts):
             deltas.drop(checkpoint)
             if tf.io.gfile.exists(manifest_path(checkpoint)):
                 tf.io.gfile.remove(manifest_path(checkpoint))
-        sess.run(self._written, {self._part: part_prefix(checkpoint, self.rank, self.size)})
+        self._write_part(sess, self._written, self._part, checkpoint)
         if self.rank == 0:
             folder = os.path.dirname(checkpoint)
             parts = [os.path.basename(part_prefix(checkpoint, r, self.size))
@@ -236,10 +258,9 @@ class ShardedTables(TableParts):
         save_dense(prefix) (None: there are none) and commits the delta in
         the chain's manifest. Every rank calls it at the same step."""
         prefix = os.path.join(deltas.directory(base), deltas.delta_name(index))
-        tf.io.gfile.makedirs(os.path.dirname(prefix))
-        sess.run(self._delta_written, {**feed,
-                                       self._delta_part: part_prefix(prefix, self.rank,
-                                                                     self.size)})
+        if self.stream is None or self.rank == 0:  # (else written where it streams from)
+            tf.io.gfile.makedirs(os.path.dirname(prefix))
+        self._write_part(sess, self._delta_written, self._delta_part, prefix, feed)
         if self.rank == 0:
             self._commit_delta(base, prefix, index, step, save_dense)
         # Every rank returns once the delta is committed (a restore next reads it).

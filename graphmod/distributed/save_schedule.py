@@ -21,9 +21,11 @@ when GraphModifierHook begins training with sharded tables:
   rank 0's timer expired, at the same step everywhere. Deltas by time
   (incremental_every_secs) the same, at the step of the decision.
 - Every rank writes its parts into rank 0's model_dir (TableSaver's
-  rank0_dir), which must be a file system every rank shares: rank 0 writes
-  a marker file there and every rank must see it, or every rank refuses,
-  saying so (streaming the parts to rank 0 is not built).
+  rank0_dir) where it sees it (rank 0 writes a marker file there, which
+  every rank looks for). Where some rank does not, ranks > 0 write their
+  parts (of checkpoints and deltas) locally and send them to rank 0
+  (graphmod.distributed.part_stream), and rank 0 sends the checkpoint to
+  restore to the ranks > 0 (training and evaluation).
 - Ranks > 0 restore rank 0's latest checkpoint (their session creator is
   pointed at rank 0's model_dir), and note rank 0's model_dir in their own
   (<model_dir>/graphmod/rank0_model_dir), where their predictions find
@@ -36,6 +38,7 @@ when GraphModifierHook begins training with sharded tables:
 """
 import json
 import os
+import tempfile
 import time
 import uuid
 from typing import List, Optional
@@ -118,8 +121,10 @@ class SaveSchedule(tf1.train.SessionRunHook):
     module docstring); driven by GraphModifierHook before its EvictHook and
     IncrementalSaveHook. Made by coordinate()."""
 
-    def __init__(self, rank: int, timers: List[SharedTimer], incremental, time_based: bool):
+    def __init__(self, rank: int, timers: List[SharedTimer], incremental, time_based: bool,
+                 stream=None):
         self.rank, self.timers, self.incremental = rank, timers, incremental
+        self.stream = stream  # a PartStream, closed at the end (after the last save)
         self._sent = self._decision = None
         if time_based:  # else every rank computes the same step-based decisions
             import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
@@ -146,6 +151,10 @@ class SaveSchedule(tf1.train.SessionRunHook):
                 t.due = True
         if delta and self.incremental is not None:  # written after this step
             self.incremental.due_by_time = True
+
+    def end(self, session) -> None:
+        if self.stream is not None:
+            self.stream.close()
 
 
 def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule]:
@@ -197,18 +206,27 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
                 "GraphModifierHook the same settings")
         seen = _gather(first["marker"] is None or tf.io.gfile.exists(first["marker"]),
                        "graphmod_save_dir_shared")
-        _refuse([r for r, s in enumerate(seen) if not s],
-                f"do not see rank 0's model_dir {first['model_dir']} (a file rank 0 wrote "
-                "there is missing); put it on a file system every rank shares (streaming the "
-                "parts to rank 0 is not built)")
     finally:
         if marker is not None:
             tf.io.gfile.remove(marker)
+    rank0_dir = first["model_dir"]
+    stream = None
+    unseen = [r for r, s in enumerate(seen) if not s]
+    if unseen:
+        # Rank 0's model_dir is on no file system these ranks share: the
+        # parts travel to rank 0 (graphmod.distributed.part_stream).
+        from graphmod.distributed.part_stream import PartStream  # pylint: disable=import-outside-toplevel
+        stream = PartStream()
+        logging.info("graphmod: ranks %s do not see rank 0's model_dir %s: every rank > 0 "
+                     "sends its parts of checkpoints and deltas to rank 0", unseen, rank0_dir)
+        staging = tempfile.mkdtemp(prefix="graphmod_parts_") if rank > 0 else None
+        for saver in graph.get_collection(tf1.GraphKeys.SAVERS):
+            if isinstance(saver, TableSaver):
+                saver.part_stream = (stream, staging)
     timers = []
     for h in saver_hooks:
         timers.append(SharedTimer(first["steps"], first["secs"]))
         tf_private.set_saver_hook_timer(h, timers[-1])
-    rank0_dir = first["model_dir"]
     for saver in graph.get_collection(tf1.GraphKeys.SAVERS):
         if isinstance(saver, TableSaver):
             saver.rank0_dir = rank0_dir
@@ -216,6 +234,13 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
         if tf_private.session_checkpoint(creator) is None:  # (no explicit checkpoint given)
             # Rank 0's latest checkpoint, not this rank's own (empty) model_dir.
             tf_private.set_session_checkpoint_dir(creator, rank0_dir)
+    if stream is not None and rank0_dir is not None:
+        # ... or a copy of it that rank 0 sends (every rank takes part).
+        latest = tf.train.latest_checkpoint(rank0_dir) if rank == 0 else None
+        mirror = _mirror_rank0_checkpoint(stream, latest)
+        if rank > 0 and mirror is not None and tf_private.session_checkpoint(creator) is None:
+            tf_private.set_session_checkpoint_dir(creator, os.path.dirname(mirror))
+    if rank > 0 and rank0_dir is not None:
         if mine["model_dir"] is not None and mine["model_dir"] != rank0_dir:
             pointer = os.path.join(mine["model_dir"], POINTER)
             tf.io.gfile.makedirs(os.path.dirname(pointer))
@@ -226,7 +251,32 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     if incremental is not None:
         incremental.coordinated = True
     time_based = first["secs"] is not None or first["delta_secs"] is not None
-    return SaveSchedule(rank, timers, incremental, time_based)
+    return SaveSchedule(rank, timers, incremental, time_based, stream)
+
+
+def _mirror_rank0_checkpoint(stream, checkpoint: Optional[str]) -> Optional[str]:
+    """Rank 0's checkpoint (rank 0 gives its path, the others None), its
+    tables' parts and its committed deltas, copied to every rank > 0 into a
+    local folder, with a `checkpoint` state file naming it; returns the
+    copy's path there (rank 0: its own; None when rank 0 has none)."""
+    files = {}
+    if checkpoint is not None:
+        folder, name = os.path.split(checkpoint)
+        files = {f: os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
+                 if f.startswith(name + ".")}
+        chain = os.path.join(folder, "graphmod", "deltas", name)
+        if tf.io.gfile.isdir(chain):
+            for f in tf.io.gfile.listdir(chain):
+                files[os.path.join("graphmod", "deltas", name, f)] = os.path.join(chain, f)
+    local = tempfile.mkdtemp(prefix="graphmod_rank0_checkpoint_") if stream.rank else None
+    names = stream.from_rank0(files, local)
+    if stream.rank == 0 or not names:
+        return checkpoint
+    name = next(n for n in names if n.endswith(".index") and ".tables" not in n
+                and os.sep not in n)[:-len(".index")]
+    path = os.path.join(local, name)
+    tf1.train.update_checkpoint_state(local, path)
+    return path
 
 
 def evaluate_rank0_checkpoint() -> None:
@@ -237,9 +287,20 @@ def evaluate_rank0_checkpoint() -> None:
     session = tf_private.beginning_session()
     mine = tf_private.session_checkpoint(session[1]) if session is not None else None
     first = _gather(mine, "graphmod_evaluated_checkpoint")[0]
-    if session is not None and hvd.rank() > 0 and first != mine:
-        tf_private.set_session_checkpoint(session[1], first)
-        logging.info("graphmod: evaluating rank 0's checkpoint %s (not %s)", first, mine)
+    seen = _gather(first is None or tf.io.gfile.exists(first + ".index"),
+                   "graphmod_evaluated_checkpoint_seen")
+    path = first
+    if not all(seen):  # a copy sent by rank 0 (graphmod.distributed.part_stream)
+        from graphmod.distributed.part_stream import PartStream  # pylint: disable=import-outside-toplevel
+        stream = PartStream()
+        try:
+            path = _mirror_rank0_checkpoint(stream, first if hvd.rank() == 0 else None)
+        finally:
+            stream.close()
+    if session is not None and hvd.rank() > 0 and path != mine:
+        tf_private.set_session_checkpoint(session[1], path)
+        logging.info("graphmod: evaluating rank 0's checkpoint %s (as %s; not %s)", first, path,
+                     mine)
 
 
 def rank0_dir_of(model_dir: Optional[str]) -> Optional[str]:
@@ -272,7 +333,11 @@ def restore_from_rank0(model_dir: Optional[str]) -> None:
                         "model_dir", model_dir)
         return
     latest = tf.train.latest_checkpoint(rank0_dir)
-    if latest is not None:
+    if latest is None:
+        logging.warning("graphmod: this Horovod rank sees no checkpoint in rank 0's model_dir "
+                        "%s (a file system it does not share?): it predicts from initial "
+                        "values; predict on rank 0", rank0_dir)
+    else:
         tf_private.set_session_checkpoint(creator, latest)
         logging.info("graphmod: restoring rank 0's checkpoint %s (this rank's model_dir %s "
                      "holds none)", latest, model_dir)
