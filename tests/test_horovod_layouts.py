@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -222,6 +223,10 @@ def test_ranks_that_do_not_share_rank_0_s_model_dir_send_it_their_parts(tmp_path
     namespace of their own): they send their parts of checkpoints and deltas
     (saved by time) to rank 0, and restore (training, evaluation) from a
     copy of rank 0's checkpoint it sends them."""
+    def temporaries():  # the ranks' staging folders and copies of rank 0's checkpoint
+        return {n for n in os.listdir(tempfile.gettempdir())
+                if n.startswith(("graphmod_parts_", "graphmod_rank0_checkpoint_"))}
+    before = temporaries()
     base = tmp_path / "model"
     base.mkdir()
     ranks = run(tmp_path, "two", 2, "first", "rank0", "1", base, hide=base)
@@ -246,3 +251,4 @@ def test_ranks_that_do_not_share_rank_0_s_model_dir_send_it_their_parts(tmp_path
         np.testing.assert_allclose(r["resume"]["losses"], one_rank["resume"]["losses"],
                                    rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(r["resume"]["eval"], one_rank["resume"]["eval"], rtol=1e-6)
+    assert temporaries() <= before  # removed once used

@@ -36,8 +36,10 @@ when GraphModifierHook begins training with sharded tables:
   training: several CheckpointSaverHooks, a rank that saves checkpoints
   where rank 0 does not (or the reverse), other delta settings.
 """
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -125,6 +127,8 @@ class SaveSchedule(tf1.train.SessionRunHook):
                  stream=None):
         self.rank, self.timers, self.incremental = rank, timers, incremental
         self.stream = stream  # a PartStream, closed at the end (after the last save)
+        self.restored_copy: Optional[str] = None  # removed once the session restored it
+        self.staging: Optional[str] = None  # removed at the end
         self._sent = self._decision = None
         if time_based:  # else every rank computes the same step-based decisions
             import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
@@ -152,9 +156,15 @@ class SaveSchedule(tf1.train.SessionRunHook):
         if delta and self.incremental is not None:  # written after this step
             self.incremental.due_by_time = True
 
+    def after_create_session(self, session, coord) -> None:
+        if self.restored_copy is not None:
+            shutil.rmtree(self.restored_copy, ignore_errors=True)
+
     def end(self, session) -> None:
         if self.stream is not None:
             self.stream.close()
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule]:
@@ -210,7 +220,7 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
         if marker is not None:
             tf.io.gfile.remove(marker)
     rank0_dir = first["model_dir"]
-    stream = None
+    stream = staging = mirror = None
     unseen = [r for r, s in enumerate(seen) if not s]
     if unseen:
         # Rank 0's model_dir is on no file system these ranks share: the
@@ -251,7 +261,11 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     if incremental is not None:
         incremental.coordinated = True
     time_based = first["secs"] is not None or first["delta_secs"] is not None
-    return SaveSchedule(rank, timers, incremental, time_based, stream)
+    schedule = SaveSchedule(rank, timers, incremental, time_based, stream)
+    schedule.staging = staging
+    if rank > 0 and mirror is not None:
+        schedule.restored_copy = os.path.dirname(mirror)
+    return schedule
 
 
 def _mirror_rank0_checkpoint(stream, checkpoint: Optional[str]) -> Optional[str]:
@@ -270,8 +284,11 @@ def _mirror_rank0_checkpoint(stream, checkpoint: Optional[str]) -> Optional[str]
                 files[os.path.join("graphmod", "deltas", name, f)] = os.path.join(chain, f)
     local = tempfile.mkdtemp(prefix="graphmod_rank0_checkpoint_") if stream.rank else None
     names = stream.from_rank0(files, local)
-    if stream.rank == 0 or not names:
+    if stream.rank == 0:
         return checkpoint
+    if not names:
+        shutil.rmtree(local, ignore_errors=True)
+        return None
     name = next(n for n in names if n.endswith(".index") and ".tables" not in n
                 and os.sep not in n)[:-len(".index")]
     path = os.path.join(local, name)
@@ -297,6 +314,8 @@ def evaluate_rank0_checkpoint() -> None:
             path = _mirror_rank0_checkpoint(stream, first if hvd.rank() == 0 else None)
         finally:
             stream.close()
+        if hvd.rank() > 0 and path is not None:  # (read when the session is made)
+            atexit.register(shutil.rmtree, os.path.dirname(path), True)
     if session is not None and hvd.rank() > 0 and path != mine:
         tf_private.set_session_checkpoint(session[1], path)
         logging.info("graphmod: evaluating rank 0's checkpoint %s (as %s; not %s)", first, path,
