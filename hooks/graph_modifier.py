@@ -204,7 +204,12 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
                 tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
                 self.report.write_record(out)
-        if self.report.counters:  # a training graph with tables
+        # Evictions and deltas change the tables every task shares: in a
+        # parameter-server cluster the chief alone runs them (as it alone
+        # saves); Horovod ranks each run them on the keys they own.
+        drives = (estimator is None or estimator.config.is_chief
+                  or self.report.sharded_ranks > 1)
+        if self.report.counters and drives:  # a training graph with tables
             self._counters = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
                                            if t.name in self._counters

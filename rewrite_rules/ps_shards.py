@@ -1,0 +1,201 @@
+"""Rule: in a parameter-server cluster, tables are sharded by key over the ps tasks.
+
+Matches the conversions whose variable the device setter put on a ps task,
+when the cluster has several (graphmod.distributed.ps). The table
+gather_to_lookup built there becomes that task's shard; a shard with the
+same settings is built on every other ps task, and a key's owner
+(graphmod.distributed.partition) holds its row. Then, like shard_exchange
+for Horovod ranks:
+  - lookups: those of one dependency level (and input sources) partition
+    their keys by owner on the worker and become one fused lookup per ps
+    task, over every table's shard there; the rows come back in the keys'
+    order;
+  - applies: those of one optimizer's step (the ops that wait for them, past
+    the NoOps grouping its updates per device) partition
+    their keys and gradient rows by owner and become one fused apply per ps
+    task, which sums a key's gradients and steps each row once, as the single
+    apply did.
+A key's lookup and update run on one table (its owner's), with that table's
+admission counts, max_rows and eviction, so each row moves as in one table.
+
+Refuses, when the cluster shards tables: a variable not placed on a ps task
+(its table would sit on a worker beside shards on the ps tasks), reads
+inside v1 control flow (a partition outside the loop or branch cannot feed
+it), reads of the whole variable, warm starts from checkpoint rows and
+adoption of a dense checkpoint (both import rows into one table).
+"""
+import collections
+from typing import List
+
+import tensorflow as tf
+
+from graphmod._ops import ops
+from graphmod.distributed import ps
+from graphmod.distributed.partition import owner_of
+from graphmod.embeddings.table import Table
+from graphmod.rewrite.levels import levels_and_sources
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context, Refused
+from graphmod.state import graph_state
+
+NAME = "ps_shards"
+AFTER = ("optimizer_updates", "dense_reads")
+_LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
+# The table op's attributes a shard copies (all but the op's name).
+_TABLE_ATTRS = ("table_name", "shared_name", "dim", "num_slots", "slot_init", "initializer",
+                "init_a", "init_b", "seed", "num_shards", "missing_is_initializer",
+                "default_value", "max_rows", "when_full", "sketch_width")
+
+
+def _sharded(conversion: Conversion, context: Context) -> bool:
+    return context.ps_tasks > 1 and ps.ps_task(conversion.variable.device) is not None
+
+
+def check(conversion: Conversion, context: Context) -> None:
+    if context.ps_tasks <= 1 or context.ranks > 1:
+        return
+    n = context.ps_tasks
+    if not _sharded(conversion, context):
+        raise Refused(f"it is placed on '{conversion.variable.device or 'no device'}', not on "
+                      f"a ps task, while tables are sharded over the {n} ps tasks")
+    for g in conversion.gathers:
+        if g.op._control_flow_context is not None:  # pylint: disable=protected-access
+            raise Refused(f"{g.op.name} reads it inside v1 control flow: its keys cannot be "
+                          f"partitioned over the {n} ps tasks there")
+    if conversion.dense_reads:
+        raise Refused(f"it is read whole, which a table sharded over {n} ps tasks cannot serve")
+    if conversion.warm_start is not None:
+        raise Refused(f"a warm start into a table sharded over {n} ps tasks is not built")
+    if context.held_densely(conversion):
+        raise Refused(f"adopting it into a table sharded over {n} ps tasks is not built "
+                      "(the checkpoint in model_dir holds it densely)")
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    if context.ps_tasks <= 1 or context.ranks > 1:
+        return
+    built = {c.name: context.built("gather_to_lookup", c) for c in conversions}
+    state = graph_state(context.graph)
+    with rw.rule(NAME):
+        for lookups in built.values():
+            state.ps_shards[lookups.table.name] = _shards(lookups.table, context.ps_tasks)
+        _shard_lookups(rw, list(built.values()), state.ps_shards)
+        _shard_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
+                            for c in conversions if c.training], state.ps_shards)
+
+
+def _shards(table: Table, n: int) -> List[Table]:
+    """The table's shard on each of n ps tasks: itself on its own task, a
+    table with its settings (and name: the checkpoint's) on each other one."""
+    op = table.handle.op
+    attrs = {a: op.get_attr(a) for a in _TABLE_ATTRS}
+    mine = ps.ps_task(table.handle.device)
+    shards = []
+    for i in range(n):
+        if i == mine:
+            shards.append(table)
+            continue
+        with tf.device(ps.shard_device(table.handle.device, i)), \
+                op.graph.control_dependencies(None), tf.compat.v1.name_scope(None):
+            handle = ops.graphmod_table(name=f"graphmod/{table.name}/table_ps{i}", **attrs)
+        shards.append(Table(handle, table.optimizer))
+    return shards
+
+
+def _by_owner(keys: tf.Tensor, n: int):
+    """(keys of each owner, their positions in keys): keys flattened."""
+    flat = tf.reshape(keys, [-1])
+    owner = owner_of(flat, n)
+    return (tf.dynamic_partition(flat, owner, n),
+            tf.dynamic_partition(tf.range(tf.size(flat)), owner, n), owner)
+
+
+def _shard_lookups(rw, lookups, shards) -> None:
+    """Each group of lookups becomes one fused lookup per ps task."""
+    found = [(lk.table, rows.op) for lk in lookups for _, rows in lk.reads
+             if rows.op.type in _LOOKUPS]
+    if not found:
+        return
+    for _, op in found:
+        if op.type == "GraphmodTableFindOrInsert" and op.outputs[1].consumers():
+            raise ValueError(f"graphmod: {op.name}'s row handles are read; a lookup sharded "
+                             "over ps tasks has none")
+    levels, sources = levels_and_sources([op for _, op in found])
+    groups = collections.defaultdict(list)
+    for table, op in found:
+        groups[(op.type, levels[op], sources[op])].append((table, op))
+    for (kind, _, _), group in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        n = len(shards[group[0][0].name])
+        with tf.compat.v1.name_scope("graphmod/ps_lookup"):
+            split = [_by_owner(op.inputs[1], n) for _, op in group]
+            per_task = []
+            for i in range(n):
+                handles = [shards[t.name][i].handle for t, _ in group]
+                keys = [parts[i] for parts, _, _ in split]
+                with tf.device(handles[0].device):
+                    if kind == "GraphmodTableFindOrInsert":
+                        rows, _ = ops.graphmod_fused_find_or_insert(
+                            handles, keys, [op.inputs[2] for _, op in group],
+                            dims=[op.get_attr("dim") for _, op in group],
+                            access_thresholds=[op.get_attr("access_threshold")
+                                               for _, op in group])
+                    else:
+                        rows = ops.graphmod_fused_find(
+                            handles, keys, dims=[op.get_attr("dim") for _, op in group])
+                per_task.append(rows)
+            for j, ((_, op), (_, positions, _)) in enumerate(zip(group, split)):
+                rows = tf.dynamic_stitch(positions, [per_task[i][j] for i in range(n)])
+                keys = op.inputs[1]
+                rows = tf.reshape(rows, tf.concat([tf.shape(keys, out_type=tf.int32),
+                                                   [op.get_attr("dim")]], 0))
+                rw.reroute(op.outputs[0], rows)
+
+
+def _shard_applies(rw, applies, shards) -> None:
+    """The applies one set of ops waits for become one fused apply per ps task."""
+    groups = collections.defaultdict(list)
+    for table, apply in applies:
+        groups[_step_of(rw, apply)].append((table, apply))
+    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+        n = len(shards[group[0][0].name])
+        with tf.compat.v1.name_scope("graphmod/ps_apply"):
+            split = []
+            for _, op in group:
+                ids, positions, owner = _by_owner(op.inputs[1], n)
+                del positions
+                split.append((ids, tf.dynamic_partition(op.inputs[2], owner, n)))
+            per_task = []
+            for i in range(n):
+                handles = [shards[t.name][i].handle for t, _ in group]
+                with tf.device(handles[0].device):
+                    per_task.append(ops.graphmod_fused_apply(
+                        handles, [ids[i] for ids, _ in split], [g[i] for _, g in split],
+                        [op.inputs[3] for _, op in group],
+                        optimizers=[_text(op.get_attr("optimizer")) for _, op in group],
+                        nesterov=[op.get_attr("nesterov") for _, op in group],
+                        by_address=False))
+            apply = tf.group(per_task)
+        for _, op in group:
+            rw.replace_control_input(op, apply)
+
+
+def _step_of(rw, apply: tf.Operation) -> frozenset:
+    """The ops that wait for apply past the NoOps that only group updates:
+    an optimizer groups its updates per device (one NoOp per ps task, then
+    one over them), and every update of one step reaches the same ops."""
+    step, seen, todo = set(), set(), [apply]
+    while todo:
+        op = todo.pop()
+        waiting = rw.index.control_consumers(op)
+        if op is not apply and (op.type != "NoOp" or not waiting):
+            step.add(op.name)
+            continue
+        for w in waiting:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return frozenset(step)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
