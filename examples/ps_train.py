@@ -78,13 +78,20 @@ class LossLog(tf1.train.SessionRunHook):
             f.write(f"{step} {loss!r}\n")
 
 
+# Admission and eviction of the hashed words' table (--policies): an id gets
+# a row at its second sighting; rows unseen for a step leave every 5 steps.
+POLICIES = dict(tables={"input_layer/s_embedding/*": dict(
+    access_threshold=2, eviction_threshold=1, eviction_unit="steps")}, evict_step_interval=5)
+
+
 def train(model_dir: str, steps: int, hooks=(), hooked: bool = True,
-          constant_init: bool = False) -> None:
+          constant_init: bool = False, policies: bool = False) -> None:
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1,
                                     save_checkpoints_steps=10)
     estimator = tf.estimator.Estimator(model_fn, config=config,
                                        params=dict(constant_init=constant_init))
-    graphmod_hooks = [graphmod.GraphModifierHook(dump_graph=True, incremental_every_steps=5)
+    graphmod_hooks = [graphmod.GraphModifierHook(dump_graph=True, incremental_every_steps=5,
+                                                 **(POLICIES if policies else {}))
                       ] if hooked else []
     tf.estimator.train_and_evaluate(
         estimator, tf.estimator.TrainSpec(input_fn, max_steps=steps,
@@ -101,7 +108,9 @@ if __name__ == "__main__":
                         help="without graphmod: the model as its author trains it")
     parser.add_argument("--constant-init", action="store_true",
                         help="embeddings start at a constant (to compare with --dense)")
+    parser.add_argument("--policies", action="store_true",
+                        help="admission and eviction for the hashed words' table")
     parser.add_argument("--losses", help="append each step's global step and loss to this file")
     args = parser.parse_args()
     train(args.model_dir, args.steps, hooks=[LossLog(args.losses)] if args.losses else [],
-          hooked=not args.dense, constant_init=args.constant_init)
+          hooked=not args.dense, constant_init=args.constant_init, policies=args.policies)

@@ -27,6 +27,7 @@ checks, and evaluate with the hook too.
 """
 import os
 import sys
+import weakref
 from typing import Optional
 
 import tensorflow as tf
@@ -161,15 +162,19 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             raise TypeError("GraphModifierHook: serving_export must be a graphmod.ServingExport, "
                             f"got {type(serving_export).__name__}")
         self.serving_export = serving_export
-        self._exporting = False
+        # Per graph: whether its session exports for serving, and its
+        # tables' counters (a training graph with tables: its session drives
+        # the EvictHook and IncrementalSaveHook). Kept by graph because one
+        # hook may serve a training session and, while it runs, evaluations
+        # (train_and_evaluate on one machine evaluates at each checkpoint).
+        self._exporting: "weakref.WeakKeyDictionary[tf.Graph, bool]" = weakref.WeakKeyDictionary()
+        self._counters: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
         self.report: Optional[RewriteReport] = None
-        self._counters = {}
 
     def begin(self) -> None:
         graph = tf1.get_default_graph()
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
-        self._counters = {}
         estimator = tf_private.running_estimator()
         estimator_dir = estimator.model_dir if estimator is not None else None
         # The plan lives beside the checkpoints it describes (the Estimator's
@@ -193,9 +198,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self.report.log()
         if self.report.sharded_ranks > 1 and mode == "train":
             _check_sharded_training(estimator, self.report.sharded_ranks)
-        self._exporting = (self.serving_export is not None and mode == "train"
-                           and estimator is not None and _chief(estimator))
-        if self._exporting:
+        self._exporting[graph] = (self.serving_export is not None and mode == "train"
+                                  and estimator is not None and _chief(estimator))
+        if self._exporting[graph]:
             self.serving_export.start(estimator, RULES)
         if out_dir:
             out = os.path.join(out_dir, "graphmod")
@@ -210,9 +215,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         drives = (estimator is None or estimator.config.is_chief
                   or self.report.sharded_ranks > 1)
         if self.report.counters and drives:  # a training graph with tables
-            self._counters = self.report.counters
+            self._counters[graph] = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
-                                           if t.name in self._counters
+                                           if t.name in self.report.counters
                                            and features.policy_of(t).evicts]
             self.evict_hook.begin()
             if self.incremental_hook is not None:
@@ -220,17 +225,18 @@ class GraphModifierHook(tf1.train.SessionRunHook):
 
     # The EvictHook and IncrementalSaveHook run inside this hook, in training
     # graphs with tables.
-    def _driven(self):
-        if not self._counters:
+    def _driven(self, session):
+        if not self._counters.get(session.graph):
             return []
         return [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
 
     def after_create_session(self, session, coord) -> None:
-        for hook in self._driven():
+        for hook in self._driven(session):
             hook.after_create_session(session, coord)
 
     def before_run(self, run_context):
-        args = [(i, h.before_run(run_context)) for i, h in enumerate(self._driven())]
+        args = [(i, h.before_run(run_context))
+                for i, h in enumerate(self._driven(run_context.session))]
         args = [(i, a) for i, a in args if a is not None]
         if not args:
             return None
@@ -241,16 +247,16 @@ class GraphModifierHook(tf1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values) -> None:
         results = run_values.results or {}
-        for i, hook in enumerate(self._driven()):
+        for i, hook in enumerate(self._driven(run_context.session)):
             hook.after_run(run_context, tf1.train.SessionRunValues(
                 results.get(i), run_values.options, run_values.run_metadata))
 
     def end(self, session) -> None:
-        if self._exporting:  # its last version: the final checkpoint's
+        if self._exporting.get(session.graph):  # its last version: the final checkpoint's
             self.serving_export.finish(int(session.run(tf1.train.get_global_step())))
-        if not self._counters:
+        if not self._counters.get(session.graph):
             return
-        for name, c in session.run(self._counters).items():
+        for name, c in session.run(self._counters[session.graph]).items():
             logging.info("graphmod: table '%s': %d rows, %d admitted, %d lookups given no row, "
                          "%d evicted, %d ids pending admission", name, c["size"],
                          c["admitted"], c["rejected"], c["evicted"], c["pending"])
