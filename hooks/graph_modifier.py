@@ -34,6 +34,7 @@ import tensorflow as tf
 from absl import logging
 
 from graphmod import tf_private
+from graphmod.distributed import ps
 from graphmod.embeddings import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
@@ -44,7 +45,7 @@ from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite_rules import RULES
 from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
-from graphmod.state import tables as graphmod_tables
+from graphmod.state import graph_state, tables as graphmod_tables
 
 tf1 = tf.compat.v1
 
@@ -196,6 +197,11 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
+        if mode == "train" and estimator is not None and estimator.config.master:
+            shards = graph_state(graph).ps_shards
+            if shards:  # a ps task without graphmod's ops fails here, named
+                ps.check_op_library(estimator.config.master, len(next(iter(shards.values()))),
+                                    estimator.config.session_config)
         if self.report.sharded_ranks > 1 and mode == "train":
             _check_sharded_training(estimator, self.report.sharded_ranks)
         self._exporting[graph] = (self.serving_export is not None and mode == "train"

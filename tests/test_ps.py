@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -197,6 +198,32 @@ def test_admission_and_eviction_as_in_one_process(tmp_path):
     # Evictions ran: of the 97 words every run sees, the rows left are those
     # seen in the last steps; admission kept some ids pending.
     assert 0 < len(rows[0][0]) < 90, len(rows[0][0])
+
+
+# ps tasks running a stock tf.distribute.Server (no graphmod); the chief the example.
+STOCK_PS = textwrap.dedent(f"""
+    import json, os, sys
+    config = json.loads(os.environ["TF_CONFIG"])
+    if config["task"]["type"] == "ps":
+        import tensorflow as tf
+        tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name="ps",
+                             task_index=config["task"]["index"]).join()
+    sys.path.insert(0, {os.path.join(HERE, "..", "examples")!r})
+    import ps_train
+    ps_train.train(sys.argv[1], {STEPS})
+""")
+
+
+def test_a_ps_task_without_the_op_library_fails_at_once_naming_it(tmp_path):
+    logs = str(tmp_path / "logs")
+    status = run_cluster([sys.executable, "-c", STOCK_PS, str(tmp_path / "m")], ps=2,
+                         evaluator=False, log_dir=logs, timeout=120)
+    assert status["chief0"] != 0
+    log = open(os.path.join(logs, "chief0.log")).read()
+    assert ("RuntimeError: graphmod: ps task 0 runs without graphmod's op library, so it cannot "
+            "hold the tables sharded onto it: start every ps task with a program that imports "
+            "graphmod (train_and_evaluate's script does, in every task)\n") in log
+    assert not glob.glob(str(tmp_path / "m" / "model.ckpt-*"))  # before the session
 
 
 def test_the_evaluator_evaluates_with_the_rewritten_graph(trained):

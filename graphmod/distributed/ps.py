@@ -125,3 +125,26 @@ class PsTables:
             for i, p in enumerate(self._delta_part)}})
         checkpoints.commit_delta(base, prefix, index, step, self.size, save_dense)
         return prefix
+
+
+def check_op_library(master: str, tasks: int, config=None) -> None:
+    """Fails at once, naming the task, when a ps task's process lacks
+    graphmod's op library (a stock tf.distribute.Server): TensorFlow's own
+    error comes at the first step, worded as a missing op in "the binary
+    running on" a host. Creates a one-column table named graphmod_probe on
+    each task."""
+    from graphmod.embeddings.table import create_table  # pylint: disable=import-outside-toplevel
+    for i in range(tasks):
+        with tf.Graph().as_default():
+            with tf.device(f"/job:ps/task:{i}"):
+                probe = create_table("graphmod_probe", 1, num_shards=1)
+            try:
+                with tf1.Session(master, config=config) as sess:
+                    sess.run(probe.handle.op)
+            except tf.errors.NotFoundError as e:
+                if "Op type not registered" not in str(e):
+                    raise
+                raise RuntimeError(
+                    f"graphmod: ps task {i} runs without graphmod's op library, so it cannot "
+                    "hold the tables sharded onto it: start every ps task with a program that "
+                    "imports graphmod (train_and_evaluate's script does, in every task)") from None
