@@ -30,6 +30,7 @@ STEPS, MORE = 20, 30
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 from ps_cluster import run_cluster  # noqa: E402
 from ps_train import model_fn  # noqa: E402
+from checkpoint_parts import table_rows  # noqa: E402
 
 TRAIN = os.path.join(HERE, "..", "examples", "ps_train.py")
 QUERY = {"ids": np.array([[1, 2, 3], [4, 5, 6], [70000, 8, 9]], np.int64),
@@ -87,23 +88,6 @@ def _graph(model_dir, mode):
     return graph
 
 
-def _table_rows(checkpoint, table):
-    """keys, values, slots, counts of a table, sorted by key, from the
-    checkpoint or the parts its tables were saved in."""
-    manifest = checkpoint + ".tables.json"
-    prefixes = [checkpoint]
-    if os.path.exists(manifest):
-        with open(manifest) as f:
-            files = json.load(f)["files"]
-        prefixes = sorted({os.path.join(os.path.dirname(checkpoint), f.rsplit(".", 1)[0])
-                           for f in files if f.endswith(".index")})
-    readers = [tf.train.load_checkpoint(p) for p in prefixes]
-    entries = [np.concatenate([r.get_tensor(f"{table}-{e}") for r in readers])
-               for e in ("keys", "values", "slots", "counts")]
-    order = np.argsort(entries[0])
-    return [x[order] for x in entries]
-
-
 def test_tables_are_sharded_over_the_ps_tasks(trained):
     model_dir = trained[0]
     graph = _graph(model_dir, "train")
@@ -150,7 +134,7 @@ def test_the_cluster_trains_as_one_process_and_restores_without_it(trained):
         answers.append(np.array([p["p"] for p in est.predict(
             lambda: tf.data.Dataset.from_tensor_slices(QUERY).batch(3),
             hooks=[graphmod.GraphModifierHook()])]))
-        rows.append([_table_rows(os.path.join(d, f"model.ckpt-{STEPS}"), table)
+        rows.append([table_rows(os.path.join(d, f"model.ckpt-{STEPS}"), table)
                      for table in ("emb", "part/part_0", "part/part_1")])
     np.testing.assert_array_equal(answers[0], answers[1])
     for a, b in zip(rows[0], rows[1]):
