@@ -128,11 +128,13 @@ def _shard_lookups(rw, lookups, shards) -> None:
         n = len(shards[group[0][0].name])
         with tf.compat.v1.name_scope("graphmod/ps_lookup"):
             split = [_by_owner(op.inputs[1], n) for _, op in group]
+            dims = [op.get_attr("dim") for _, op in group]
             per_task = []
             for i in range(n):
                 handles = [shards[t.name][i].handle for t, _ in group]
-                keys = [parts[i] for parts, _, _ in split]
+                keys, sizes = _pack([parts[i] for parts, _, _ in split])
                 with tf.device(handles[0].device):
+                    keys = _unpack(keys, sizes, [None] * len(group))
                     if kind == "GraphmodTableFindOrInsert":
                         rows, _ = ops.graphmod_fused_find_or_insert(
                             handles, keys, [op.inputs[2] for _, op in group],
@@ -142,7 +144,8 @@ def _shard_lookups(rw, lookups, shards) -> None:
                     else:
                         rows = ops.graphmod_fused_find(
                             handles, keys, dims=[op.get_attr("dim") for _, op in group])
-                per_task.append(rows)
+                    rows, _ = _pack(rows)
+                per_task.append(_unpack(rows, _times(sizes, dims), dims))
             for j, ((_, op), (_, positions, _)) in enumerate(zip(group, split)):
                 rows = tf.dynamic_stitch(positions, [per_task[i][j] for i in range(n)])
                 keys = op.inputs[1]
@@ -164,12 +167,16 @@ def _shard_applies(rw, applies, shards) -> None:
                 ids, positions, owner = _by_owner(op.inputs[1], n)
                 del positions
                 split.append((ids, tf.dynamic_partition(op.inputs[2], owner, n)))
+            dims = [op.inputs[2].shape[-1] for _, op in group]
             per_task = []
             for i in range(n):
                 handles = [shards[t.name][i].handle for t, _ in group]
+                ids, sizes = _pack([ids[i] for ids, _ in split])
+                grads, _ = _pack([g[i] for _, g in split])
                 with tf.device(handles[0].device):
                     per_task.append(ops.graphmod_fused_apply(
-                        handles, [ids[i] for ids, _ in split], [g[i] for _, g in split],
+                        handles, _unpack(ids, sizes, [None] * len(group)),
+                        _unpack(grads, _times(sizes, dims), dims),
                         [op.inputs[3] for _, op in group],
                         optimizers=[_text(op.get_attr("optimizer")) for _, op in group],
                         nesterov=[op.get_attr("nesterov") for _, op in group],
@@ -177,6 +184,30 @@ def _shard_applies(rw, applies, shards) -> None:
             apply = tf.group(per_task)
         for _, op in group:
             rw.replace_control_input(op, apply)
+
+
+# TensorFlow's runtime moves each tensor a step sends to another task in an
+# RPC of its own: a group's tensors for one ps task travel as one
+# (concatenated, flat) tensor and their lengths, and are cut apart there.
+def _pack(tensors: List[tf.Tensor]):
+    """(one flat tensor of tensors, their element counts); tensors alone when one."""
+    if len(tensors) == 1:
+        return tensors, None
+    return (tf.concat([tf.reshape(t, [-1]) for t in tensors], 0),
+            tf.stack([tf.size(t, out_type=tf.int32) for t in tensors]))
+
+
+def _unpack(packed, sizes, dims) -> List[tf.Tensor]:
+    """What _pack packed, each tensor with rows of dims[j] (None: 1-D)."""
+    if sizes is None:
+        return packed
+    parts = tf.split(packed, sizes, num=len(dims))
+    return [p if d is None else tf.reshape(p, [-1, d]) for p, d in zip(parts, dims)]
+
+
+def _times(sizes, dims):
+    """Element counts of rows of dims for sizes keys."""
+    return None if sizes is None else sizes * tf.constant(dims, tf.int32)
 
 
 def _step_of(rw, apply: tf.Operation) -> frozenset:
