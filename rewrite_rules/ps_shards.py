@@ -11,10 +11,12 @@ for Horovod ranks:
     task, over every table's shard there; the rows come back in the keys'
     order;
   - applies: those of one optimizer's step (the ops that wait for them, past
-    the NoOps grouping its updates per device) partition
-    their keys and gradient rows by owner and become one fused apply per ps
-    task, which sums a key's gradients and steps each row once, as the single
-    apply did.
+    the NoOps grouping its updates per device) sum each key's gradient rows
+    on the worker (as a dense variable's sparse update sums duplicate
+    indices), partition the keys by owner and become one fused apply per ps
+    task, which steps each row once.
+A group's tensors for one ps task cross as one tensor and their lengths
+(TensorFlow's runtime moves each tensor in an RPC of its own).
 A key's lookup and update run on one table (its owner's), with that table's
 admission counts, max_rows and eviction, so each row moves as in one table.
 
@@ -164,9 +166,12 @@ def _shard_applies(rw, applies, shards) -> None:
         with tf.compat.v1.name_scope("graphmod/ps_apply"):
             split = []
             for _, op in group:
-                ids, positions, owner = _by_owner(op.inputs[1], n)
-                del positions
-                split.append((ids, tf.dynamic_partition(op.inputs[2], owner, n)))
+                # A key's gradient rows summed on the worker (as a dense
+                # variable's sparse update sums duplicate indices) cross once.
+                keys, at = tf.unique(op.inputs[1], out_idx=tf.int32)
+                grads = tf.math.unsorted_segment_sum(op.inputs[2], at, tf.size(keys))
+                ids, _, owner = _by_owner(keys, n)
+                split.append((ids, tf.dynamic_partition(grads, owner, n)))
             dims = [op.inputs[2].shape[-1] for _, op in group]
             per_task = []
             for i in range(n):
