@@ -23,8 +23,9 @@ admission counts, max_rows and eviction, so each row moves as in one table.
 Refuses, when the cluster shards tables: a variable not placed on a ps task
 (its table would sit on a worker beside shards on the ps tasks), reads
 inside v1 control flow (a partition outside the loop or branch cannot feed
-it), reads of the whole variable, warm starts from checkpoint rows and
-adoption of a dense checkpoint (both import rows into one table).
+it), reads of the whole variable, and warm starts from checkpoint rows.
+A dense checkpoint in model_dir is adopted as on one machine: each ps task
+imports the rows it owns (graphmod.checkpoint.saver).
 """
 import collections
 from typing import List
@@ -68,9 +69,6 @@ def check(conversion: Conversion, context: Context) -> None:
         raise Refused(f"it is read whole, which a table sharded over {n} ps tasks cannot serve")
     if conversion.warm_start is not None:
         raise Refused(f"a warm start into a table sharded over {n} ps tasks is not built")
-    if context.held_densely(conversion):
-        raise Refused(f"adopting it into a table sharded over {n} ps tasks is not built "
-                      "(the checkpoint in model_dir holds it densely)")
 
 
 def rewrite(rw, conversions, context: Context) -> None:

@@ -10,6 +10,7 @@ import collections
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -182,6 +183,29 @@ def test_admission_and_eviction_as_in_one_process(tmp_path):
     # Evictions ran: of the 97 words every run sees, the rows left are those
     # seen in the last steps; admission kept some ids pending.
     assert 0 < len(rows[0][0]) < 90, len(rows[0][0])
+
+
+def test_a_dense_checkpoint_is_adopted_as_on_one_machine(tmp_path):
+    """A model_dir trained without graphmod, trained on with the hook: each
+    ps task adopts the rows it owns. The cluster trains on exactly as one
+    process adopting the same checkpoint, and as the unmodified model."""
+    dense = str(tmp_path / "dense")
+    _one_process(dense, STEPS, "--dense")
+    cluster, single = str(tmp_path / "cluster"), str(tmp_path / "single")
+    shutil.copytree(dense, cluster)
+    shutil.copytree(dense, single)
+    _cluster(cluster, MORE, 2, "--losses", cluster + ".losses", evaluator=False)
+    _one_process(single, MORE, "--losses", single + ".losses")
+    _one_process(dense, MORE, "--dense", "--losses", dense + ".losses")
+    losses = [_losses(d + ".losses") for d in (cluster, single, dense)]
+    assert len(losses[0]) == MORE - STEPS
+    assert losses[0] == losses[1]
+    np.testing.assert_allclose(losses[0], losses[2], rtol=1e-6)
+    with open(os.path.join(cluster, "graphmod", "rewrite_report_train.json")) as f:
+        report = json.load(f)
+    assert {t["table"] for t in report["tables"]} >= {
+        "emb", "input_layer/s_embedding/embedding_weights"}
+    assert os.path.exists(os.path.join(cluster, f"model.ckpt-{MORE}.tables.json"))
 
 
 # ps tasks running a stock tf.distribute.Server (no graphmod); the chief the example.

@@ -36,6 +36,7 @@ from tensorflow.python.training import saver as saver_lib
 from graphmod.checkpoint import deltas
 from graphmod._ops import ops
 from graphmod.distributed import checkpoints, ps
+from graphmod.distributed.partition import owner_of
 from graphmod.embeddings import features
 from graphmod.settings import UNITS
 from graphmod.state import graph_state
@@ -176,7 +177,9 @@ class TableSaver(tf1.train.Saver):
         if self._sharded_tables is not None or self._ps_tables is not None:
             self._build_deltas(tables, dense)
             self._dense_reader = self._delta_saver
-            return  # (no adoption of sharded tables yet)
+            if self._ps_tables is not None and self.adoptions and build_restore:
+                self._build_adoption(saveables)
+            return  # (no adoption of tables sharded across Horovod ranks yet)
         if self._is_empty:
             return
         if tables and _reads_parts():
@@ -228,21 +231,34 @@ class TableSaver(tf1.train.Saver):
             self._adopt_clock = {unit: tf1.placeholder(tf.int64, [], name=f"now_{unit}")
                                  for unit in UNITS}
             for a in self.adoptions:
-                with tf1.name_scope(a.table.name):
-                    values = tf.reshape(_restore(self._adopt_path, a.variable),
-                                        [a.rows, a.table.dim])
-                    if a.slots:
-                        slots = tf.stack([tf.reshape(_restore(self._adopt_path, s),
-                                                     [a.rows, a.table.dim]) for s in a.slots], 1)
-                    else:
-                        slots = tf.zeros([a.rows, 0, a.table.dim])
-                    keys = tf.range(a.rows, dtype=tf.int64)
-                    now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
-                    self._adopt_ops.append(a.table.import_rows(
-                        keys, values, slots, last_seen=tf.fill([a.rows], now), replace=True))
+                # A table sharded over ps tasks: each task reads the variable
+                # and imports the rows it owns (no copy of it on the chief).
+                shards = graph_state().ps_shards.get(a.table.name, [a.table])
+                for i, table in enumerate(shards):
+                    with tf1.name_scope(a.table.name), tf.device(table.handle.device):
+                        self._adopt_ops.append(self._adoption(a, table, i, len(shards)))
+            if self._ps_tables is not None:  # the tables' saveables are its own
+                others = [x for x in others if not _is_table(x)]
             self._others = tf1.train.Saver(
                 var_list=others, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
+
+    def _adoption(self, a: Adoption, table, shard: int, shards: int) -> tf.Operation:
+        """The import of the adopted variable's rows (row i as key i) that
+        the table (shard `shard` of `shards` over ps tasks) owns."""
+        values = tf.reshape(_restore(self._adopt_path, a.variable), [a.rows, table.dim])
+        if a.slots:
+            slots = tf.stack([tf.reshape(_restore(self._adopt_path, s), [a.rows, table.dim])
+                              for s in a.slots], 1)
+        else:
+            slots = tf.zeros([a.rows, 0, table.dim])
+        keys = tf.range(a.rows, dtype=tf.int64)
+        if shards > 1:
+            mine = tf.where(tf.equal(owner_of(keys, shards), shard))[:, 0]
+            keys, values, slots = (tf.gather(x, mine) for x in (keys, values, slots))
+        now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
+        return table.import_rows(keys, values, slots, last_seen=tf.fill(tf.shape(keys), now),
+                                 replace=True)
 
     # ---------------------------------------------------------------- restore
 
@@ -275,7 +291,13 @@ class TableSaver(tf1.train.Saver):
         if self.saver_def is None:
             self.build()  # an export restores without finalizing a Scaffold
         if self._sharded_tables is not None or self._ps_tables is not None:
-            self._restore_parts(sess, save_path, self._sharded_tables or self._ps_tables)
+            if self.adoptions and save_path is not None and \
+                    self.holds_tables_densely(save_path):
+                self._adopt(sess, save_path)
+                self.chain = self.restored = (save_path, 0)
+                self.marks = None
+            else:
+                self._restore_parts(sess, save_path, self._sharded_tables or self._ps_tables)
             return
         if self._parts is not None and save_path is not None and \
                 self._parts.is_sharded(save_path):
