@@ -1,7 +1,8 @@
 """Rule: in a parameter-server cluster, tables are sharded by key over the ps tasks.
 
 Matches the conversions whose variable the device setter put on a ps task,
-when the cluster has several (graphmod.distributed.ps). The table
+when the cluster has several (graphmod.distributed.ps); with one ps task,
+the tables stay whole on it and only the applies change, as below. The table
 gather_to_lookup built there becomes that task's shard; a shard with the
 same settings is built on every other ps task, and a key's owner
 (graphmod.distributed.partition) holds its row. Then, like shard_exchange
@@ -72,9 +73,18 @@ def check(conversion: Conversion, context: Context) -> None:
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    if context.ps_tasks <= 1 or context.ranks > 1:
+    if context.ps_tasks < 1 or context.ranks > 1:
         return
     built = {c.name: context.built("gather_to_lookup", c) for c in conversions}
+    if context.ps_tasks == 1:
+        # One ps task holds every table whole: only the gradient rows change
+        # (summed per key, and sent as one tensor).
+        on_ps = [c for c in conversions if c.training and ps.ps_task(c.variable.device) == 0]
+        with rw.rule(NAME):
+            _shard_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
+                                for c in on_ps],
+                           {built[c.name].table.name: [built[c.name].table] for c in on_ps})
+        return
     state = graph_state(context.graph)
     with rw.rule(NAME):
         for lookups in built.values():

@@ -40,8 +40,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_tables(on_ps: bool):
-    device = (tf1.train.replica_device_setter(ps_tasks=2, worker_device="/job:worker/task:0")
+def _two_tables(on_ps: bool, tasks: int = 2):
+    device = (tf1.train.replica_device_setter(ps_tasks=tasks, worker_device="/job:worker/task:0")
               if on_ps else None)
     with tf1.device(device):
         a = tiny_model(name="a", rows=2000, initializer=tf1.random_normal_initializer(seed=1))
@@ -51,12 +51,14 @@ def _two_tables(on_ps: bool):
     return a, b, train
 
 
-def _train(target, on_ps: bool):
+def _train(target, on_ps: bool, tasks: int = 2):
     """(rows read after training, {table: {key: row}}, {table: [keys of each shard]}, applied)."""
     with tf.Graph().as_default() as g:
-        a, b, train = _two_tables(on_ps)
-        applied = apply_rules(g, *RULES, ps_tasks=2 if on_ps else 0)
+        a, b, train = _two_tables(on_ps, tasks)
+        applied = apply_rules(g, *RULES, ps_tasks=tasks if on_ps else 0)
         shards = graph_state(g).ps_shards
+        if on_ps:  # the ps tasks' tables outlive a session: start from none
+            tf1.Session.reset(target)
         with tf1.Session(target if on_ps else "") as sess:
             sess.run(tf1.global_variables_initializer())
             for ids in STEPS:
@@ -128,9 +130,18 @@ def test_refuses_a_variable_off_the_ps_tasks_whole_reads_and_warm_starts():
             ps_shards.check(dataclasses.replace(c, warm_start=tf.zeros([8, 2])), context)
 
 
-def test_with_one_ps_task_it_changes_nothing():
-    with tf.Graph().as_default() as g:
-        with tf.device("/job:ps/task:0"):
-            tiny_model(tf1.train.AdagradOptimizer(0.1))
-        applied = apply_rules(g, *RULES, ps_tasks=1)
-        assert applied.built_by("ps_shards") == [] and not graph_state(g).ps_shards
+def test_with_one_ps_task_the_tables_stay_whole_and_the_gradient_rows_cross_once(cluster):
+    read, tables, held, applied = _train(cluster, on_ps=True, tasks=1)
+    one_read, one_tables, _, _ = _train(None, on_ps=False)
+    for x, y in zip(read, one_read):
+        np.testing.assert_array_equal(x, y)
+    for name, rows in one_tables.items():
+        assert len(held[name]) == 1  # no shards
+        for k, row in rows.items():
+            np.testing.assert_array_equal(tables[name][k], row)
+    assert not graph_state(applied.rw.graph).ps_shards
+    # Only the applies change: one apply, of each key's summed gradient row.
+    assert applied.built_by("ps_shards").count("GraphmodFusedApply") == 1
+    assert applied.built_by("ps_shards").count("UniqueV2") + \
+        applied.built_by("ps_shards").count("Unique") == 2
+    assert "GraphmodTable" not in applied.built_by("ps_shards")
