@@ -113,7 +113,8 @@ def _shards(table: Table, n: int) -> List[Table]:
 
 
 def _by_owner(keys: tf.Tensor, n: int):
-    """(keys of each owner, their positions in keys): keys flattened."""
+    """(keys of each owner, their positions in keys, each key's owner), of
+    keys flattened."""
     flat = tf.reshape(keys, [-1])
     owner = owner_of(flat, n)
     return (tf.dynamic_partition(flat, owner, n),
