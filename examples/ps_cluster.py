@@ -18,6 +18,7 @@ machines' host:port pairs (see the README, "Parameter servers").
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -60,14 +61,17 @@ def run_cluster(command: List[str], ps: int = 2, workers: int = 0, evaluator: bo
         for name, config in tf_configs(ps, workers, evaluator).items():
             env = dict(os.environ, TF_CONFIG=json.dumps(config), CUDA_VISIBLE_DEVICES="")
             with open(os.path.join(log_dir, f"{name}.log"), "w") as log:
+                # Its own process group: stopping a task stops what it started.
                 procs[name] = subprocess.Popen(command, env=env, stdout=log,
-                                               stderr=subprocess.STDOUT)
+                                               stderr=subprocess.STDOUT, start_new_session=True)
         return {name: p.wait(timeout=timeout) for name, p in procs.items()
                 if not name.startswith("ps")}
     finally:
         for p in procs.values():  # the ps tasks serve until stopped
-            if p.poll() is None:
-                p.kill()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             p.wait()
 
 

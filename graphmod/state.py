@@ -36,6 +36,9 @@ class GraphState:
     sharded: Optional[bool] = None
     # The model_dir's latest checkpoint holds tables in parts (graphmod.checkpoint.saver)
     reads_parts: bool = False
+    # Tables sharded over ps tasks (graphmod.distributed.ps): name -> its
+    # shard on each ps task, in task order (`tables` holds one of them).
+    ps_shards: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
 
     def snapshot(self) -> "GraphState":
         """A copy whose containers are copies (their items are shared)."""

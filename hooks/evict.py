@@ -91,11 +91,15 @@ class EvictHook(tf1.train.SessionRunHook):
             self._evict = {}
             for t in self.tables:
                 policy = features.policy_of(t)
-                latest = t.info()["latest"]
+                # Shards over ps tasks cut where the table would: at its
+                # newest lookup over every shard.
+                shards = features.shards(t)
+                latest = tf.reduce_max(tf.stack([s.info()["latest"] for s in shards]))
                 if sharded and policy.eviction_unit == "steps":
                     latest = tf.where(self._step_now >= 0, self._step_now, latest)
                 cut = latest - policy.eviction_threshold
-                self._evict[t.name] = dict(evicted=t.evict(cut), cut=cut)
+                self._evict[t.name] = dict(evicted=tf.add_n([s.evict(cut) for s in shards]),
+                                           cut=cut)
             # Counted after the eviction, so the log shows what is left.
             with tf.control_dependencies([d["evicted"] for d in self._evict.values()]):
                 self._counters = {t.name: features.counters(t) for t in self.tables}

@@ -29,12 +29,14 @@ ranks that cannot follow rank 0); every rank must evaluate with the hook too.
 """
 import os
 import sys
-from typing import Optional
+import weakref
+from typing import Any, Optional
 
 import tensorflow as tf
 from absl import logging
 
 from graphmod import tf_private
+from graphmod.distributed import ps
 from graphmod.embeddings import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
@@ -45,7 +47,7 @@ from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite_rules import RULES
 from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
-from graphmod.state import tables as graphmod_tables
+from graphmod.state import graph_state, tables as graphmod_tables
 
 tf1 = tf.compat.v1
 
@@ -158,19 +160,21 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             raise TypeError("GraphModifierHook: serving_export must be a graphmod.ServingExport, "
                             f"got {type(serving_export).__name__}")
         self.serving_export = serving_export
-        self._exporting = False
-        self._schedule = None  # graphmod.distributed.save_schedule.SaveSchedule
+        # Per graph: whether its session exports for serving, and its
+        # tables' counters (a training graph with tables: its session drives
+        # the EvictHook and IncrementalSaveHook). Kept by graph because one
+        # hook may serve a training session and, while it runs, evaluations
+        # (train_and_evaluate on one machine evaluates at each checkpoint).
+        self._exporting: "weakref.WeakKeyDictionary[tf.Graph, bool]" = weakref.WeakKeyDictionary()
+        self._counters: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+        # Per graph too: a training graph's graphmod.distributed.save_schedule.SaveSchedule
+        self._schedules: "weakref.WeakKeyDictionary[tf.Graph, Any]" = weakref.WeakKeyDictionary()
         self.report: Optional[RewriteReport] = None
-        self._counters = {}
 
     def begin(self) -> None:
         graph = tf1.get_default_graph()
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
-        self._counters = {}
-        self._schedule = None
-        if self.incremental_hook is not None:  # until this graph's ranks coordinate
-            self.incremental_hook.coordinated = False
         estimator = tf_private.running_estimator()
         estimator_dir = estimator.model_dir if estimator is not None else None
         # The plan lives beside the checkpoints it describes (the Estimator's
@@ -192,13 +196,20 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
+        if mode == "train" and estimator is not None and estimator.config.master:
+            shards = graph_state(graph).ps_shards
+            if shards:  # a ps task without graphmod's ops fails here, named
+                ps.check_op_library(estimator.config.master, len(next(iter(shards.values()))),
+                                    estimator.config.session_config)
+        if mode == "train" and self.incremental_hook is not None:
+            self.incremental_hook.coordinated = False  # until this graph's ranks coordinate
         if self.report.sharded_ranks > 1 and mode == "train":
-            self._schedule = _coordinate_saves(estimator, self.incremental_hook, graph)
+            self._schedules[graph] = _coordinate_saves(estimator, self.incremental_hook, graph)
         elif mode != "train":
             _restore_from_rank0(estimator, mode, self.report.sharded_ranks > 1)
-        self._exporting = (self.serving_export is not None and mode == "train"
-                           and estimator is not None and _chief(estimator))
-        if self._exporting:
+        self._exporting[graph] = (self.serving_export is not None and mode == "train"
+                                  and estimator is not None and _chief(estimator))
+        if self._exporting[graph]:
             self.serving_export.start(estimator, RULES)
         if out_dir:
             out = os.path.join(out_dir, "graphmod")
@@ -207,10 +218,15 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                 tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
                 tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
                 self.report.write_record(out)
-        if self.report.counters:  # a training graph with tables
-            self._counters = self.report.counters
+        # Evictions and deltas change the tables every task shares: in a
+        # parameter-server cluster the chief alone runs them (as it alone
+        # saves); Horovod ranks each run them on the keys they own.
+        drives = (estimator is None or estimator.config.is_chief
+                  or self.report.sharded_ranks > 1)
+        if self.report.counters and drives:  # a training graph with tables
+            self._counters[graph] = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
-                                           if t.name in self._counters
+                                           if t.name in self.report.counters
                                            and features.policy_of(t).evicts]
             self.evict_hook.begin()
             if self.incremental_hook is not None:
@@ -220,18 +236,20 @@ class GraphModifierHook(tf1.train.SessionRunHook):
     # graphs with tables; first, with sharded tables, the SaveSchedule that
     # carries rank 0's save decisions (a step's full save precedes its
     # eviction, its delta follows it).
-    def _driven(self):
-        driven = [self._schedule] if self._schedule is not None else []
-        if self._counters:
+    def _driven(self, session):
+        schedule = self._schedules.get(session.graph)
+        driven = [schedule] if schedule is not None else []
+        if self._counters.get(session.graph):
             driven += [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
         return driven
 
     def after_create_session(self, session, coord) -> None:
-        for hook in self._driven():
+        for hook in self._driven(session):
             hook.after_create_session(session, coord)
 
     def before_run(self, run_context):
-        args = [(i, h.before_run(run_context)) for i, h in enumerate(self._driven())]
+        args = [(i, h.before_run(run_context))
+                for i, h in enumerate(self._driven(run_context.session))]
         args = [(i, a) for i, a in args if a is not None]
         if not args:
             return None
@@ -242,18 +260,19 @@ class GraphModifierHook(tf1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values) -> None:
         results = run_values.results or {}
-        for i, hook in enumerate(self._driven()):
+        for i, hook in enumerate(self._driven(run_context.session)):
             hook.after_run(run_context, tf1.train.SessionRunValues(
                 results.get(i), run_values.options, run_values.run_metadata))
 
     def end(self, session) -> None:
-        if self._exporting:  # its last version: the final checkpoint's
+        if self._exporting.get(session.graph):  # its last version: the final checkpoint's
             self.serving_export.finish(int(session.run(tf1.train.get_global_step())))
-        if self._schedule is not None:  # (the saver hooks' last saves came before)
-            self._schedule.end(session)
-        if not self._counters:
+        schedule = self._schedules.get(session.graph)
+        if schedule is not None:  # (the saver hooks' last saves came before)
+            schedule.end(session)
+        if not self._counters.get(session.graph):
             return
-        for name, c in session.run(self._counters).items():
+        for name, c in session.run(self._counters[session.graph]).items():
             logging.info("graphmod: table '%s': %d rows, %d admitted, %d lookups given no row, "
                          "%d evicted, %d ids pending admission", name, c["size"],
                          c["admitted"], c["rejected"], c["evicted"], c["pending"])

@@ -5,7 +5,8 @@ rewrite); RULES is the order the pipeline runs them in, checked against
 every rule's AFTER when this module loads: keys first (lookups read the
 unsqueezed ids), then the lookups (which build the tables), the warm start,
 dense reads, penalties and updates (which use the tables' rows), under
-Horovod the exchange of lookups and applies with each key's owner rank, the
+Horovod the exchange of lookups and applies with each key's owner rank (in
+a parameter-server cluster, the sharding of tables over the ps tasks), the
 fusing of the lookups and applies into one op each, the Saver swap
 (variables out, tables in) and Horovod's broadcast (variables out),
 graphmod's TableSaver (deltas, adoption of dense checkpoints), the
@@ -17,10 +18,10 @@ Every rule checks every conversion before any rewrites.
 from graphmod.rewrite.rule import registry
 from graphmod.rewrite_rules import (collisionless_keys, dense_reads, fuse_table_ops,
                                     gather_to_lookup, horovod_broadcast, l2_penalties,
-                                    optimizer_updates, saver_swap, shard_exchange,
+                                    optimizer_updates, ps_shards, saver_swap, shard_exchange,
                                     table_counters, table_saver, warm_start,
                                     warm_start_sources)
 
 RULES = registry(collisionless_keys, gather_to_lookup, warm_start, dense_reads, l2_penalties,
-                 optimizer_updates, shard_exchange, fuse_table_ops, saver_swap,
+                 optimizer_updates, shard_exchange, ps_shards, fuse_table_ops, saver_swap,
                  horovod_broadcast, table_saver, table_counters, warm_start_sources)

@@ -31,7 +31,7 @@ from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.rule import Context
 
 NAME = "fuse_table_ops"
-AFTER = ("optimizer_updates", "shard_exchange")  # fuses the table ops they leave
+AFTER = ("optimizer_updates", "shard_exchange", "ps_shards")  # fuses the table ops they leave
 
 
 def rewrite(rw, conversions, context: Context) -> None:

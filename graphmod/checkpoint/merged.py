@@ -151,6 +151,7 @@ def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tup
                         if applied else int(state.checkpoint.rsplit("-", 1)[1]))
             if recover is not None:
                 saver.recover_last_checkpoints(recover)
+            tf.io.gfile.makedirs(os.path.dirname(prefix) or ".")
             # The model's graph, not this stand-in's, describes the checkpoint.
             path = saver.save(sess, prefix, global_step=step, write_meta_graph=False,
                               write_state=recover is not None)

@@ -35,7 +35,8 @@ from tensorflow.python.training import saver as saver_lib
 
 from graphmod.checkpoint import deltas
 from graphmod._ops import ops
-from graphmod.distributed import checkpoints
+from graphmod.distributed import checkpoints, ps
+from graphmod.distributed.partition import owner_of
 from graphmod.embeddings import features
 from graphmod.settings import UNITS
 from graphmod.state import graph_state
@@ -147,6 +148,7 @@ class TableSaver(tf1.train.Saver):
         self._versions: Dict[str, tf.Tensor] = {}
         self._track: Dict[str, tf.Tensor] = {}
         self._sharded_tables = None  # graphmod.distributed.checkpoints.ShardedTables
+        self._ps_tables = None  # graphmod.distributed.ps.PsTables
         self._parts = None  # a TableParts, when the tables are not sharded
         self._dense_reader: Optional[tf1.train.Saver] = None  # the dense variables alone
         # Sharded tables: where every rank's save goes, rank 0's model_dir
@@ -168,14 +170,21 @@ class TableSaver(tf1.train.Saver):
             self._var_list = dense
             self._allow_empty = self._allow_empty or not dense  # the tables are saved
             self._sharded_tables = checkpoints.ShardedTables(tables)
+        elif not built and tables and graph_state().ps_shards:
+            # Every ps task saves its shards (graphmod.distributed.ps).
+            self._var_list = dense
+            self._allow_empty = self._allow_empty or not dense
+            self._ps_tables = ps.PsTables(_ps_layout(tables))
         super()._build(checkpoint_path, build_save, build_restore)
         if built:
             return
         # Built beside the ordinary save and restore, before the graph is finalized.
-        if self._sharded_tables is not None:
+        if self._sharded_tables is not None or self._ps_tables is not None:
             self._build_deltas(tables, dense)
             self._dense_reader = self._delta_saver
-            return  # (no adoption of sharded tables yet)
+            if self._ps_tables is not None and self.adoptions and build_restore:
+                self._build_adoption(saveables)
+            return  # (no adoption of tables sharded across Horovod ranks yet)
         if self._is_empty:
             return
         if tables and _reads_parts():
@@ -198,13 +207,17 @@ class TableSaver(tf1.train.Saver):
         with tf1.name_scope("graphmod_delta"):
             parts = []
             for t in tables:
-                name = t.table.name
-                self._since[name] = tf1.placeholder(tf.int64, [], name=f"{name}_since")
-                self._versions[name] = t.table.info()["version"]
-                self._track[name] = ops.graphmod_table_track_removals(t.table.handle)
-                parts.append(_TableDeltaSaveable(t.table, self._since[name]))
-            if self._sharded_tables is not None:
-                self._sharded_tables.build_deltas(parts)
+                # A table sharded over ps tasks: each shard keeps its own versions.
+                shards = (graph_state().ps_shards[t.table.name] if self._ps_tables is not None
+                          else [t.table])
+                for i, table in enumerate(shards):
+                    key = t.table.name if len(shards) == 1 else f"{t.table.name}@ps{i}"
+                    self._since[key] = tf1.placeholder(tf.int64, [], name=f"{table.name}_since")
+                    self._versions[key] = table.info()["version"]
+                    self._track[key] = ops.graphmod_table_track_removals(table.handle)
+                    parts.append(_TableDeltaSaveable(table, self._since[key]))
+            if self._sharded_tables is not None or self._ps_tables is not None:
+                (self._sharded_tables or self._ps_tables).build_deltas(parts)
                 parts = []
             elif self._parts is not None:
                 self._parts.build_deltas(parts)
@@ -223,21 +236,34 @@ class TableSaver(tf1.train.Saver):
             self._adopt_clock = {unit: tf1.placeholder(tf.int64, [], name=f"now_{unit}")
                                  for unit in UNITS}
             for a in self.adoptions:
-                with tf1.name_scope(a.table.name):
-                    values = tf.reshape(_restore(self._adopt_path, a.variable),
-                                        [a.rows, a.table.dim])
-                    if a.slots:
-                        slots = tf.stack([tf.reshape(_restore(self._adopt_path, s),
-                                                     [a.rows, a.table.dim]) for s in a.slots], 1)
-                    else:
-                        slots = tf.zeros([a.rows, 0, a.table.dim])
-                    keys = tf.range(a.rows, dtype=tf.int64)
-                    now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
-                    self._adopt_ops.append(a.table.import_rows(
-                        keys, values, slots, last_seen=tf.fill([a.rows], now), replace=True))
+                # A table sharded over ps tasks: each task reads the variable
+                # and imports the rows it owns (no copy of it on the chief).
+                shards = graph_state().ps_shards.get(a.table.name, [a.table])
+                for i, table in enumerate(shards):
+                    with tf1.name_scope(a.table.name), tf.device(table.handle.device):
+                        self._adopt_ops.append(self._adoption(a, table, i, len(shards)))
+            if self._ps_tables is not None:  # the tables' saveables are its own
+                others = [x for x in others if not _is_table(x)]
             self._others = tf1.train.Saver(
                 var_list=others, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
+
+    def _adoption(self, a: Adoption, table, shard: int, shards: int) -> tf.Operation:
+        """The import of the adopted variable's rows (row i as key i) that
+        the table (shard `shard` of `shards` over ps tasks) owns."""
+        values = tf.reshape(_restore(self._adopt_path, a.variable), [a.rows, table.dim])
+        if a.slots:
+            slots = tf.stack([tf.reshape(_restore(self._adopt_path, s), [a.rows, table.dim])
+                              for s in a.slots], 1)
+        else:
+            slots = tf.zeros([a.rows, 0, table.dim])
+        keys = tf.range(a.rows, dtype=tf.int64)
+        if shards > 1:
+            mine = tf.where(tf.equal(owner_of(keys, shards), shard))[:, 0]
+            keys, values, slots = (tf.gather(x, mine) for x in (keys, values, slots))
+        now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
+        return table.import_rows(keys, values, slots, last_seen=tf.fill(tf.shape(keys), now),
+                                 replace=True)
 
     # ---------------------------------------------------------------- restore
 
@@ -269,8 +295,14 @@ class TableSaver(tf1.train.Saver):
     def restore(self, sess, save_path):
         if self.saver_def is None:
             self.build()  # an export restores without finalizing a Scaffold
-        if self._sharded_tables is not None:
-            self._restore_parts(sess, save_path, self._sharded_tables)
+        if self._sharded_tables is not None or self._ps_tables is not None:
+            if self.adoptions and save_path is not None and \
+                    self.holds_tables_densely(save_path):
+                self._adopt(sess, save_path)
+                self.chain = self.restored = (save_path, 0)
+                self.marks = None
+            else:
+                self._restore_parts(sess, save_path, self._sharded_tables or self._ps_tables)
             return
         if self._parts is not None and save_path is not None and \
                 self._parts.is_sharded(save_path):
@@ -298,8 +330,9 @@ class TableSaver(tf1.train.Saver):
         if self._dense_reader is not None:
             self._restore_delta(sess, save_path, self._dense_reader)
         read = parts.restore(sess, save_path)
-        logging.info("graphmod: restored the keys of rank %d of %d from %s", parts.rank,
-                     parts.size, ", ".join(read))
+        logging.info("graphmod: restored the keys of %s from %s",
+                     f"{parts.size} ps tasks" if parts is self._ps_tables
+                     else f"rank {parts.rank} of {parts.size}", ", ".join(read))
         applied = 0
         for prefix in deltas.committed(save_path):
             if self._dense_reader is not None and tf.io.gfile.exists(prefix + ".index"):
@@ -336,7 +369,7 @@ class TableSaver(tf1.train.Saver):
     # ---------------------------------------------------------------- save
 
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
-        if self._sharded_tables is not None:
+        if self._sharded_tables is not None or self._ps_tables is not None:
             return self._save_sharded(sess, save_path, global_step, *args, **kwargs)
         # What a delta after this save follows (only read while tracking).
         versions = sess.run(self._versions) if self.marks is not None else None
@@ -366,9 +399,9 @@ class TableSaver(tf1.train.Saver):
         return self._sharded_tables is not None
 
     def _save_sharded(self, sess, save_path, global_step, *args, **kwargs):
-        """Every rank writes its tables' part, rank 0 commits their manifest
-        and then saves the rest (and the `checkpoint` state file) as usual.
-        Every rank must call it at the same step."""
+        """Every rank (or ps task) writes its tables' part, rank 0 (the chief)
+        commits their manifest and then saves the rest (and the `checkpoint`
+        state file) as usual. Every Horovod rank must call it at the same step."""
         if self.saver_def is None:
             self.build()
         if self.rank0_dir:
@@ -384,17 +417,26 @@ class TableSaver(tf1.train.Saver):
             checkpoint = (f"{save_path}-{step:08d}" if self._pad_step_number  # pylint: disable=protected-access
                           else f"{save_path}-{step}")
         versions = sess.run(self._versions) if self.marks is not None else None
-        # (rank 0 drops the checkpoint's old deltas in there: see save())
-        self._sharded_tables.stream, self._sharded_tables.staging = self.part_stream or (None, None)
-        self._sharded_tables.save(sess, checkpoint)
+        parts = self._sharded_tables or self._ps_tables
+        if self._ps_tables is not None and parts.rank == 0:
+            # See save(). Before the parts are written: once they are, other
+            # ps tasks may write their parts of this checkpoint's first delta.
+            # (Horovod ranks: rank 0 drops them in ShardedTables.save, once no
+            # rank is still restoring them.)
+            deltas.drop(checkpoint)
+        if self._sharded_tables is not None:
+            self._sharded_tables.stream, self._sharded_tables.staging = (
+                self.part_stream or (None, None))
+        parts.save(sess, checkpoint)
         path = checkpoint
-        if self._sharded_tables.rank == 0 and not self._is_empty:  # else tables alone
+        if parts.rank == 0 and not self._is_empty:  # else tables alone
             path = super().save(sess, save_path, global_step, *args, **kwargs)
             # (a tables-only Saver keeps no list of checkpoints to delete)
             checkpoints.remove_orphans(os.path.dirname(path))
             for name in deltas.remove_orphans(os.path.dirname(path)):
                 logging.info("graphmod: removed the deltas of %s with it", name)
-        self._sharded_tables.wait_committed(sess, checkpoint)
+        if self._sharded_tables is not None:
+            self._sharded_tables.wait_committed(sess, checkpoint)
         self.chain = (path, 0)
         if self.marks is not None:
             self.marks = versions
@@ -419,13 +461,14 @@ class TableSaver(tf1.train.Saver):
             self.start_tracking(sess)
         versions = sess.run(self._versions)  # what the delta will reflect
         feed = {self._since[name]: mark for name, mark in self.marks.items()}
-        if self._sharded_tables is not None:
+        if self._sharded_tables is not None or self._ps_tables is not None:
             def save_dense(tmp):
                 sess.run(self._delta_saver.saver_def.save_tensor_name,
                          {self._delta_saver.saver_def.filename_tensor_name: tmp})
-            self._sharded_tables.stream, self._sharded_tables.staging = (
-                self.part_stream or (None, None))
-            prefix = self._sharded_tables.save_delta(
+            if self._sharded_tables is not None:
+                self._sharded_tables.stream, self._sharded_tables.staging = (
+                    self.part_stream or (None, None))
+            prefix = (self._sharded_tables or self._ps_tables).save_delta(
                 sess, base, count + 1, step, feed,
                 save_dense if self._delta_saver is not None else None)
             self.chain, self.marks = (base, count + 1), versions
@@ -449,6 +492,20 @@ class TableSaver(tf1.train.Saver):
         if base is not None and (self._sharded_tables is None or
                                  self._sharded_tables.rank == 0):
             deltas.truncate(base, count)  # (one rank does it for all)
+
+
+def _ps_layout(tables) -> List[list]:
+    """The tables' shards on each ps task (graphmod.distributed.ps), in one
+    table order; an error naming the tables that are not sharded, which no
+    part of the checkpoint would hold."""
+    shards = graph_state().ps_shards
+    alone = sorted(t.table.name for t in tables if t.table.name not in shards)
+    if alone:
+        raise ValueError(f"graphmod: tables {alone} are not sharded over the ps tasks while "
+                         f"{sorted(shards)} are; one checkpoint cannot hold both (create them "
+                         "under the same device setter, or convert them with the hook)")
+    n = len(next(iter(shards.values())))
+    return [[shards[t.table.name][i] for t in tables] for i in range(n)]
 
 
 def _remove_parts(save_path: str) -> None:

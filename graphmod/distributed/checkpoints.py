@@ -231,25 +231,10 @@ class ShardedTables(TableParts):
             # them. Before the parts are written: once they are, other ranks
             # may write their parts of this checkpoint's first delta.
             deltas.drop(checkpoint)
-            if tf.io.gfile.exists(manifest_path(checkpoint)):
-                tf.io.gfile.remove(manifest_path(checkpoint))
+            uncommit(checkpoint)
         self._write_part(sess, self._written, self._part, checkpoint)
         if self.rank == 0:
-            folder = os.path.dirname(checkpoint)
-            parts = [os.path.basename(part_prefix(checkpoint, r, self.size))
-                     for r in range(self.size)]
-            missing = [r for r, p in enumerate(parts)
-                       if not tf.io.gfile.exists(os.path.join(folder, p + ".index"))]
-            if missing:
-                raise RuntimeError(f"graphmod: the parts of ranks {missing} of {checkpoint} "
-                                   "are missing after every rank wrote its part (is model_dir "
-                                   "a file system every rank shares?)")
-            files = sorted(f for f in tf.io.gfile.listdir(folder or ".")
-                           if any(f.startswith(p + ".") for p in parts))
-            tmp = manifest_path(checkpoint) + ".tmp"
-            with tf.io.gfile.GFile(tmp, "w") as f:
-                json.dump(dict(format=1, ranks=self.size, files=files), f, indent=1)
-            tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
+            commit(checkpoint, self.size)
 
     def save_delta(self, sess, base: str, index: int, step: int, feed: dict, save_dense
                    ) -> str:
@@ -262,28 +247,58 @@ class ShardedTables(TableParts):
             tf.io.gfile.makedirs(os.path.dirname(prefix))
         self._write_part(sess, self._delta_written, self._delta_part, prefix, feed)
         if self.rank == 0:
-            self._commit_delta(base, prefix, index, step, save_dense)
+            commit_delta(base, prefix, index, step, self.size, save_dense)
         # Every rank returns once the delta is committed (a restore next reads it).
         sess.run(self._delta_committed, {self._delta_part: prefix})
         return prefix
 
-    def _commit_delta(self, base: str, prefix: str, index: int, step: int, save_dense) -> None:
-        missing = [r for r in range(self.size) if not tf.io.gfile.exists(
-            part_prefix(prefix, r, self.size) + ".index")]
-        if missing:
-            raise RuntimeError(f"graphmod: the parts of ranks {missing} of delta {prefix} are "
-                               "missing after every rank wrote its part (is model_dir a file "
-                               "system every rank shares?)")
-        tmp = None
-        if save_dense is not None:
-            tmp = deltas.temp_prefix(base, index)
-            try:
-                save_dense(tmp)
-            except Exception:
-                deltas.discard(tmp)
-                raise
-        deltas.publish(base, tmp, index, step)
 
+def uncommit(checkpoint: str) -> None:
+    """Before a checkpoint's parts are written: one saved again under its
+    name (a resumed run saves the step it restored) is incomplete until its
+    new manifest is written."""
+    if tf.io.gfile.exists(manifest_path(checkpoint)):
+        tf.io.gfile.remove(manifest_path(checkpoint))
+
+
+def commit(checkpoint: str, size: int) -> None:
+    """Commits a checkpoint's tables once all `size` parts are written: its
+    manifest (the number of parts and their files), written aside and renamed."""
+    folder = os.path.dirname(checkpoint)
+    parts = [os.path.basename(part_prefix(checkpoint, r, size)) for r in range(size)]
+    missing = [r for r, p in enumerate(parts)
+               if not tf.io.gfile.exists(os.path.join(folder, p + ".index"))]
+    if missing:
+        raise RuntimeError(f"graphmod: the parts {missing} of {checkpoint} are missing after "
+                           "every part was written (is model_dir a file system every rank or "
+                           "ps task shares?)")
+    files = sorted(f for f in tf.io.gfile.listdir(folder or ".")
+                   if any(f.startswith(p + ".") for p in parts))
+    tmp = manifest_path(checkpoint) + ".tmp"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        json.dump(dict(format=1, ranks=size, files=files), f, indent=1)
+    tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
+
+
+def commit_delta(base: str, prefix: str, index: int, step: int, size: int, save_dense) -> None:
+    """Commits delta `index` of `base` once all `size` parts are written: the
+    dense variables' part (save_dense(prefix); None: there are none), then
+    the chain's manifest."""
+    missing = [r for r in range(size) if not tf.io.gfile.exists(
+        part_prefix(prefix, r, size) + ".index")]
+    if missing:
+        raise RuntimeError(f"graphmod: the parts {missing} of delta {prefix} are missing "
+                           "after every part was written (is model_dir a file system every "
+                           "rank or ps task shares?)")
+    tmp = None
+    if save_dense is not None:
+        tmp = deltas.temp_prefix(base, index)
+        try:
+            save_dense(tmp)
+        except Exception:
+            deltas.discard(tmp)
+            raise
+    deltas.publish(base, tmp, index, step)
 
 
 def remove_parts(checkpoint: str) -> None:

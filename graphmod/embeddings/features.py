@@ -165,9 +165,17 @@ def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> 
 
 
 def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
-    """Scalars: rows, admitted, rejected (lookups given no row), evicted, pending."""
-    info = table.info()
-    return {k: info[k] for k in ("size", "admitted", "rejected", "evicted", "pending")}
+    """Scalars: rows, admitted, rejected (lookups given no row), evicted,
+    pending; summed over its shards where it is sharded over ps tasks."""
+    infos = [s.info() for s in shards(table)]
+    return {k: tf.add_n([i[k] for i in infos])
+            for k in ("size", "admitted", "rejected", "evicted", "pending")}
+
+
+def shards(table: "graphmod.Table") -> List["graphmod.Table"]:
+    """The table's shards over ps tasks (graphmod.distributed.ps); [table]
+    where it is not sharded that way."""
+    return graph_state(table.graph).ps_shards.get(table.name, [table])
 
 
 def add_summaries(tables: List["graphmod.Table"]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from graphmod import distributed
 from graphmod.embeddings import features
+from graphmod.distributed import ps
 from graphmod.distributed.checkpoints import TableParts
 from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite import plan_file, validate
@@ -81,6 +82,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
                       ranks=distributed.horovod_ranks() if mode != "predict" else 1,
+                      ps_tasks=ps.ps_tasks(graph),
                       checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current,
                       # a fresh start (no checkpoint in model_dir) imports the sources' rows
                       warm_start=settings.warm_start if training and not names else None)
@@ -159,7 +161,8 @@ def _table_entry(c, context: Context) -> dict:
                 initializer=dataclasses.asdict(table.initializer),
                 unsqueezed=keys.names if keys is not None else None,
                 dense_reads=len(c.dense_reads), warm_started=c.warm_start is not None,
-                ranks_combine=_ranks_combine(c))
+                ranks_combine=_ranks_combine(c),
+                ps_shards=len(graph_state(table.graph).ps_shards.get(table.name, [])))
 
 
 def _ranks_combine(c) -> str:

@@ -50,8 +50,10 @@ class RewriteReport:
         for t in self.tables:
             logging.info("graphmod:   %s [%d x %d] -> table '%s' (%d lookup(s), optimizer %s%s)",
                          t["variable"], t["rows"], t["dim"], t["table"], t["lookups"],
-                         t["optimizer"], f", gradients' {t['ranks_combine']} over ranks"
-                         if t.get("ranks_combine") else "")
+                         t["optimizer"], (f", gradients' {t['ranks_combine']} over ranks"
+                                          if t.get("ranks_combine") else "")
+                         + (f", sharded by key over {t['ps_shards']} ps tasks"
+                            if t.get("ps_shards") else ""))
         for s in self.skipped:
             logging.warning("graphmod: '%s' stays a dense variable: %s", s["variable"],
                             s["reason"])

@@ -67,6 +67,9 @@ class Context:
     # Horovod ranks the model runs on: above 1, tables are sharded across
     # them (rewrite_rules.shard_exchange).
     ranks: int = 1
+    # ps tasks of the parameter-server cluster the model runs in: above 1,
+    # tables of variables on ps tasks are sharded over them (rewrite_rules.ps_shards).
+    ps_tasks: int = 0
     # Names in model_dir's latest checkpoint (empty: none), which the Saver
     # will restore instead of running initializers.
     checkpoint_names: frozenset = frozenset()

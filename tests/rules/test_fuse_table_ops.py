@@ -4,13 +4,13 @@ import tensorflow as tf
 
 from graphmod.rewrite_rules import (collisionless_keys, dense_reads, fuse_table_ops,
                                     gather_to_lookup, l2_penalties, optimizer_updates,
-                                    shard_exchange)
+                                    ps_shards, shard_exchange)
 
 from .helpers import apply_rules, exported, tiny_model
 
 tf1 = tf.compat.v1
 UNFUSED = (collisionless_keys, gather_to_lookup, dense_reads, l2_penalties, optimizer_updates,
-           shard_exchange)
+           shard_exchange, ps_shards)
 STEPS = [[1, 2, 1], [2, 5]]
 
 

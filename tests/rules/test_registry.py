@@ -22,11 +22,12 @@ def _rule(name, after=(), check=None):
 def test_graphmods_rules_load_in_their_order():
     assert [r.name for r in RULES] == [
         "collisionless_keys", "gather_to_lookup", "warm_start", "dense_reads", "l2_penalties",
-        "optimizer_updates", "shard_exchange", "fuse_table_ops", "saver_swap",
+        "optimizer_updates", "shard_exchange", "ps_shards", "fuse_table_ops", "saver_swap",
         "horovod_broadcast", "table_saver", "table_counters", "warm_start_sources"]
     # Only these rules can refuse a variable (the others have the default no-op check).
     assert [r.name for r in RULES if r.check is not None] == [
-        "gather_to_lookup", "l2_penalties", "optimizer_updates", "shard_exchange", "table_saver"]
+        "gather_to_lookup", "l2_penalties", "optimizer_updates", "shard_exchange", "ps_shards",
+        "table_saver"]
     for i, rule in enumerate(RULES):
         assert set(rule.after) <= {r.name for r in RULES[:i]}, rule.name
 

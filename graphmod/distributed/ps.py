@@ -1,0 +1,150 @@
+"""Tables sharded by key over the ps tasks of a parameter-server cluster.
+
+Under TF_CONFIG with ps tasks, the Estimator's replica_device_setter puts
+each variable on one ps task. A converted variable's table is instead cut
+into one shard per ps task (rewrite_rules.ps_shards): shard i lives on
+`/job:ps/task:i` and holds the keys whose owner (graphmod.distributed.partition,
+the same hash ranges as Horovod's ranks) is i. Workers hold no rows: a step's
+lookups and applies run on the owning ps tasks.
+
+Checkpoints (PsTables, driven by graphmod.checkpoint.saver.TableSaver on the
+chief): each ps task writes its shards of every table as a part of the
+checkpoint, `<checkpoint>.tables-0000i-of-0000N`, one table shard at a time,
+then the chief commits the manifest `<checkpoint>.tables.json` before the
+dense variables and the `checkpoint` state file; deltas alike. It is the
+layout Horovod ranks write (graphmod.distributed.checkpoints), so a
+checkpoint restores on any number of ps tasks, on Horovod ranks, and in one
+process with no cluster (evaluate, predict, export, the CLI).
+"""
+import json
+import os
+from typing import List, Optional
+
+import tensorflow as tf
+
+from graphmod.checkpoint import deltas
+from graphmod.distributed import checkpoints
+from graphmod.embeddings.table import _TableDeltaSaveable, _TableSaveable, write_tables
+
+tf1 = tf.compat.v1
+
+
+def ps_task(device: str) -> Optional[int]:
+    """The ps task a device string names (None: not a ps task)."""
+    if not device:
+        return None
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.task or 0 if spec.job == "ps" else None
+
+
+def ps_tasks(graph: tf.Graph) -> int:
+    """How many ps tasks graph's variables are spread over: 0 when none is
+    on a ps task (one process, or the evaluator of a cluster), else
+    TF_CONFIG's number (what the Estimator reads), or without it the
+    highest task a variable is on, plus one."""
+    tasks = [ps_task(v.device) for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)]
+    tasks = [t for t in tasks if t is not None]
+    if not tasks:
+        return 0
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except ValueError:
+        cluster = {}
+    return len(cluster.get("ps") or []) or max(tasks) + 1
+
+
+def shard_device(device: str, task: int) -> str:
+    """device, on ps task `task`."""
+    return tf.DeviceSpec.from_string(device).replace(job="ps", task=task).to_string()
+
+
+class PsTables:
+    """The save and restore of tables sharded over ps tasks; the interface of
+    graphmod.distributed.checkpoints.TableParts that TableSaver uses.
+
+    shards[i]: the tables' shards on ps task i, in one table order. The ops
+    of shard i (its part's write, its restore and import) run on its task, so
+    no table's rows travel through the chief."""
+
+    def __init__(self, shards: List[List["graphmod.Table"]]):
+        self.size = len(shards)
+        self.rank = 0  # (logged by TableSaver: the chief's view holds every shard)
+        self._devices = [tables[0].handle.device for tables in shards]
+        self._parts: List[checkpoints.TableParts] = []
+        self._part = []
+        self._write = []
+        for i, tables in enumerate(shards):
+            saveables = [_TableSaveable(t) for t in tables]
+            with tf.device(self._devices[i]), tf1.name_scope(f"graphmod_ps_tables/ps{i}"):
+                self._parts.append(checkpoints.TableParts(saveables, i, self.size))
+                self._part.append(tf1.placeholder(tf.string, [], name="part"))
+                self._write.append(write_tables(saveables, self._part[i], part=True))
+        self._delta_part: List[tf.Tensor] = []
+        self._delta_write: List[tf.Operation] = []
+
+    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
+        """The deltas' writes and imports, of the shards' delta saveables
+        (each shard's own, as it keeps its own versions)."""
+        for i in range(self.size):
+            mine = [s for s in saveables if ps_task(s.table.handle.device) == i]
+            with tf.device(self._devices[i]), tf1.name_scope(f"graphmod_ps_tables/ps{i}"):
+                self._parts[i].build_deltas(mine)
+                self._delta_part.append(tf1.placeholder(tf.string, [], name="delta_part"))
+                self._delta_write.append(write_tables(mine, self._delta_part[i], part=True))
+
+    def restore(self, sess, checkpoint: str) -> List[str]:
+        """Every shard takes the keys it owns from the checkpoint's parts
+        (written on any number of ps tasks, or tables in the checkpoint)."""
+        read = []
+        for parts in self._parts:
+            read += parts.restore(sess, checkpoint)
+        return sorted(set(read))
+
+    def restore_delta(self, sess, prefix: str) -> List[str]:
+        read = []
+        for parts in self._parts:
+            read += parts.restore_delta(sess, prefix)
+        return sorted(set(read))
+
+    def save(self, sess, checkpoint: str) -> None:
+        """Every ps task writes its part at once; then the manifest commits them."""
+        checkpoints.uncommit(checkpoint)
+        sess.run(self._write, {p: checkpoints.part_prefix(checkpoint, i, self.size)
+                               for i, p in enumerate(self._part)})
+        checkpoints.commit(checkpoint, self.size)
+
+    def save_delta(self, sess, base: str, index: int, step: int, feed: dict,
+                   save_dense) -> str:
+        """Writes delta `index` after the full checkpoint `base`: every ps
+        task its part, then save_dense(prefix) the dense variables (None:
+        there are none), then the chain's manifest commits it."""
+        prefix = os.path.join(deltas.directory(base), deltas.delta_name(index))
+        tf.io.gfile.makedirs(os.path.dirname(prefix))
+        sess.run(self._delta_write, {**feed, **{
+            p: checkpoints.part_prefix(prefix, i, self.size)
+            for i, p in enumerate(self._delta_part)}})
+        checkpoints.commit_delta(base, prefix, index, step, self.size, save_dense)
+        return prefix
+
+
+def check_op_library(master: str, tasks: int, config=None) -> None:
+    """Fails at once, naming the task, when a ps task's process lacks
+    graphmod's op library (a stock tf.distribute.Server): TensorFlow's own
+    error comes at the first step, worded as a missing op in "the binary
+    running on" a host. Creates a one-column table named graphmod_probe on
+    each task."""
+    from graphmod.embeddings.table import create_table  # pylint: disable=import-outside-toplevel
+    for i in range(tasks):
+        with tf.Graph().as_default():
+            with tf.device(f"/job:ps/task:{i}"):
+                probe = create_table("graphmod_probe", 1, num_shards=1)
+            try:
+                with tf1.Session(master, config=config) as sess:
+                    sess.run(probe.handle.op)
+            except tf.errors.NotFoundError as e:
+                if "Op type not registered" not in str(e):
+                    raise
+                raise RuntimeError(
+                    f"graphmod: ps task {i} runs without graphmod's op library, so it cannot "
+                    "hold the tables sharded onto it: start every ps task with a program that "
+                    "imports graphmod (train_and_evaluate's script does, in every task)") from None

@@ -1,0 +1,246 @@
+"""Rule: in a parameter-server cluster, tables are sharded by key over the ps tasks.
+
+Matches the conversions whose variable the device setter put on a ps task,
+when the cluster has several (graphmod.distributed.ps); with one ps task,
+the tables stay whole on it and only the applies change, as below. The table
+gather_to_lookup built there becomes that task's shard; a shard with the
+same settings is built on every other ps task, and a key's owner
+(graphmod.distributed.partition) holds its row. Then, like shard_exchange
+for Horovod ranks:
+  - lookups: those of one dependency level (and input sources) partition
+    their keys by owner on the worker and become one fused lookup per ps
+    task, over every table's shard there; the rows come back in the keys'
+    order;
+  - applies: those of one optimizer's step (the ops that wait for them, past
+    the NoOps grouping its updates per device) sum each key's gradient rows
+    on the worker (as a dense variable's sparse update sums duplicate
+    indices), partition the keys by owner and become one fused apply per ps
+    task, which steps each row once.
+A group's tensors for one ps task cross as one tensor and their lengths
+(TensorFlow's runtime moves each tensor in an RPC of its own).
+A key's lookup and update run on one table (its owner's), with that table's
+admission counts, max_rows and eviction, so each row moves as in one table.
+
+Refuses, when the cluster shards tables: a variable not placed on a ps task
+(its table would sit on a worker beside shards on the ps tasks), reads
+inside v1 control flow (a partition outside the loop or branch cannot feed
+it), reads of the whole variable, and warm starts from checkpoint rows.
+A dense checkpoint in model_dir is adopted as on one machine: each ps task
+imports the rows it owns (graphmod.checkpoint.saver).
+"""
+import collections
+from typing import List
+
+import tensorflow as tf
+
+from graphmod._ops import ops
+from graphmod.distributed import ps
+from graphmod.distributed.partition import owner_of
+from graphmod.embeddings.table import Table
+from graphmod.rewrite.levels import levels_and_sources
+from graphmod.rewrite.plan import Conversion
+from graphmod.rewrite.rule import Context, Refused
+from graphmod.state import graph_state
+
+NAME = "ps_shards"
+AFTER = ("optimizer_updates", "dense_reads")
+_LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
+# The table op's attributes a shard copies (all but the op's name).
+_TABLE_ATTRS = ("table_name", "shared_name", "dim", "num_slots", "slot_init", "initializer",
+                "init_a", "init_b", "seed", "num_shards", "missing_is_initializer",
+                "default_value", "max_rows", "when_full", "sketch_width")
+
+
+def _sharded(conversion: Conversion, context: Context) -> bool:
+    return context.ps_tasks > 1 and ps.ps_task(conversion.variable.device) is not None
+
+
+def check(conversion: Conversion, context: Context) -> None:
+    if context.ps_tasks <= 1 or context.ranks > 1:
+        return
+    n = context.ps_tasks
+    if not _sharded(conversion, context):
+        raise Refused(f"it is placed on '{conversion.variable.device or 'no device'}', not on "
+                      f"a ps task, while tables are sharded over the {n} ps tasks")
+    for g in conversion.gathers:
+        if g.op._control_flow_context is not None:  # pylint: disable=protected-access
+            raise Refused(f"{g.op.name} reads it inside v1 control flow: its keys cannot be "
+                          f"partitioned over the {n} ps tasks there")
+    if conversion.dense_reads:
+        raise Refused(f"it is read whole, which a table sharded over {n} ps tasks cannot serve")
+    if conversion.warm_start is not None:
+        raise Refused(f"a warm start into a table sharded over {n} ps tasks is not built")
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    if context.ps_tasks < 1 or context.ranks > 1:
+        return
+    built = {c.name: context.built("gather_to_lookup", c) for c in conversions}
+    if context.ps_tasks == 1:
+        # One ps task holds every table whole: only the gradient rows change
+        # (summed per key, and sent as one tensor).
+        on_ps = [c for c in conversions if c.training and ps.ps_task(c.variable.device) == 0]
+        with rw.rule(NAME):
+            _shard_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
+                                for c in on_ps],
+                           {built[c.name].table.name: [built[c.name].table] for c in on_ps})
+        return
+    state = graph_state(context.graph)
+    with rw.rule(NAME):
+        for lookups in built.values():
+            state.ps_shards[lookups.table.name] = _shards(lookups.table, context.ps_tasks)
+        _shard_lookups(rw, list(built.values()), state.ps_shards)
+        _shard_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
+                            for c in conversions if c.training], state.ps_shards)
+
+
+def _shards(table: Table, n: int) -> List[Table]:
+    """The table's shard on each of n ps tasks: itself on its own task, a
+    table with its settings (and name: the checkpoint's) on each other one."""
+    op = table.handle.op
+    attrs = {a: op.get_attr(a) for a in _TABLE_ATTRS}
+    mine = ps.ps_task(table.handle.device)
+    shards = []
+    for i in range(n):
+        if i == mine:
+            shards.append(table)
+            continue
+        with tf.device(ps.shard_device(table.handle.device, i)), \
+                op.graph.control_dependencies(None), tf.compat.v1.name_scope(None):
+            handle = ops.graphmod_table(name=f"graphmod/{table.name}/table_ps{i}", **attrs)
+        shards.append(Table(handle, table.optimizer))
+    return shards
+
+
+def _by_owner(keys: tf.Tensor, n: int):
+    """(keys of each owner, their positions in keys, each key's owner), of
+    keys flattened."""
+    flat = tf.reshape(keys, [-1])
+    owner = owner_of(flat, n)
+    return (tf.dynamic_partition(flat, owner, n),
+            tf.dynamic_partition(tf.range(tf.size(flat)), owner, n), owner)
+
+
+def _shard_lookups(rw, lookups, shards) -> None:
+    """Each group of lookups becomes one fused lookup per ps task."""
+    found = [(lk.table, rows.op) for lk in lookups for _, rows in lk.reads
+             if rows.op.type in _LOOKUPS]
+    if not found:
+        return
+    for _, op in found:
+        if op.type == "GraphmodTableFindOrInsert" and op.outputs[1].consumers():
+            raise ValueError(f"graphmod: {op.name}'s row handles are read; a lookup sharded "
+                             "over ps tasks has none")
+    levels, sources = levels_and_sources([op for _, op in found])
+    groups = collections.defaultdict(list)
+    for table, op in found:
+        groups[(op.type, levels[op], sources[op])].append((table, op))
+    for (kind, _, _), group in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        n = len(shards[group[0][0].name])
+        with tf.compat.v1.name_scope("graphmod/ps_lookup"):
+            split = [_by_owner(op.inputs[1], n) for _, op in group]
+            dims = [op.get_attr("dim") for _, op in group]
+            per_task = []
+            for i in range(n):
+                handles = [shards[t.name][i].handle for t, _ in group]
+                keys, sizes = _pack([parts[i] for parts, _, _ in split])
+                with tf.device(handles[0].device):
+                    keys = _unpack(keys, sizes, [None] * len(group))
+                    if kind == "GraphmodTableFindOrInsert":
+                        rows, _ = ops.graphmod_fused_find_or_insert(
+                            handles, keys, [op.inputs[2] for _, op in group],
+                            dims=[op.get_attr("dim") for _, op in group],
+                            access_thresholds=[op.get_attr("access_threshold")
+                                               for _, op in group])
+                    else:
+                        rows = ops.graphmod_fused_find(
+                            handles, keys, dims=[op.get_attr("dim") for _, op in group])
+                    rows, _ = _pack(rows)
+                per_task.append(_unpack(rows, _times(sizes, dims), dims))
+            for j, ((_, op), (_, positions, _)) in enumerate(zip(group, split)):
+                rows = tf.dynamic_stitch(positions, [per_task[i][j] for i in range(n)])
+                keys = op.inputs[1]
+                rows = tf.reshape(rows, tf.concat([tf.shape(keys, out_type=tf.int32),
+                                                   [op.get_attr("dim")]], 0))
+                rw.reroute(op.outputs[0], rows)
+
+
+def _shard_applies(rw, applies, shards) -> None:
+    """The applies one set of ops waits for become one fused apply per ps task."""
+    groups = collections.defaultdict(list)
+    for table, apply in applies:
+        groups[_step_of(rw, apply)].append((table, apply))
+    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+        n = len(shards[group[0][0].name])
+        with tf.compat.v1.name_scope("graphmod/ps_apply"):
+            split = []
+            for _, op in group:
+                # A key's gradient rows summed on the worker (as a dense
+                # variable's sparse update sums duplicate indices) cross once.
+                keys, at = tf.unique(op.inputs[1], out_idx=tf.int32)
+                grads = tf.math.unsorted_segment_sum(op.inputs[2], at, tf.size(keys))
+                ids, _, owner = _by_owner(keys, n)
+                split.append((ids, tf.dynamic_partition(grads, owner, n)))
+            dims = [op.inputs[2].shape[-1] for _, op in group]
+            per_task = []
+            for i in range(n):
+                handles = [shards[t.name][i].handle for t, _ in group]
+                ids, sizes = _pack([ids[i] for ids, _ in split])
+                grads, _ = _pack([g[i] for _, g in split])
+                with tf.device(handles[0].device):
+                    per_task.append(ops.graphmod_fused_apply(
+                        handles, _unpack(ids, sizes, [None] * len(group)),
+                        _unpack(grads, _times(sizes, dims), dims),
+                        [op.inputs[3] for _, op in group],
+                        optimizers=[_text(op.get_attr("optimizer")) for _, op in group],
+                        nesterov=[op.get_attr("nesterov") for _, op in group],
+                        by_address=False))
+            apply = tf.group(per_task)
+        for _, op in group:
+            rw.replace_control_input(op, apply)
+
+
+# TensorFlow's runtime moves each tensor a step sends to another task in an
+# RPC of its own: a group's tensors for one ps task travel as one
+# (concatenated, flat) tensor and their lengths, and are cut apart there.
+def _pack(tensors: List[tf.Tensor]):
+    """(one flat tensor of tensors, their element counts); tensors alone when one."""
+    if len(tensors) == 1:
+        return tensors, None
+    return (tf.concat([tf.reshape(t, [-1]) for t in tensors], 0),
+            tf.stack([tf.size(t, out_type=tf.int32) for t in tensors]))
+
+
+def _unpack(packed, sizes, dims) -> List[tf.Tensor]:
+    """What _pack packed, each tensor with rows of dims[j] (None: 1-D)."""
+    if sizes is None:
+        return packed
+    parts = tf.split(packed, sizes, num=len(dims))
+    return [p if d is None else tf.reshape(p, [-1, d]) for p, d in zip(parts, dims)]
+
+
+def _times(sizes, dims):
+    """Element counts of rows of dims for sizes keys."""
+    return None if sizes is None else sizes * tf.constant(dims, tf.int32)
+
+
+def _step_of(rw, apply: tf.Operation) -> frozenset:
+    """The ops that wait for apply past the NoOps that only group updates:
+    an optimizer groups its updates per device (one NoOp per ps task, then
+    one over them), and every update of one step reaches the same ops."""
+    step, seen, todo = set(), set(), [apply]
+    while todo:
+        op = todo.pop()
+        waiting = rw.index.control_consumers(op)
+        if op is not apply and (op.type != "NoOp" or not waiting):
+            step.add(op.name)
+            continue
+        for w in waiting:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return frozenset(step)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
