@@ -5,8 +5,8 @@
 Starts one process per task, all running the same command, each with the
 TF_CONFIG of its task (chief, workers, ps tasks, evaluator) on free
 127.0.0.1 ports, as `tf.estimator.train_and_evaluate` expects: the ps tasks
-serve the variables (and graphmod's tables: GraphModifierHook puts each table
-on the ps task of the variable it replaces), the chief and workers train, the
+serve the variables (and graphmod's tables: GraphModifierHook shards each
+table by key over all ps tasks), the chief and workers train, the
 evaluator evaluates each new checkpoint. Each task's output goes to
 <log_dir>/<task>.log. When the chief, the workers and the evaluator have
 exited, the ps tasks (which serve until stopped) are stopped. Exit status: the

@@ -47,7 +47,7 @@ from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite_rules import RULES
 from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
-from graphmod.state import graph_state, tables as graphmod_tables
+from graphmod.state import tables as graphmod_tables
 
 tf1 = tf.compat.v1
 
@@ -196,11 +196,11 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
         self.report.log()
-        if mode == "train" and estimator is not None and estimator.config.master:
-            shards = graph_state(graph).ps_shards
-            if shards:  # a ps task without graphmod's ops fails here, named
-                ps.check_op_library(estimator.config.master, len(next(iter(shards.values()))),
-                                    estimator.config.session_config)
+        if mode == "train" and estimator is not None and estimator.config.master and any(
+                ps.ps_task(t.handle.device) is not None for t in graphmod_tables(graph)):
+            # A ps task without graphmod's ops fails here, named.
+            ps.check_op_library(estimator.config.master, ps.ps_tasks(graph),
+                                estimator.config.session_config)
         if mode == "train" and self.incremental_hook is not None:
             self.incremental_hook.coordinated = False  # until this graph's ranks coordinate
         if self.report.sharded_ranks > 1 and mode == "train":
@@ -211,7 +211,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                                   and estimator is not None and _chief(estimator))
         if self._exporting[graph]:
             self.serving_export.start(estimator, RULES)
-        if out_dir:
+        if out_dir and (estimator is None or estimator.config.is_chief
+                        or estimator.config.task_type == "evaluator"):
+            # (Workers of a parameter-server cluster share the chief's model_dir.)
             out = os.path.join(out_dir, "graphmod")
             self.report.write(out)
             if before is not None:  # for `graphmod diff MODEL_DIR`

@@ -19,7 +19,8 @@ for Horovod ranks:
 A group's tensors for one ps task cross as one tensor and their lengths
 (TensorFlow's runtime moves each tensor in an RPC of its own).
 A key's lookup and update run on one table (its owner's), with that table's
-admission counts, max_rows and eviction, so each row moves as in one table.
+admission counts and eviction, so each row moves as in one table; max_rows
+and an admission sketch apply per shard (reported as approximations).
 
 Refuses, when the cluster shards tables: a variable not placed on a ps task
 (its table would sit on a worker beside shards on the ps tasks), reads
@@ -70,6 +71,15 @@ def check(conversion: Conversion, context: Context) -> None:
         raise Refused(f"it is read whole, which a table sharded over {n} ps tasks cannot serve")
     if conversion.warm_start is not None:
         raise Refused(f"a warm start into a table sharded over {n} ps tasks is not built")
+    s = conversion.settings
+    if s.max_rows is not None:
+        context.approximate(conversion, f"max_rows bounds each of its {n} shards (one per ps "
+                            f"task: up to {n} x {s.max_rows} rows), whose victims are chosen "
+                            "per shard")
+    if s.admission_sketch_width:
+        context.approximate(conversion, f"its admission sketch counts per shard (one per ps "
+                            "task), with other collisions than one table's; a restore on "
+                            "another number of ps tasks starts it empty")
 
 
 def rewrite(rw, conversions, context: Context) -> None:
@@ -170,7 +180,7 @@ def _shard_applies(rw, applies, shards) -> None:
     groups = collections.defaultdict(list)
     for table, apply in applies:
         groups[_step_of(rw, apply)].append((table, apply))
-    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0][0])):
         n = len(shards[group[0][0].name])
         with tf.compat.v1.name_scope("graphmod/ps_apply"):
             split = []
@@ -181,7 +191,7 @@ def _shard_applies(rw, applies, shards) -> None:
                 grads = tf.math.unsorted_segment_sum(op.inputs[2], at, tf.size(keys))
                 ids, _, owner = _by_owner(keys, n)
                 split.append((ids, tf.dynamic_partition(grads, owner, n)))
-            dims = [op.inputs[2].shape[-1] for _, op in group]
+            dims = [t.dim for t, _ in group]
             per_task = []
             for i in range(n):
                 handles = [shards[t.name][i].handle for t, _ in group]
@@ -224,22 +234,21 @@ def _times(sizes, dims):
     return None if sizes is None else sizes * tf.constant(dims, tf.int32)
 
 
-def _step_of(rw, apply: tf.Operation) -> frozenset:
-    """The ops that wait for apply past the NoOps that only group updates:
-    an optimizer groups its updates per device (one NoOp per ps task, then
-    one over them), and every update of one step reaches the same ops."""
-    step, seen, todo = set(), set(), [apply]
-    while todo:
-        op = todo.pop()
-        waiting = rw.index.control_consumers(op)
-        if op is not apply and (op.type != "NoOp" or not waiting):
-            step.add(op.name)
-            continue
-        for w in waiting:
-            if w not in seen:
-                seen.add(w)
-                todo.append(w)
-    return frozenset(step)
+def _step_of(rw, apply: tf.Operation):
+    """What makes applies one optimizer step: the ops that wait for apply,
+    past the per-device NoOps of a tf.group (an optimizer groups its updates
+    by device: `update/NoOp`, `update/NoOp_1`, ... each waited for by
+    `update` alone), and apply's own control inputs. A NoOp grouping
+    anything else (a user's group of two train ops) is not passed: a train
+    op never runs another's updates."""
+    waiting = set()
+    for op in rw.index.control_consumers(apply):
+        above = rw.index.control_consumers(op)
+        while op.type == "NoOp" and len(above) == 1 and op.name.startswith(above[0].name + "/"):
+            op = above[0]
+            above = rw.index.control_consumers(op)
+        waiting.add(op.name)
+    return frozenset(waiting), frozenset(c.name for c in apply.control_inputs)
 
 
 def _text(value) -> str:

@@ -1,8 +1,10 @@
 """Two asynchronous workers (the chief and a worker) and two ps tasks, each
 its own process on 127.0.0.1 (examples/ps_cluster.py), examples/ps_train.py
 under TF_CONFIG with GraphModifierHook: both workers train the same tables on
-the ps tasks, and no update is lost or doubled: every table's counts in the
-final checkpoint sum to the sightings of the steps the workers ran."""
+the ps tasks, and no lookup is lost or doubled: every table's counts in the
+final checkpoint sum to the sightings of the steps the workers ran. (That
+each row's update equals the gradient it received is tested with one worker,
+in test_ps.py, against one process and the unmodified model.)"""
 import os
 import sys
 import textwrap

@@ -324,24 +324,27 @@ class TableSaver(tf1.train.Saver):
         self.marks = None  # this session's tables track nothing yet
 
     def _restore_parts(self, sess, save_path: str, parts) -> None:
-        """The dense variables and, from the tables' parts, this rank's keys
-        (every key when the tables are not sharded) of a checkpoint and its
-        committed deltas."""
-        if self._dense_reader is not None:
-            self._restore_delta(sess, save_path, self._dense_reader)
+        """From the tables' parts, this rank's keys (every key when the
+        tables are not sharded) of a checkpoint and its committed deltas,
+        then the dense variables. Tables first: other workers of a
+        parameter-server cluster start stepping once the variables are
+        initialized, and must not find tables half restored."""
         read = parts.restore(sess, save_path)
         logging.info("graphmod: restored the keys of %s from %s",
                      f"{parts.size} ps tasks" if parts is self._ps_tables
                      else f"rank {parts.rank} of {parts.size}", ", ".join(read))
-        applied = 0
-        for prefix in deltas.committed(save_path):
-            if self._dense_reader is not None and tf.io.gfile.exists(prefix + ".index"):
-                self._restore_delta(sess, prefix, self._dense_reader)
+        chain = deltas.committed(save_path)
+        for prefix in chain:
             parts.restore_delta(sess, prefix)
-            applied += 1
-        if applied:
-            logging.info("graphmod: restored %s and its %d delta(s) after it", save_path, applied)
-        self.chain = self.restored = (save_path, applied)
+        if self._dense_reader is not None:
+            self._restore_delta(sess, save_path, self._dense_reader)
+            for prefix in chain:
+                if tf.io.gfile.exists(prefix + ".index"):
+                    self._restore_delta(sess, prefix, self._dense_reader)
+        if chain:
+            logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
+                         len(chain))
+        self.chain = self.restored = (save_path, len(chain))
         self.marks = None  # this session's tables track nothing yet
 
     def _restore_delta(self, sess, prefix: str, saver=None) -> None:
@@ -501,9 +504,10 @@ def _ps_layout(tables) -> List[list]:
     shards = graph_state().ps_shards
     alone = sorted(t.table.name for t in tables if t.table.name not in shards)
     if alone:
-        raise ValueError(f"graphmod: tables {alone} are not sharded over the ps tasks while "
-                         f"{sorted(shards)} are; one checkpoint cannot hold both (create them "
-                         "under the same device setter, or convert them with the hook)")
+        raise ValueError(f"graphmod: tables {alone} (made with graphmod.create_table) are not "
+                         f"sharded over the ps tasks, while {sorted(shards)} (converted by the "
+                         "hook) are: one checkpoint cannot hold both; in a parameter-server "
+                         "cluster, let GraphModifierHook convert embedding variables instead")
     n = len(next(iter(shards.values())))
     return [[shards[t.table.name][i] for t in tables] for i in range(n)]
 

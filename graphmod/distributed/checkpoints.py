@@ -278,6 +278,12 @@ def commit(checkpoint: str, size: int) -> None:
     with tf.io.gfile.GFile(tmp, "w") as f:
         json.dump(dict(format=1, ranks=size, files=files), f, indent=1)
     tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
+    # Parts an earlier save under this name wrote on another number of ranks.
+    name = os.path.basename(checkpoint)
+    for f in tf.io.gfile.listdir(folder or "."):
+        match = _PART_FILE.fullmatch(f)
+        if match and match[1] == name and ".tables-" in f and f not in files:
+            tf.io.gfile.remove(os.path.join(folder, f))
 
 
 def commit_delta(base: str, prefix: str, index: int, step: int, size: int, save_dense) -> None:

@@ -107,8 +107,12 @@ class PsTables:
         return sorted(set(read))
 
     def save(self, sess, checkpoint: str) -> None:
-        """Every ps task writes its part at once; then the manifest commits them."""
-        checkpoints.uncommit(checkpoint)
+        """Every ps task writes its part at once; then the manifest commits
+        them. A checkpoint saved again under its name (the chief saves the
+        step it restored in every new session, e.g. after a ps task
+        restarted) keeps its manifest until the new one replaces it: its
+        parts are rewritten with the same rows, so a failed save leaves it
+        restorable."""
         sess.run(self._write, {p: checkpoints.part_prefix(checkpoint, i, self.size)
                                for i, p in enumerate(self._part)})
         checkpoints.commit(checkpoint, self.size)

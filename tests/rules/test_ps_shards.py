@@ -145,3 +145,28 @@ def test_with_one_ps_task_the_tables_stay_whole_and_the_gradient_rows_cross_once
     assert applied.built_by("ps_shards").count("UniqueV2") + \
         applied.built_by("ps_shards").count("Unique") == 2
     assert "GraphmodTable" not in applied.built_by("ps_shards")
+
+
+def test_a_train_op_never_runs_another_train_ops_updates(cluster):
+    """Two train ops, and a group of both (built, not run): running one
+    steps its table only, as in one process."""
+    with tf.Graph().as_default() as g:
+        with tf1.device(tf1.train.replica_device_setter(ps_tasks=2,
+                                                        worker_device="/job:worker/task:0")):
+            a = tiny_model(name="a", rows=2000, initializer=tf1.random_normal_initializer(seed=1))
+            b = tiny_model(name="b", rows=2000, ids=a.ids,
+                           initializer=tf1.random_normal_initializer(seed=2))
+            train_a = tf1.train.AdagradOptimizer(0.1).minimize(a.loss)
+            train_b = tf1.train.AdagradOptimizer(0.1).minimize(b.loss)
+            tf.group(train_a, train_b, name="both")
+        applied = apply_rules(g, *RULES, ps_tasks=2)
+        tf1.Session.reset(cluster)
+        with tf1.Session(cluster) as sess:
+            sess.run(tf1.global_variables_initializer())
+            before = sess.run([a.rows, b.rows], {a.ids: [1, 2, 3]})
+            sess.run(train_a, {a.ids: [1, 2, 3]})
+            after = sess.run([a.rows, b.rows], {a.ids: [1, 2, 3]})
+    assert not np.array_equal(before[0], after[0])  # a stepped
+    np.testing.assert_array_equal(before[1], after[1])  # b did not
+    # One fused apply per ps task and train op.
+    assert applied.built_by("ps_shards").count("GraphmodFusedApply") == 4
