@@ -269,9 +269,6 @@ class GraphModifierHook(tf1.train.SessionRunHook):
     def end(self, session) -> None:
         if self._exporting.get(session.graph):  # its last version: the final checkpoint's
             self.serving_export.finish(int(session.run(tf1.train.get_global_step())))
-        schedule = self._schedules.get(session.graph)
-        if schedule is not None:  # (the saver hooks' last saves came before)
-            schedule.end(session)
         if not self._counters.get(session.graph):
             return
         for name, c in session.run(self._counters[session.graph]).items():

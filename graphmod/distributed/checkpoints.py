@@ -26,6 +26,7 @@ from typing import List
 import tensorflow as tf
 
 from graphmod.distributed.partition import owner_of
+from graphmod.distributed.save_schedule import absolute
 from graphmod.checkpoint import deltas
 from graphmod.embeddings.table import _import, _TableDeltaSaveable, _TableSaveable, write_tables
 
@@ -222,10 +223,10 @@ class ShardedTables(TableParts):
         """Writes this rank's part; rank 0 commits the manifest once all are
         (then the rest of the checkpoint, and every rank calls wait_committed)."""
         _refuse_differing(sess.run(self._paths, {
-            self._path: [_fingerprint(os.path.abspath(checkpoint))]}), "checkpoint", checkpoint)
+            self._path: [_fingerprint(absolute(checkpoint))]}), "checkpoint", checkpoint)
         if self.rank == 0:
             # Saved again under its name (a resumed run saves the step it
-            # restored): its old deltas go (TableSaver.save), and it is
+            # restored): its old deltas go, and it is
             # incomplete until the new manifest is written. Only now: every
             # rank has joined the check above, so none is still restoring
             # them. Before the parts are written: once they are, other ranks

@@ -64,16 +64,24 @@ class SharedTimer:
     def __init__(self, every_steps: Optional[int], every_secs: Optional[float]):
         self.every_steps, self.every_secs = every_steps, every_secs
         self.due = False
+        self.pending = False  # decided in the step just run: due from the next one
         self._last_step: Optional[int] = None
         self._last_time: Optional[float] = None
 
     def reset(self) -> None:
         self._last_step = self._last_time = None
 
+    def arm(self) -> None:
+        """Before a step: a decision that came with the previous step is due
+        in this one, for every hook alike, whatever order the hooks'
+        after_run() run in."""
+        self.due, self.pending = self.due or self.pending, False
+
     def time_due(self) -> bool:
         """On rank 0, before a step: whether its clock says save (and no
         decision is pending already)."""
-        return (self.every_secs is not None and not self.due and self._last_time is not None
+        return (self.every_secs is not None and not self.due and not self.pending
+                and self._last_time is not None
                 and time.time() - self._last_time >= self.every_secs)
 
     def should_trigger_for_step(self, step: int) -> bool:
@@ -111,6 +119,11 @@ def _gather(obj, name: str) -> list:
     return [json.loads(got[end - n:end].tobytes().decode()) for n, end in zip(got_sizes, ends)]
 
 
+def absolute(path: Optional[str]) -> Optional[str]:
+    """A local path made absolute; a URL (gs://, hdfs://, s3://) as it is."""
+    return path if not path or "://" in path else os.path.abspath(path)
+
+
 def _refuse(ranks: List[int], what: str) -> None:
     if ranks:
         raise ValueError(f"graphmod: the tables are sharded across Horovod ranks and saved by "
@@ -140,6 +153,8 @@ class SaveSchedule(tf1.train.SessionRunHook):
     def before_run(self, run_context):
         if self._decision is None:
             return None
+        for t in self.timers:
+            t.arm()
         due = [0, 0]
         if self.rank == 0:
             due[0] = int(any(t.time_due() for t in self.timers))
@@ -152,7 +167,7 @@ class SaveSchedule(tf1.train.SessionRunHook):
         full, delta = (bool(x) for x in run_values.results)
         if full:  # every rank's CheckpointSaverHook saves after the next step
             for t in self.timers:
-                t.due = True
+                t.pending = True
         if delta and self.incremental is not None:  # written after this step
             self.incremental.due_by_time = True
 
@@ -160,7 +175,9 @@ class SaveSchedule(tf1.train.SessionRunHook):
         if self.restored_copy is not None:
             shutil.rmtree(self.restored_copy, ignore_errors=True)
 
-    def end(self, session) -> None:
+    def close(self) -> None:
+        """At exit (a saver hook's end() may save after this hook's end(),
+        and a training that raised reaches no end())."""
         if self.stream is not None:
             self.stream.close()
         if self.staging is not None:
@@ -191,12 +208,20 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     marker = None
     if rank == 0 and saver_hooks:
         # Where the others must see it: they write their parts here.
-        marker = os.path.join(os.path.abspath(model_dir), "graphmod",
+        marker = os.path.join(absolute(model_dir), "graphmod",
                               f".shared-{uuid.uuid4().hex}")
         tf.io.gfile.makedirs(os.path.dirname(marker))
         with tf.io.gfile.GFile(marker, "w") as f:
             f.write("written by rank 0 to check that every rank sees its model_dir\n")
-    mine = dict(model_dir=os.path.abspath(model_dir) if model_dir else None, secs=secs,
+    # 2: an evaluation from a saver hook's listener (train_and_evaluate on
+    # one machine) runs on each rank's own clock and own model_dir: a
+    # collective only some ranks would enter. 4: ranks > 0 restore rank 0's
+    # checkpoint through their ChiefSessionCreator.
+    evaluates = any(type(listener).__name__ == "_NewCheckpointListenerForEvaluate"
+                    for h in saver_hooks for listener in getattr(h, "_listeners", []))
+    mine = dict(model_dir=absolute(model_dir), secs=secs,
+                evaluates=evaluates,
+                restorable=isinstance(creator, tf1.train.ChiefSessionCreator),
                 steps=steps, saver_hooks=len(saver_hooks), marker=marker,
                 delta_steps=incremental.every_steps if incremental else None,
                 delta_secs=incremental.every_secs if incremental else None)
@@ -205,6 +230,14 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     try:
         _refuse([r for r, s in enumerate(every) if s["saver_hooks"] > 1],
                 "have several CheckpointSaverHooks; keep one")
+        _refuse([r for r, s in enumerate(every) if s["evaluates"]],
+                "evaluate from their saver hook (train_and_evaluate on one machine), each "
+                "by its own clock and model_dir; train with estimator.train and evaluate "
+                "with estimator.evaluate on every rank")
+        _refuse([r for r, s in enumerate(every) if r > 0 and not s["restorable"]],
+                "run a session whose restore cannot be pointed at rank 0's checkpoint "
+                "(a MonitoredSession without a ChiefSessionCreator); use an Estimator or "
+                "MonitoredTrainingSession")
         _refuse([r for r, s in enumerate(every) if s["saver_hooks"] != first["saver_hooks"]],
                 "save checkpoints where rank 0 does not, or the reverse; give every rank "
                 "a model_dir or checkpoint_dir (any: rank 0's is used), or none")
@@ -248,8 +281,12 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
         # ... or a copy of it that rank 0 sends (every rank takes part).
         latest = tf.train.latest_checkpoint(rank0_dir) if rank == 0 else None
         mirror = _mirror_rank0_checkpoint(stream, latest)
-        if rank > 0 and mirror is not None and tf_private.session_checkpoint(creator) is None:
-            tf_private.set_session_checkpoint_dir(creator, os.path.dirname(mirror))
+        if rank > 0 and tf_private.session_checkpoint(creator) is None:
+            # Rank 0's copy, or, when it has none, nothing (not whatever this
+            # host holds at rank 0's path).
+            tf_private.set_session_checkpoint_dir(
+                creator, os.path.dirname(mirror) if mirror is not None
+                else tempfile.mkdtemp(prefix="graphmod_no_checkpoint_"))
     if rank > 0 and rank0_dir is not None:
         if mine["model_dir"] is not None and mine["model_dir"] != rank0_dir:
             pointer = os.path.join(mine["model_dir"], POINTER)
@@ -263,6 +300,7 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     time_based = first["secs"] is not None or first["delta_secs"] is not None
     schedule = SaveSchedule(rank, timers, incremental, time_based, stream)
     schedule.staging = staging
+    atexit.register(schedule.close)
     if rank > 0 and mirror is not None:
         schedule.restored_copy = os.path.dirname(mirror)
     return schedule
@@ -280,8 +318,9 @@ def _mirror_rank0_checkpoint(stream, checkpoint: Optional[str]) -> Optional[str]
                  if f.startswith(name + ".")}
         chain = os.path.join(folder, "graphmod", "deltas", name)
         if tf.io.gfile.isdir(chain):
-            for f in tf.io.gfile.listdir(chain):
-                files[os.path.join("graphmod", "deltas", name, f)] = os.path.join(chain, f)
+            for f in tf.io.gfile.listdir(chain):  # (files: a crashed save's _temp/ stays)
+                if not tf.io.gfile.isdir(os.path.join(chain, f)):
+                    files[os.path.join("graphmod", "deltas", name, f)] = os.path.join(chain, f)
     local = tempfile.mkdtemp(prefix="graphmod_rank0_checkpoint_") if stream.rank else None
     names = stream.from_rank0(files, local)
     if stream.rank == 0:
@@ -303,7 +342,7 @@ def evaluate_rank0_checkpoint() -> None:
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
     session = tf_private.beginning_session()
     mine = tf_private.session_checkpoint(session[1]) if session is not None else None
-    first = _gather(mine, "graphmod_evaluated_checkpoint")[0]
+    first = _gather(absolute(mine), "graphmod_evaluated_checkpoint")[0]
     seen = _gather(first is None or tf.io.gfile.exists(first + ".index"),
                    "graphmod_evaluated_checkpoint_seen")
     path = first
