@@ -102,6 +102,13 @@ SCRIPT = textwrap.dedent("""
             train_and_read(0, FIRST, "first")
         except ValueError as e:
             result["refused"] = str(e)
+    if phase == "train_and_evaluate":  # each rank's evaluation would run by its own clock
+        try:
+            tf.estimator.train_and_evaluate(estimator, tf.estimator.TrainSpec(
+                input_fn(0), max_steps=FIRST, hooks=[hvd.BroadcastGlobalVariablesHook(0), hook()]),
+                tf.estimator.EvalSpec(input_fn(0), steps=2, hooks=[hook()]))
+        except ValueError as e:
+            result["refused"] = str(e)
     if phase in ("first", "both"):
         train_and_read(0, FIRST, "first")
     if phase == "resume":  # a new process: ranks > 0 have no checkpoint of their own
@@ -252,3 +259,15 @@ def test_ranks_that_do_not_share_rank_0_s_model_dir_send_it_their_parts(tmp_path
                                    rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(r["resume"]["eval"], one_rank["resume"]["eval"], rtol=1e-6)
     assert temporaries() <= before  # removed once used
+
+
+def test_train_and_evaluate_on_one_machine_per_rank_is_refused_on_every_rank(tmp_path):
+    """Its evaluation runs from each rank's saver hook, by each rank's clock
+    and model_dir: some ranks would enter the evaluation's collectives and
+    wait forever. Refused on every rank, before training."""
+    ranks = run(tmp_path, "tae", 2, "train_and_evaluate", "rank0", "default",
+                tmp_path / "model")
+    for r in ranks:
+        assert "evaluate from their saver hook (train_and_evaluate on one machine)" in \
+            r.get("refused", ""), r
+        assert "ranks [0, 1]" in r["refused"], r["refused"]
