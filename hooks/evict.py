@@ -94,12 +94,14 @@ class EvictHook(tf1.train.SessionRunHook):
                 # Shards over ps tasks cut where the table would: at its
                 # newest lookup over every shard.
                 shards = features.shards(t)
-                latest = tf.reduce_max(tf.stack([s.info()["latest"] for s in shards]))
+                latest = (shards[0].info()["latest"] if len(shards) == 1 else
+                          tf.reduce_max(tf.stack([s.info()["latest"] for s in shards])))
                 if sharded and policy.eviction_unit == "steps":
                     latest = tf.where(self._step_now >= 0, self._step_now, latest)
                 cut = latest - policy.eviction_threshold
-                self._evict[t.name] = dict(evicted=tf.add_n([s.evict(cut) for s in shards]),
-                                           cut=cut)
+                evicted = [s.evict(cut) for s in shards]
+                self._evict[t.name] = dict(cut=cut, evicted=evicted[0] if len(evicted) == 1
+                                           else tf.add_n(evicted))
             # Counted after the eviction, so the log shows what is left.
             with tf.control_dependencies([d["evicted"] for d in self._evict.values()]):
                 self._counters = {t.name: features.counters(t) for t in self.tables}

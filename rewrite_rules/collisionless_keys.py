@@ -175,7 +175,7 @@ def _unsqueeze_along(rw, source: tf.Operation, gathers: List[tf.Operation], tabl
                     if not on_path(x):
                         continue
                     outs = carried(op, i)
-                    if outs is None or op._control_flow_context is not None:  # pylint: disable=protected-access
+                    if outs is None or GraphIndex.in_control_flow(op):
                         raise PlanMismatch(
                             f"graphmod: table '{table}' was trained on the unsqueezed ids of "
                             f"'{source.name}', but here they reach it through {op.type} "

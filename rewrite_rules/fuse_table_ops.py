@@ -41,7 +41,7 @@ def rewrite(rw, conversions, context: Context) -> None:
     # lookups, is used no more and must not join a live fused op.)
     candidates = [op for op in rw.index.of_type(*fused.FUSES)
                   if op.inputs[0].name in handles
-                  and op._control_flow_context is None  # pylint: disable=protected-access
+                  and not rw.index.in_control_flow(op)
                   and rw.index.used(op)]
     if len(candidates) < 2:
         return

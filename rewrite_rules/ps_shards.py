@@ -38,6 +38,7 @@ from graphmod._ops import ops
 from graphmod.distributed import ps
 from graphmod.distributed.partition import owner_of
 from graphmod.embeddings.table import Table
+from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
@@ -64,7 +65,7 @@ def check(conversion: Conversion, context: Context) -> None:
         raise Refused(f"it is placed on '{conversion.variable.device or 'no device'}', not on "
                       f"a ps task, while tables are sharded over the {n} ps tasks")
     for g in conversion.gathers:
-        if g.op._control_flow_context is not None:  # pylint: disable=protected-access
+        if GraphIndex.in_control_flow(g.op):
             raise Refused(f"{g.op.name} reads it inside v1 control flow: its keys cannot be "
                           f"partitioned over the {n} ps tasks there")
     if conversion.dense_reads:
@@ -138,7 +139,7 @@ def _shard_lookups(rw, lookups, shards) -> None:
     if not found:
         return
     for _, op in found:
-        if op.type == "GraphmodTableFindOrInsert" and op.outputs[1].consumers():
+        if op.type == "GraphmodTableFindOrInsert" and rw.index.consumers(op.outputs[1]):
             raise ValueError(f"graphmod: {op.name}'s row handles are read; a lookup sharded "
                              "over ps tasks has none")
     levels, sources = levels_and_sources([op for _, op in found])

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from graphmod import distributed
 from graphmod.embeddings import fused
+from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
@@ -43,7 +44,7 @@ def check(conversion: Conversion, context: Context) -> None:
                       "(its gradient goes through no Horovod collective): one table sharded "
                       "across the ranks cannot follow copies that differ")
     for g in conversion.gathers:
-        if g.op._control_flow_context is not None:  # pylint: disable=protected-access
+        if GraphIndex.in_control_flow(g.op):
             raise Refused(f"{g.op.name} reads it inside v1 control flow: its lookup would be a "
                           "collective every Horovod rank must run alike")
     if conversion.dense_reads:

@@ -168,7 +168,7 @@ def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
     """Scalars: rows, admitted, rejected (lookups given no row), evicted,
     pending; summed over its shards where it is sharded over ps tasks."""
     infos = [s.info() for s in shards(table)]
-    return {k: tf.add_n([i[k] for i in infos])
+    return {k: infos[0][k] if len(infos) == 1 else tf.add_n([i[k] for i in infos])
             for k in ("size", "admitted", "rejected", "evicted", "pending")}
 
 

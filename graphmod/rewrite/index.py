@@ -108,6 +108,11 @@ class GraphIndex:
         self.refresh()
         return list(self._waiting.get(op, ()))
 
+    @staticmethod
+    def in_control_flow(op: tf.Operation) -> bool:
+        """op sits inside a v1 loop or branch (tf.while_loop, tf.cond)."""
+        return op._control_flow_context is not None  # pylint: disable=protected-access
+
     def used(self, op: tf.Operation) -> bool:
         """Something reads or waits for op."""
         return bool(self.control_consumers(op)) or any(t.consumers() for t in op.outputs)
