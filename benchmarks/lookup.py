@@ -13,6 +13,9 @@ Implementations run interleaved: each round builds every implementation
 afresh (fill included) and times STEPS batches of each, in turn; figures are
 medians over the rounds with their spread (min-max), ratios are taken within
 each round (see benchmarks/rounds.py).
+graphmod runs in both shard layouts (graphmod_buckets: records inline in hash
+buckets, one memory miss a key; graphmod_arena: a key index over packed
+records, two dependent misses), with their bytes per key.
 Peers: static tf.gather on a fixed tf.Variable (the ceiling: no hashing), TF's
 DenseHashTable, and TFRA 0.7.2's cuckoo table.
 
@@ -67,9 +70,9 @@ def build(impl, regime, dim):
             rows = 8_000_000 if regime == "large" else 1_000_000
             v = tf1.get_variable("static", [rows, dim])
             train = read = tf.reduce_sum(tf.gather(v, ph % rows))
-        elif impl == "graphmod":
+        elif impl.startswith("graphmod_"):
             import graphmod
-            table = graphmod.create_table("bench", dim)
+            table = graphmod.create_table("bench", dim, layout=impl[len("graphmod_"):])
             train = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=True))
             read = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=False))
             i = table.info()
@@ -122,7 +125,8 @@ def main():
     tf1.logging.set_verbosity(tf1.logging.ERROR)
     fill, batches = make_batches(args.regime, np.random.default_rng(0))
     skip = set(filter(None, args.skip.split(",")))
-    impls = [i for i in ("static_gather", "graphmod", "tf_dense_hash_table", "tfra_cuckoo")
+    impls = [i for i in ("static_gather", "graphmod_buckets", "graphmod_arena",
+                         "tf_dense_hash_table", "tfra_cuckoo")
              if i not in skip]
     runs = {i: [] for i in impls}
     for r in range(args.rounds):

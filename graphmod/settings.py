@@ -11,6 +11,8 @@ from typing import Any, Dict, Optional
 MIN_ROWS = 10_000  # identity-indexed variables this large convert (GraphModifierHook)
 NUM_SHARDS = 16
 WHEN_FULL = ("lru", "lfu", "refuse")
+# Shard layouts (native/shard_storage.h): one memory miss a key, or fewer bytes.
+LAYOUTS = ("buckets", "arena")
 UNITS = ("seconds", "steps")
 
 
@@ -18,7 +20,8 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_width) -> None:
+def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_width,
+                layout="arena") -> None:
     """Raises ValueError naming owner (a table or pattern) for a bad table setting."""
     if not _is_int(num_shards) or not 1 <= num_shards <= 4096 or num_shards & (num_shards - 1):
         raise ValueError(f"{owner}: num_shards must be a power of two in [1, 4096], "
@@ -33,6 +36,8 @@ def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_wi
     if when_full not in WHEN_FULL:
         raise ValueError(f"{owner}: when_full must be 'lru', 'lfu' or 'refuse', "
                          f"got {when_full!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"{owner}: layout must be 'buckets' or 'arena', got {layout!r}")
 
 
 def check_policy(owner: str, access_threshold, eviction_threshold, eviction_unit) -> None:
@@ -69,8 +74,8 @@ class TableSettings:
     its tables as training built them, except for default_value (what they
     read for ids the table has never seen), which they may set.
 
-    initializer, default_value, max_rows, when_full, num_shards and
-    admission_sketch_width are those of graphmod.create_table;
+    initializer, default_value, max_rows, when_full, num_shards,
+    admission_sketch_width and layout are those of graphmod.create_table;
     access_threshold, eviction_threshold and eviction_unit those of
     graphmod.FeatureSpec; convert=False keeps the variable dense.
     """
@@ -83,13 +88,14 @@ class TableSettings:
     eviction_threshold: int = -1
     eviction_unit: str = "seconds"
     admission_sketch_width: Optional[int] = None
+    layout: str = "arena"
     convert: bool = True
 
     def __post_init__(self):
         check_policy("TableSettings", self.access_threshold, self.eviction_threshold,
                      self.eviction_unit)
         check_table("TableSettings", self.num_shards, self.max_rows, self.when_full,
-                    self.admission_sketch_width)
+                    self.admission_sketch_width, self.layout)
 
     @property
     def policy(self) -> TablePolicy:

@@ -1,5 +1,5 @@
 // Eviction strategies: which row a full table gives up for a new key
-// (sampled LRU or LFU near the new key's index slot), and which rows a
+// (sampled LRU or LFU near the new key's place), and which rows a
 // time-based Evict removes.
 #ifndef GRAPHMOD_NATIVE_EVICTION_H_
 #define GRAPHMOD_NATIVE_EVICTION_H_
@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <string>
 
-#include "native/key_index.h"
 #include "native/row_store.h"
 
 namespace graphmod {
@@ -44,31 +43,22 @@ inline bool SparedThisStep(const RecordHeader& r, int64_t now, uint32_t step_ver
 inline bool Expired(const RecordHeader& r, int64_t before) { return r.last_seen < before; }
 
 // Sampled LRU/LFU, as Redis and HierarchicalKV do it: the victim is the best
-// (BetterVictim) of the live rows in the home group of the key with hash h
-// and the groups after it (at least two groups and 8 candidates, at most 16
-// groups), sparing this step's rows. Returns its index slot, or SIZE_MAX
-// when every candidate is spared.
-template <class Store>
-size_t PickVictimNear(const KeyIndex& index, const Store& store, uint64_t h,
-                      CapacityPolicy policy, int64_t now, uint32_t step_version) {
-  if (index.groups() == 0) return SIZE_MAX;
-  size_t victim = SIZE_MAX;
+// (BetterVictim) of the live rows the layout visits near hash h (its
+// VisitNear: at least 8 when it holds that many), sparing this step's rows.
+// Returns the victim's ref, or Rows::kNoRow when every candidate is spared.
+template <class Rows>
+uint32_t PickVictimNear(const Rows& rows, uint64_t h, CapacityPolicy policy, int64_t now,
+                        uint32_t step_version) {
+  uint32_t victim = Rows::kNoRow;
   const RecordHeader* worst = nullptr;
-  int candidates = 0;
-  size_t g = index.home_group(h);
-  for (size_t step = 0; step < std::min<size_t>(index.groups(), 16) && (step < 2 || candidates < 8);
-       ++step, g = index.next_group(g)) {
-    for (size_t slot = g * KeyIndex::kGroup; slot < (g + 1) * KeyIndex::kGroup; ++slot) {
-      if (!index.full(slot)) continue;
-      const RecordHeader* r = Header(store.Record(index.row(slot)));
-      if (SparedThisStep(*r, now, step_version)) continue;
-      ++candidates;
-      if (worst == nullptr || BetterVictim(policy, *r, *worst)) {
-        worst = r;
-        victim = slot;
-      }
+  rows.VisitNear(h, [&](uint32_t ref, const char* rec) {
+    const RecordHeader* r = Header(rec);
+    if (SparedThisStep(*r, now, step_version)) return;
+    if (worst == nullptr || BetterVictim(policy, *r, *worst)) {
+      worst = r;
+      victim = ref;
     }
-  }
+  });
   return victim;
 }
 

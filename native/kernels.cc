@@ -45,6 +45,7 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &config_.max_rows));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sketch_width", &config_.sketch_width));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("layout", &config_.layout));
     std::string when_full;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("when_full", &when_full));
     OP_REQUIRES(ctx, ParseCapacityPolicy(when_full, &config_.when_full),

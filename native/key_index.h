@@ -102,7 +102,8 @@ class KeyIndex {
   }
 
   // Whether one more key fits at 7/8 load without a rebuild.
-  bool HasRoomForOne() const { return (used() + deleted_ + 1) * 8 <= slots() * 7; }
+  bool HasRoomForOne() const { return HasRoomFor(1); }
+  bool HasRoomFor(size_t n) const { return (used() + deleted_ + n) * 8 <= slots() * 7; }
 
   // The rebuilds take for_each_live(fn), which calls fn(row, hash of its key)
   // for every live row (in row order, it reads the row store sequentially).

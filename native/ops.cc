@@ -42,6 +42,7 @@ REGISTER_OP("GraphmodTable")
     .Attr("max_rows: int = -1")
     .Attr("when_full: string = 'lru'")  // checked once, by the kernel (ParseCapacityPolicy)
     .Attr("sketch_width: int = 0")
+    .Attr("layout: string = 'arena'")  // checked by the kernel (ValidateConfig)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Creates (on first run) or finds a graphmod embedding table.");

@@ -1,4 +1,7 @@
-// Where a shard keeps its records, and the contract every row store meets.
+// The record format every layout shares, row handles, and the contract of a
+// row store: the arena layout's half that holds records (indexed_arena.h
+// pairs it with the key index; shard_storage.h is the contract of a whole
+// layout).
 //
 // A record is [RecordHeader | values[dim] | slots[num_slots * dim]], `stride`
 // bytes apart. A row store hands out row numbers (32-bit, per shard) for

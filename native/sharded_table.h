@@ -1,11 +1,11 @@
 // The table's machinery behind EmbeddingTable: the shards (table_shard.h)
 // and the batch operations over them.
 //
-// ShardedTable is a template over the row store (see row_store.h), so the
-// per-key path (probe, record access, copy) inlines the store's methods;
-// EmbeddingTable reaches it through TableImpl, one virtual call per batch.
-// Only table.cc includes this file: it instantiates ShardedTable for the
-// stores a TableConfig can ask for.
+// ShardedTable is a template over the shard's layout (shard_storage.h), so
+// the per-key path (probe, record access, copy) inlines the layout's
+// methods; EmbeddingTable reaches it through TableImpl, one virtual call per
+// batch. Only table.cc includes this file: it instantiates ShardedTable for
+// the layouts a TableConfig can ask for.
 #ifndef GRAPHMOD_NATIVE_SHARDED_TABLE_H_
 #define GRAPHMOD_NATIVE_SHARDED_TABLE_H_
 
@@ -23,16 +23,16 @@
 #include "native/bits.h"
 #include "native/change_log.h"
 #include "native/eviction.h"
-#include "native/key_index.h"
 #include "native/optimizer_math.h"
 #include "native/row_store.h"
+#include "native/shard_storage.h"
 #include "native/table.h"
 #include "native/table_shard.h"
 
 namespace graphmod {
 
 // EmbeddingTable's operations (see table.h for what each does), implemented
-// once per row store.
+// once per layout.
 class TableImpl {
  public:
   virtual ~TableImpl() = default;
@@ -82,10 +82,10 @@ inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
   for (; k < d; ++k) std::memcpy(dst + k, src + k, sizeof(float));
 }
 
-template <class Store>
+template <class Rows>
 class ShardedTable final : public TableImpl {
  public:
-  using Shard = TableShard<Store>;
+  using Shard = TableShard<Rows>;
   static constexpr uint32_t kNoRow = Shard::kNoRow;
 
   explicit ShardedTable(const TableConfig& config)
@@ -98,7 +98,7 @@ class ShardedTable final : public TableImpl {
 
   int64_t size() const override {
     int64_t n = 0;
-    for (const auto& s : shards_) n += s->index.used();
+    for (const auto& s : shards_) n += static_cast<int64_t>(s->rows.size());
     return n;
   }
   int64_t memory_bytes() const override {
@@ -162,20 +162,19 @@ class ShardedTable final : public TableImpl {
     if (shard < 0) return {0, shards_.size()};
     return {static_cast<size_t>(shard), static_cast<size_t>(shard) + 1};
   }
-  // Admits key (hash h, absent; `slot` its free index slot), seen
+  // Admits key (hash h, absent), seen
   // `occurrences` times in this batch: occurrence by occurrence, as separate
   // lookups would, each is one more sighting, and the threshold-th gets a row
   // (room permitting). Returns the row or kNoRow; *refused counts the
   // occurrences that got no row, *sightings the count the new row starts with.
-  uint32_t Admit(Shard& shard, int64_t key, uint64_t h, size_t slot, uint32_t occurrences,
+  uint32_t Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences,
                  int64_t now, int64_t version, int64_t access_threshold, Tally* tally,
                  uint32_t* refused, uint64_t* sightings);
   // The rows Export writes of a shard whose lock the caller holds.
   std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
-  // Calls fn(p, row or kNoRow, slot) for shard s's keys of the batch (p
-  // indexes the batch's partition order), slot being the key's index slot
-  // or, when absent, the free slot an insert would take (each key is
-  // resolved just before its call, so keys an earlier call inserted are found).
+  // Calls fn(p, row or kNoRow) for shard s's keys of the batch (p indexes
+  // the batch's partition order; each key is resolved just before its call,
+  // so keys an earlier call inserted are found).
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
 
@@ -190,30 +189,28 @@ class ShardedTable final : public TableImpl {
 };
 
 // Lookups are pipelined over three stages so a batch of cold keys waits on
-// many cache misses at once instead of one after another: the group of key
-// p + 2*kAhead is prefetched; the group of key p + kAhead (now cached) is
-// scanned for the key's tag and the first candidate record prefetched; key p
-// is then probed for real, with its group and record already in cache.
-template <class Store>
+// many cache misses at once instead of one after another: the layout's
+// stage A prefetch runs for key p + 2*kAhead, stage B (which may read what A
+// fetched) for key p + kAhead, and key p is then probed for real, its lines
+// already in cache (shard_storage.h).
+template <class Rows>
 template <typename Fn>
-void ShardedTable<Store>::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
+void ShardedTable<Rows>::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
                                           Fn&& fn) const {
   constexpr int64_t kAhead = 8;
   const int64_t b = batch.begin[s], e = batch.begin[s + 1];
   const uint64_t* hash = batch.hash.data();
-  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p) shard.index.PrefetchGroup(hash[p]);
-  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) shard.PrefetchCandidate(hash[p]);
+  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p) shard.rows.PrefetchA(hash[p]);
+  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) shard.rows.PrefetchB(hash[p]);
   for (int64_t p = b; p < e; ++p) {
-    if (p + 2 * kAhead < e) shard.index.PrefetchGroup(hash[p + 2 * kAhead]);
-    if (p + kAhead < e) shard.PrefetchCandidate(hash[p + kAhead]);
-    bool found;
-    const size_t slot = shard.Probe(batch.id[p], hash[p], &found);
-    fn(p, found ? shard.index.row(slot) : kNoRow, slot);
+    if (p + 2 * kAhead < e) shard.rows.PrefetchA(hash[p + 2 * kAhead]);
+    if (p + kAhead < e) shard.rows.PrefetchB(hash[p + kAhead]);
+    fn(p, shard.Find(batch.id[p], hash[p]));
   }
 }
 
-template <class Store>
-TableCounters ShardedTable<Store>::counters() const {
+template <class Rows>
+TableCounters ShardedTable<Rows>::counters() const {
   TableCounters c;
   c.rows = size();
   c.admitted = admitted_.load();
@@ -228,9 +225,8 @@ TableCounters ShardedTable<Store>::counters() const {
   return c;
 }
 
-template <class Store>
-uint32_t ShardedTable<Store>::Admit(Shard& shard, int64_t key, uint64_t h, size_t slot,
-                                    uint32_t occurrences, int64_t now, int64_t version,
+template <class Rows>
+uint32_t ShardedTable<Rows>::Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences, int64_t now, int64_t version,
                                     int64_t access_threshold, Tally* tally, uint32_t* refused,
                                     uint64_t* sightings) {
   const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1));
@@ -242,7 +238,7 @@ uint32_t ShardedTable<Store>::Admit(Shard& shard, int64_t key, uint64_t h, size_
         access_threshold > 1 ? shard.admission.Sight(key, h, now, version, &pending) : 1;
     if (seen < threshold) continue;
     bool made_room = false;
-    row = shard.Insert(key, h, slot, now, static_cast<uint32_t>(version), &made_room);
+    row = shard.Insert(key, h, now, static_cast<uint32_t>(version), &made_room);
     if (row == kNoRow) continue;  // no room: refused, as is the next try
     tally->evicted += made_room;
     *sightings = seen + (occurrences - k - 1);
@@ -257,8 +253,8 @@ uint32_t ShardedTable<Store>::Admit(Shard& shard, int64_t key, uint64_t h, size_
   return row;
 }
 
-template <class Store>
-void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+template <class Rows>
+void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
                                        int64_t access_threshold, float* values,
                                        int64_t* handles, const Runner& run) {
   if (n == 0) return;
@@ -284,7 +280,10 @@ void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t n
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t slot) {
+      // Room for every key of the batch before the first insert: rows move
+      // (if the layout moves them) before this batch hands out handles.
+      shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]), version);
+      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         const int64_t j = batch.order[p], key = batch.id[p];
         // Sightings the row's access count gets: every occurrence, plus
         // those counted while the key waited for admission.
@@ -292,7 +291,7 @@ void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t n
         const bool added = row == kNoRow;
         if (added) {
           uint32_t refused_here = 0;
-          row = Admit(shard, key, batch.hash[p], slot, distinct.count[j], now, version,
+          row = Admit(shard, key, batch.hash[p], distinct.count[j], now, version,
                       access_threshold, &tally, &refused_here, &sightings);
           if (refused_here > 0) {
             refused[j] = refused_here;
@@ -301,7 +300,7 @@ void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t n
           }
           if (row == kNoRow) return;
         }
-        char* rec = shard.store.Record(row);
+        char* rec = shard.rows.Record(row);
         RecordHeader* h = Header(rec);
         if (added) {
           InitialRow(config_, key, Values(rec));
@@ -316,7 +315,7 @@ void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t n
         shard.changes.NoteChanged(row, h->version, added);
         h->version = static_cast<uint32_t>(version);
         CopyRow(rows.get() + j * d, Values(rec), d);
-        found[j] = MakeHandle(s, shard.store.Generation(row), row);
+        found[j] = ShardHandle(s, shard.rows.HandleBits(row));
       });
     }
     admitted_ += tally.admitted;
@@ -348,8 +347,8 @@ void ShardedTable<Store>::FindOrInsert(const int64_t* keys, int64_t n, int64_t n
   });
 }
 
-template <class Store>
-void ShardedTable<Store>::Find(const int64_t* keys, int64_t n, float* values,
+template <class Rows>
+void ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
                                const Runner& run) const {
   if (n == 0) return;
   Distinct distinct;
@@ -363,10 +362,10 @@ void ShardedTable<Store>::Find(const int64_t* keys, int64_t n, float* values,
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
+      ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         float* out = rows.get() + batch.order[p] * d;
         if (row != kNoRow) {
-          CopyRow(out, Values(shard.store.Record(row)), d);
+          CopyRow(out, Values(shard.rows.Record(row)), d);
         } else {
           MissingRow(config_, batch.id[p], out);
         }
@@ -379,35 +378,31 @@ void ShardedTable<Store>::Find(const int64_t* keys, int64_t n, float* values,
   });
 }
 
-template <class Store>
-std::string ShardedTable<Store>::CheckApply(const Optimizer& opt, const int64_t* ids,
+template <class Rows>
+std::string ShardedTable<Rows>::CheckApply(const Optimizer& opt, const int64_t* ids,
                                             bool ids_are_handles, int64_t n) const {
   if (SlotsNeeded(opt.kind) > config_.num_slots)
     return "the optimizer needs " + std::to_string(SlotsNeeded(opt.kind)) +
            " slot rows per key but the table was created with " +
            std::to_string(config_.num_slots);
   if (!ids_are_handles) return "";
-  // A row beyond those a shard ever handed out can only come from elsewhere
-  // (a reset shard's old handles are stale instead: its generations
-  // advanced). Stores never shrink that bound, so it holds for every handle
-  // given out so far.
-  std::vector<uint64_t> bound(config_.num_shards);
-  for (int s = 0; s < config_.num_shards; ++s) {
-    std::lock_guard<std::mutex> lock(shards_[s]->mu);
-    bound[s] = shards_[s]->store.RowBound();
-  }
+  // A handle the layout cannot have made comes from elsewhere (a reset
+  // shard's old handles are stale instead, and dropped by Apply).
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (const auto& s : shards_) locks.emplace_back(s->mu);
   for (int64_t i = 0; i < n; ++i) {
     if (ids[i] < 0) continue;  // a lookup that got no row
     const uint64_t shard = HandleShard(ids[i]);
-    if (shard >= static_cast<uint64_t>(config_.num_shards) || HandleRow(ids[i]) >= bound[shard])
+    if (shard >= static_cast<uint64_t>(config_.num_shards) ||
+        !shards_[shard]->rows.MayOwn(HandleBitsOf(ids[i])))
       return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
              " does not belong to this table";
   }
   return "";
 }
 
-template <class Store>
-std::string ShardedTable<Store>::Apply(const Optimizer& opt, const int64_t* ids,
+template <class Rows>
+std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
                                        bool ids_are_handles, const float* grads, int64_t n,
                                        const Runner& run) {
   // Every id is checked before any row changes, so a bad one updates nothing.
@@ -428,18 +423,17 @@ std::string ShardedTable<Store>::Apply(const Optimizer& opt, const int64_t* ids,
       int64_t dropped = 0;
       if (ids_are_handles) {
         for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
-          const int64_t id = batch.id[p];
-          const uint64_t row = HandleRow(id);
           // Freed since the lookup (removed, evicted, cleared): another key
           // may hold the row now.
-          if (!shard.store.IsCurrent(row, HandleGeneration(id))) {
+          uint32_t row;
+          if (!shard.rows.Resolve(HandleBitsOf(batch.id[p]), &row)) {
             ++dropped;
             continue;
           }
-          groups.Add(static_cast<uint32_t>(row), grads + batch.order[p] * d);
+          groups.Add(row, grads + batch.order[p] * d);
         }
       } else {  // keys, resolved with the lookups' prefetching pipeline
-        ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row, size_t) {
+        ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
           if (row != kNoRow) groups.Add(row, grads + batch.order[p] * d);
         });
       }
@@ -449,10 +443,10 @@ std::string ShardedTable<Store>::Apply(const Optimizer& opt, const int64_t* ids,
       constexpr size_t kAhead = 4;
       const size_t rows = groups.size();
       for (size_t k = 0; k < std::min(kAhead, rows); ++k)
-        __builtin_prefetch(shard.store.Record(groups.row(k)), 1);
+        __builtin_prefetch(shard.rows.Record(groups.row(k)), 1);
       for (size_t k = 0; k < rows; ++k) {
-        if (k + kAhead < rows) __builtin_prefetch(shard.store.Record(groups.row(k + kAhead)), 1);
-        char* rec = shard.store.Record(groups.row(k));
+        if (k + kAhead < rows) __builtin_prefetch(shard.rows.Record(groups.row(k + kAhead)), 1);
+        char* rec = shard.rows.Record(groups.row(k));
         UpdateRow(opt, Values(rec), Values(rec) + d, groups.grad(k), d);
         shard.changes.NoteChanged(groups.row(k), Header(rec)->version, false);
         Header(rec)->version = version;
@@ -463,17 +457,16 @@ std::string ShardedTable<Store>::Apply(const Optimizer& opt, const int64_t* ids,
   return "";
 }
 
-template <class Store>
-int64_t ShardedTable<Store>::Remove(const int64_t* keys, int64_t n) {
+template <class Rows>
+int64_t ShardedTable<Rows>::Remove(const int64_t* keys, int64_t n) {
   int64_t removed = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t h = HashKey(keys[i]);
     Shard& shard = ShardOf(h);
     std::lock_guard<std::mutex> lock(shard.mu);
-    bool found;
-    const size_t slot = shard.Probe(keys[i], h, &found);
-    if (found) {
-      shard.Erase(slot);
+    const uint32_t row = shard.Find(keys[i], h);
+    if (row != kNoRow) {
+      shard.Erase(row);
       ++removed;
     } else if (shard.admission.exact.Erase(keys[i])) {
       shard.NoteRemoved(keys[i]);  // its admission count starts over too
@@ -482,22 +475,18 @@ int64_t ShardedTable<Store>::Remove(const int64_t* keys, int64_t n) {
   return removed;
 }
 
-template <class Store>
-int64_t ShardedTable<Store>::Evict(int64_t before) {
+template <class Rows>
+int64_t ShardedTable<Rows>::Evict(int64_t before) {
   int64_t removed = 0;
   for (auto& sp : shards_) {
     Shard& shard = *sp;
     std::lock_guard<std::mutex> lock(shard.mu);
-    constexpr size_t kPrefetch = 16;  // records are scattered: overlap their misses
-    const size_t slots = shard.index.slots();
-    for (size_t slot = 0; slot < slots; ++slot) {
-      if (slot + kPrefetch < slots && shard.index.full(slot + kPrefetch))
-        shard.store.Prefetch(shard.index.row(slot + kPrefetch));
-      if (!shard.index.full(slot) || !Expired(*shard.HeaderOf(shard.index.row(slot)), before))
-        continue;
-      shard.Erase(slot);
-      ++removed;
-    }
+    std::vector<uint32_t> expired;
+    shard.rows.ForEachLive([&](uint32_t row, const char* rec) {
+      if (Expired(*Header(rec), before)) expired.push_back(row);
+    });
+    for (uint32_t row : expired) shard.Erase(row);  // frees only: the other refs stay
+    removed += static_cast<int64_t>(expired.size());
     shard.admission.exact.DropSeenBefore(before, [&](int64_t key) { shard.NoteRemoved(key); });
     shard.admission.sketch.Halve();
   }
@@ -505,8 +494,8 @@ int64_t ShardedTable<Store>::Evict(int64_t before) {
   return removed;
 }
 
-template <class Store>
-std::vector<uint32_t> ShardedTable<Store>::PickRows(const Shard& s, int64_t min_version) const {
+template <class Rows>
+std::vector<uint32_t> ShardedTable<Rows>::PickRows(const Shard& s, int64_t min_version) const {
   // Live rows with version >= min_version. A shard tracking changes since a
   // mark below min_version finds them among its changed rows (a delta costs
   // what changed, not the table); those freed since have version 0 (Erase),
@@ -518,28 +507,28 @@ std::vector<uint32_t> ShardedTable<Store>::PickRows(const Shard& s, int64_t min_
                               [&](uint32_t row) { return s.HeaderOf(row)->version < min_version; }),
                rows.end());
   } else {
-    for (size_t slot = 0; slot < s.index.slots(); ++slot)
-      if (s.index.full(slot) && s.HeaderOf(s.index.row(slot))->version >= min_version)
-        rows.push_back(s.index.row(slot));
+    s.rows.ForEachLive([&](uint32_t row, const char* rec) {
+      if (Header(rec)->version >= min_version) rows.push_back(row);
+    });
   }
   return rows;
 }
 
-template <class Store>
-int64_t ShardedTable<Store>::CountRows(int64_t min_version, int shard) const {
+template <class Rows>
+int64_t ShardedTable<Rows>::CountRows(int64_t min_version, int shard) const {
   int64_t n = 0;
   const auto [s0, s1] = ShardRange(shard);
   for (size_t si = s0; si < s1; ++si) {
     std::lock_guard<std::mutex> lock(shards_[si]->mu);
     // Every live row has a version >= 0: no need to visit them.
-    n += min_version <= 0 ? static_cast<int64_t>(shards_[si]->index.used())
+    n += min_version <= 0 ? static_cast<int64_t>(shards_[si]->rows.size())
                           : static_cast<int64_t>(PickRows(*shards_[si], min_version).size());
   }
   return n;
 }
 
-template <class Store>
-void ShardedTable<Store>::Export(int64_t min_version,
+template <class Rows>
+void ShardedTable<Rows>::Export(int64_t min_version,
                                  const std::function<ExportBuffers(int64_t n)>& alloc,
                                  int shard) const {
   // The locks of every shard read are held so the count and the rows agree.
@@ -558,7 +547,7 @@ void ShardedTable<Store>::Export(int64_t min_version,
   for (size_t si = s0; si < s1; ++si) {
     const Shard& s = *shards_[si];
     for (uint32_t row : picked[si - s0]) {
-      const char* rec = s.store.Record(row);
+      const char* rec = s.rows.Record(row);
       const RecordHeader* h = Header(rec);
       if (out.keys) out.keys[i] = h->key;
       if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
@@ -572,8 +561,8 @@ void ShardedTable<Store>::Export(int64_t min_version,
   }
 }
 
-template <class Store>
-std::string ShardedTable<Store>::Import(const int64_t* keys, const float* values,
+template <class Rows>
+std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
                                         const float* slots, const int64_t* counts,
                                         const int64_t* last_seen, const int64_t* versions,
                                         int64_t n, bool replace, const Runner& run) {
@@ -591,14 +580,13 @@ std::string ShardedTable<Store>::Import(const int64_t* keys, const float* values
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      shard.index.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]),
-                          shard.LiveRows());
+      shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]), version_.load() + 1);
       for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
         const int64_t i = batch.order[p];
         bool added;
         // A restore brings back every row, even beyond max_rows.
         const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[p], &added);
-        char* rec = shard.store.Record(row);
+        char* rec = shard.rows.Record(row);
         if (!shard.admission.exact.empty()) shard.admission.exact.Erase(keys[i]);
         RecordHeader* h = Header(rec);
         shard.changes.NoteChanged(row, h->version, added);
@@ -629,8 +617,8 @@ std::string ShardedTable<Store>::Import(const int64_t* keys, const float* values
   return "";
 }
 
-template <class Store>
-int64_t ShardedTable<Store>::CountPending(int64_t min_version, int shard) const {
+template <class Rows>
+int64_t ShardedTable<Rows>::CountPending(int64_t min_version, int shard) const {
   int64_t n = 0;
   const auto [s0, s1] = ShardRange(shard);
   for (size_t si = s0; si < s1; ++si) {
@@ -641,8 +629,8 @@ int64_t ShardedTable<Store>::CountPending(int64_t min_version, int shard) const 
   return n;
 }
 
-template <class Store>
-void ShardedTable<Store>::ExportPending(
+template <class Rows>
+void ShardedTable<Rows>::ExportPending(
     int64_t min_version, const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
     int shard) const {
   const auto [s0, s1] = ShardRange(shard);
@@ -672,8 +660,8 @@ void ShardedTable<Store>::ExportPending(
   }
 }
 
-template <class Store>
-std::string ShardedTable<Store>::ImportPending(const int64_t* keys, const int64_t* counts,
+template <class Rows>
+std::string ShardedTable<Rows>::ImportPending(const int64_t* keys, const int64_t* counts,
                                                const int64_t* last_seen, int64_t n,
                                                const int32_t* sketch, int64_t sketch_count) {
   for (int64_t i = 0; i < n; ++i)
@@ -691,7 +679,7 @@ std::string ShardedTable<Store>::ImportPending(const int64_t* keys, const int64_
     const uint64_t h = HashKey(keys[i]);
     Shard& shard = ShardOf(h);
     std::lock_guard<std::mutex> lock(shard.mu);
-    if (shard.FindRow(keys[i], h) != kNoRow) continue;
+    if (shard.Find(keys[i], h) != kNoRow) continue;
     // Counted now, as far as incremental checkpoints go (see PendingCount::version).
     shard.admission.exact.Set(
         keys[i], PendingCount{AddCount(0, counts[i]), last_seen[i], version_.load() + 1});
@@ -709,23 +697,24 @@ std::string ShardedTable<Store>::ImportPending(const int64_t* keys, const int64_
   return "";
 }
 
-template <class Store>
-int64_t ShardedTable<Store>::TrackRemovals() {
+template <class Rows>
+int64_t ShardedTable<Rows>::TrackRemovals() {
   std::vector<std::unique_lock<std::mutex>> locks;  // no change goes unnoted or half-noted
   for (auto& s : shards_) locks.emplace_back(s->mu);
   const int64_t version = version_.load();
   for (auto& s : shards_) {
     if (s->changes.tracking()) continue;
     s->changes.Start(version);
-    for (size_t slot = 0; slot < s->index.slots(); ++slot)  // changed since, if any
-      if (s->index.full(slot) && s->HeaderOf(s->index.row(slot))->version > version)
-        s->changes.NoteDirty(s->index.row(slot));
+    Shard& shard = *s;
+    shard.rows.ForEachLive([&](uint32_t row, const char* rec) {  // changed since, if any
+      if (Header(rec)->version > version) shard.changes.NoteDirty(row);
+    });
   }
   return version;
 }
 
-template <class Store>
-void ShardedTable<Store>::ExportRemoved(int64_t since,
+template <class Rows>
+void ShardedTable<Rows>::ExportRemoved(int64_t since,
                                         const std::function<int64_t*(int64_t n)>& alloc) {
   std::vector<std::unique_lock<std::mutex>> locks;
   int64_t n = 0;

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "native/arena_row_store.h"
+#include "native/indexed_arena.h"
+#include "native/row_buckets.h"
 #include "native/sharded_table.h"
 
 namespace graphmod {
@@ -20,6 +21,8 @@ std::string ValidateConfig(const TableConfig& c) {
   if (c.sketch_width < 0 || c.sketch_width > (int64_t{1} << 32))
     return "sketch_width must be 0 (exact counting) or in [1, 2^32], got " +
            std::to_string(c.sketch_width);
+  if (c.layout != "arena" && c.layout != "buckets")
+    return "layout must be 'buckets' or 'arena', got '" + c.layout + "'";
   if (c.max_rows < -1 || c.max_rows == 0)
     return "max_rows must be positive or -1 (no bound), got " + std::to_string(c.max_rows);
   if (c.init == Initializer::kUniform && !(c.init_a < c.init_b))
@@ -45,10 +48,11 @@ void MissingRow(const TableConfig& config, int64_t key, float* out) {
 
 namespace {
 
-// The one place that picks a row store for a table. A new store is one more
-// case here (and a TableConfig field to ask for it).
+// The one place that picks a shard layout for a table (ValidateConfig has
+// checked the name).
 std::unique_ptr<TableImpl> MakeTableImpl(const TableConfig& config) {
-  return std::make_unique<ShardedTable<ArenaRowStore>>(config);
+  if (config.layout == "buckets") return std::make_unique<ShardedTable<RowBuckets>>(config);
+  return std::make_unique<ShardedTable<IndexedArena>>(config);
 }
 
 }  // namespace

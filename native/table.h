@@ -66,6 +66,10 @@ struct TableConfig {
   // per key; else in a count-min sketch of 4 rows of this many counters
   // (spread over the shards), bounded memory at a stated error (see README).
   int64_t sketch_width = 0;
+  // Where a shard keeps its rows (shard_storage.h): "buckets" (records
+  // inline in hash buckets, one memory miss per key) or "arena" (a key index
+  // over packed records: two dependent misses, fewer bytes per key).
+  std::string layout = "arena";
 };
 
 // Returns "" when the config is usable, else what is wrong with it.

@@ -79,13 +79,13 @@ def assert_faithful(build, data=None, hook=None, table="emb"):
 
 
 def model(transform=None, optimizer=lambda: tf1.train.GradientDescentOptimizer(0.1),
-          scale=1.0, towers=1, init=tf1.constant_initializer(0.1)):
+          scale=1.0, towers=1, init=tf1.constant_initializer(0.1), vocab=VOCAB):
     """An embedding model whose gradients pass through transform(grads_and_vars)
     before the update (the loss scaled by `scale` and divided back)."""
     def build():
         ids = tf1.placeholder(tf.int64, [None, 2])
         labels = tf1.placeholder(tf.float32, [None])
-        emb = tf1.get_variable("emb", [VOCAB, DIM], initializer=init)
+        emb = tf1.get_variable("emb", [vocab, DIM], initializer=init)
         opt = optimizer()
         grads_and_vars, losses = [], []
         for t, (i, l) in enumerate(zip(tf.split(ids, towers), tf.split(labels, towers))):
@@ -605,3 +605,18 @@ def test_a_vocabulary_warm_start_keeps_the_variable_dense(tmp_path):
     c_losses, rows, _ = train(build, hook)
     assert not rows and "initializer was replaced" in hook.report.skipped[0]["reason"]
     np.testing.assert_allclose(c_losses, train(build)[0], rtol=1e-6)
+
+
+def test_the_buckets_layout_trains_as_the_dense_model_through_its_rebuilds():
+    """The buckets layout moves rows when it grows (before a lookup inserts);
+    handles follow them. New ids keep arriving, so the table rebuilds while
+    training, also between the two towers' lookups of one step: losses and
+    rows still equal the dense model's."""
+    vocab = 6000
+    hook = graphmod.GraphModifierHook(
+        min_rows=10, tables={"emb": graphmod.TableSettings(layout="buckets", num_shards=2)})
+    rng = np.random.default_rng(0)
+    data = [(rng.integers(0, 300 * (s + 1), (64, 2)), rng.integers(0, 2, 64).astype(np.float32))
+            for s in range(20)]
+    assert_faithful(model(optimizer=lambda: tf1.train.AdagradOptimizer(0.3), towers=2,
+                          vocab=vocab), data=data, hook=hook)

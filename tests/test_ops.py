@@ -38,12 +38,12 @@ def test_library_under_test_is_the_requested_one():
 class Harness:
     """One graph with placeholders for every table op, run in one session."""
 
-    def __init__(self, num_shards: int):
+    def __init__(self, num_shards: int, layout: str):
         self.graph = tf.Graph()
         with self.graph.as_default():
             self.opt = graphmod.optimizers.Adagrad(0.5, initial_accumulator_value=0.25)
             self.table = graphmod.create_table(
-                "model", DIM, optimizer=self.opt, num_shards=num_shards,
+                "model", DIM, optimizer=self.opt, num_shards=num_shards, layout=layout,
                 initializer=tf1.random_uniform_initializer(-1.0, 1.0))
             # A never-mutated twin with the same seed gives the expected initial rows.
             self.twin = graphmod.create_table(
@@ -72,10 +72,10 @@ class Harness:
 _HARNESSES = {}
 
 
-def harness(num_shards):
-    if num_shards not in _HARNESSES:
-        _HARNESSES[num_shards] = Harness(num_shards)
-    return _HARNESSES[num_shards]
+def harness(num_shards, layout):
+    if (num_shards, layout) not in _HARNESSES:
+        _HARNESSES[num_shards, layout] = Harness(num_shards, layout)
+    return _HARNESSES[num_shards, layout]
 
 
 keys_st = st.lists(st.one_of(st.integers(-6, 6), st.sampled_from([I64_MIN, I64_MAX])),
@@ -92,8 +92,9 @@ op_st = st.one_of(
 @settings(max_examples=60, deadline=None)
 @given(ops=st.lists(op_st, max_size=12), num_shards=st.sampled_from([1, 4]),
        seed=st.integers(0, 2**16))
-def test_table_matches_reference_model(ops, num_shards, seed):
-    h = harness(num_shards)
+@pytest.mark.parametrize("layout", ["arena", "buckets"])
+def test_table_matches_reference_model(layout, ops, num_shards, seed):
+    h = harness(num_shards, layout)
     rng = np.random.default_rng(seed)
     run = h.sess.run
     run(h.clear)
@@ -154,10 +155,11 @@ def test_table_matches_reference_model(ops, num_shards, seed):
 # ------------------------------------------------------------------ concurrency
 
 
-def test_concurrent_lookups_and_applies_lose_no_row():
+@pytest.mark.parametrize("layout", ["arena", "buckets"])
+def test_concurrent_lookups_and_applies_lose_no_row(layout):
     with tf.Graph().as_default() as g:
         opt = graphmod.optimizers.Adagrad(0.01)
-        table = graphmod.create_table("stress", 8, optimizer=opt)
+        table = graphmod.create_table("stress", 8, optimizer=opt, layout=layout)
         keys = tf1.placeholder(tf.int64, [None])
         rows = graphmod.sparse_lookup(table, keys, is_training=True)
         step = opt.minimize(tf.reduce_sum(rows * rows))
@@ -498,12 +500,13 @@ def test_tables_survive_export_and_import_of_the_meta_graph(caplog):
     np.testing.assert_array_equal(np.sort(before["keys"]), np.sort(after["keys"]))
 
 
-def test_a_stale_handle_never_updates_another_key():
+@pytest.mark.parametrize("layout", ["arena", "buckets"])
+def test_a_stale_handle_never_updates_another_key(layout):
     """Look up key 1, remove it, look up other keys (one reuses key 1's row),
     apply key 1's handle: the gradient is dropped and counted, no row moves."""
     with tf.Graph().as_default():
         opt = graphmod.optimizers.SGD(1.0)
-        table = graphmod.create_table("stale", 2, optimizer=opt, num_shards=1)
+        table = graphmod.create_table("stale", 2, optimizer=opt, num_shards=1, layout=layout)
         one = graphmod.sparse_lookup(table, tf.constant([1], tf.int64))
         handles_of_one = graphmod.training_lookups()[-1].handles
         others = graphmod.sparse_lookup(table, tf.constant([2, 3], tf.int64))

@@ -50,6 +50,7 @@ class Table:
         self.when_full = op.get_attr("when_full").decode()
         sketch = op.get_attr("sketch_width")
         self.admission_sketch_width = sketch or None
+        self.layout = op.get_attr("layout").decode()
         self.optimizer = optimizer
 
     def __repr__(self) -> str:
@@ -345,7 +346,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
                  default_value: Optional[float] = None, num_shards: int = NUM_SHARDS,
                  seed: Optional[int] = None, max_rows: Optional[int] = None,
                  when_full: str = "lru", admission_sketch_width: Optional[int] = None,
-                 shape_hint: Optional[List[int]] = None) -> Table:
+                 layout: str = "arena", shape_hint: Optional[List[int]] = None) -> Table:
     """Creates a dynamic embedding table in the default graph.
 
     Args:
@@ -375,6 +376,11 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         counted since the sketch last aged, in the id's shard, times the shard
         count) with probability at most e**-4 (1.8%); eviction halves the
         counters.
+      layout: how a shard holds its rows. "arena": a key index over packed
+        records (two dependent memory misses a lookup, about record + 14
+        bytes a key); "buckets": records inline in hash buckets (one miss,
+        records 60-90% of their memory, so up to ~1.6x the bytes). See
+        benchmarks/lookup.py for both, measured side by side.
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
@@ -388,7 +394,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
                         f"optimizer, got {type(optimizer).__name__}")
     check_table(f"graphmod table '{name}'", num_shards, max_rows, when_full,
-                admission_sketch_width)
+                admission_sketch_width, layout)
     if max_rows is not None and when_full != "refuse" and max_rows < 64 * num_shards:
         from absl import logging
         logging.warning("graphmod table '%s': max_rows %d over %d shards leaves about %d rows "
@@ -419,7 +425,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
             num_shards=num_shards, missing_is_initializer=default_value is None,
             default_value=0.0 if default_value is None else float(default_value),
             max_rows=-1 if max_rows is None else max_rows, when_full=when_full,
-            sketch_width=admission_sketch_width or 0,
+            sketch_width=admission_sketch_width or 0, layout=layout,
             name=f"graphmod/{name}/table")
     table = Table(handle, optimizer)
     state.tables[name] = table
