@@ -28,6 +28,8 @@ uint32_t RowBuckets::Place(char* at, size_t buckets, IndexedArena* stash, int64_
     int slot = -1;
     if (free & (1u << p)) {
       slot = p;  // the one-miss place
+    } else if (__builtin_popcount(free) >= 3) {
+      slot = __builtin_ctz(free);  // room to spare at home: no second bucket read
     } else {
       // Else the emptier of the two buckets (balanced allocation: at 90%
       // load few buckets are full, so few keys reach the stash).

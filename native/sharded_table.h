@@ -265,9 +265,13 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
   const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
   const int d = config_.dim, slots = config_.num_slots;
   // Per distinct id: its row's values and handle, and how many of its first
-  // occurrences were refused a row (not admitted yet, or no room).
-  std::unique_ptr<float[]> rows(new float[u * d]);  // every entry is written before it is read
-  std::unique_ptr<int64_t[]> found(new int64_t[u]);
+  // occurrences were refused a row (not admitted yet, or no room). A batch
+  // without repeats has distinct id j at position j: rows go straight out.
+  const bool direct = u == n;
+  std::unique_ptr<float[]> own_rows(direct ? nullptr : new float[u * d]);
+  std::unique_ptr<int64_t[]> own_found(direct && handles != nullptr ? nullptr : new int64_t[u]);
+  float* const rows = direct ? values : own_rows.get();  // written before read
+  int64_t* const found = own_found ? own_found.get() : handles;
   std::vector<uint32_t> refused(u, 0);
   std::atomic<bool> any_refused{false};
   // Rows looked up carry the version the next Apply will stamp: an
@@ -314,7 +318,7 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
         h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
         shard.changes.NoteChanged(row, h->version, added);
         h->version = static_cast<uint32_t>(version);
-        CopyRow(rows.get() + j * d, Values(rec), d);
+        CopyRow(rows + j * d, Values(rec), d);
         found[j] = ShardHandle(s, shard.rows.HandleBits(row));
       });
     }
@@ -324,6 +328,15 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
   });
   // Rows out by position. An id refused its first occurrences reads the
   // missing value (handle -1) there and its row from then on.
+  if (direct) {  // rows are out already; a refused id (seen once) got none
+    if (!any_refused) return;
+    for (int64_t i = 0; i < n; ++i) {
+      if (refused[i] == 0) continue;
+      MissingRow(config_, keys[i], values + i * d);
+      if (handles != nullptr) handles[i] = -1;
+    }
+    return;
+  }
   if (any_refused) {
     std::vector<uint32_t> seen(u, 0);
     for (int64_t i = 0; i < n; ++i) {
@@ -332,7 +345,7 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
         MissingRow(config_, keys[i], values + i * d);
         if (handles != nullptr) handles[i] = -1;
       } else {
-        CopyRow(values + i * d, rows.get() + j * d, d);
+        CopyRow(values + i * d, rows + j * d, d);
         if (handles != nullptr) handles[i] = found[j];
       }
     }
@@ -341,7 +354,7 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
   run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const uint32_t j = distinct.index[i];
-      CopyRow(values + i * d, rows.get() + j * d, d);
+      CopyRow(values + i * d, rows + j * d, d);
       if (handles != nullptr) handles[i] = found[j];
     }
   });
@@ -356,14 +369,16 @@ void ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
   const int64_t u = static_cast<int64_t>(distinct.ids.size());
   const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
   const int d = config_.dim;
-  std::unique_ptr<float[]> rows(new float[u * d]);  // every row is written before it is read
+  const bool direct = u == n;  // no repeats: distinct id j is position j
+  std::unique_ptr<float[]> own_rows(direct ? nullptr : new float[u * d]);
+  float* const rows = direct ? values : own_rows.get();  // every row is written before read
   const int64_t per_shard = u / config_.num_shards + 1;
   run(config_.num_shards, per_shard * 100, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
-        float* out = rows.get() + batch.order[p] * d;
+        float* out = rows + batch.order[p] * d;
         if (row != kNoRow) {
           CopyRow(out, Values(shard.rows.Record(row)), d);
         } else {
@@ -372,9 +387,9 @@ void ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
       });
     }
   });
+  if (direct) return;
   run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      CopyRow(values + i * d, rows.get() + distinct.index[i] * d, d);
+    for (int64_t i = b; i < e; ++i) CopyRow(values + i * d, rows + distinct.index[i] * d, d);
   });
 }
 
