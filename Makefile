@@ -73,13 +73,15 @@ $(SAN_DIR)/tsan/%.o: native/%.cc $(wildcard native/*.h)
 	$(CXX) $(SAN_FLAGS) $(TSAN) -c $< -o $@
 ASAN_PARTS := $(patsubst native/%.cc,$(SAN_DIR)/asan/%.o,$(TABLE_SOURCES))
 TSAN_PARTS := $(patsubst native/%.cc,$(SAN_DIR)/tsan/%.o,$(TABLE_SOURCES))
-native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/asan/%.o,$(NATIVE_TESTS)) $(SAN_DIR)/tsan/table_test.o
+native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/asan/%.o,$(NATIVE_TESTS)) $(SAN_DIR)/tsan/table_test.o $(SAN_DIR)/tsan/log_tier_test.o
 	set -e; for t in $(patsubst native/%.cc,%,$(NATIVE_TESTS)); do \
 		$(CXX) $(SAN_FLAGS) $(ASAN) $(ASAN_PARTS) $(SAN_DIR)/asan/$$t.o -o $(SAN_DIR)/$${t}_asan; \
 		$(SAN_DIR)/$${t}_asan; \
 	done
 	$(CXX) $(SAN_FLAGS) $(TSAN) $(TSAN_PARTS) $(SAN_DIR)/tsan/table_test.o -o $(SAN_DIR)/table_test_tsan
 	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/table_test_tsan --concurrency
+	$(CXX) $(SAN_FLAGS) $(TSAN) $(TSAN_PARTS) $(SAN_DIR)/tsan/log_tier_test.o -o $(SAN_DIR)/log_tier_test_tsan
+	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/log_tier_test_tsan --concurrency
 
 # Chromium and Graphviz from Debian, for the command line's tests.
 test-tools:

@@ -1,0 +1,1072 @@
+#include "native/log_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <new>
+
+#include "native/bits.h"
+#include "native/row_store.h"
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace graphmod {
+
+// ---------------------------------------------------------------- crc32c
+
+namespace {
+
+constexpr uint32_t kCastagnoli = 0x82F63B78u;  // reflected polynomial
+
+// Slicing-by-8 tables: t[k][b] is the crc of byte b followed by k zero bytes,
+// so eight bytes are folded in with eight lookups and no carried dependency.
+struct CrcTables {
+  uint32_t t[8][256];
+  CrcTables() {
+    for (uint32_t b = 0; b < 256; ++b) {
+      uint32_t c = b;
+      for (int i = 0; i < 8; ++i) c = (c & 1) ? (c >> 1) ^ kCastagnoli : c >> 1;
+      t[0][b] = c;
+    }
+    for (int k = 1; k < 8; ++k)
+      for (uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFF];
+  }
+};
+
+const CrcTables& Tables() {
+  static const CrcTables tables;
+  return tables;
+}
+
+#if defined(__x86_64__)
+// Compiled for SSE4.2 whatever the build's -m flags, called only when the
+// CPU has it: the crc32 instruction does 8 bytes in ~3 cycles.
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const void* data, size_t n) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint64_t c = 0xFFFFFFFFu;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = _mm_crc32_u64(c, w);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n > 0; ++p, --n) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+
+bool HaveSse42() {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32cSoftware(const void* data, size_t n) {
+  const auto& t = Tables().t;
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint32_t c = 0xFFFFFFFFu;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= c;
+    c = t[7][w & 0xFF] ^ t[6][(w >> 8) & 0xFF] ^ t[5][(w >> 16) & 0xFF] ^ t[4][(w >> 24) & 0xFF] ^
+        t[3][(w >> 32) & 0xFF] ^ t[2][(w >> 40) & 0xFF] ^ t[1][(w >> 48) & 0xFF] ^ t[0][w >> 56];
+  }
+#endif
+  for (; n > 0; ++p, --n) c = t[0][(c ^ *p) & 0xFF] ^ (c >> 8);
+  return ~c;
+}
+
+uint32_t Crc32c(const void* data, size_t n) {
+#if defined(__SSE4_2__)
+  return Crc32cHardware(data, n);
+#else
+#if defined(__x86_64__)
+  if (HaveSse42()) return Crc32cHardware(data, n);
+#endif
+  return Crc32cSoftware(data, n);
+#endif
+}
+
+// ---------------------------------------------------------------- cold index
+
+namespace {
+constexpr size_t kMinIndexCapacity = 16;
+}
+
+size_t ColdIndex::Distance(size_t i) const {
+  const size_t home = Home(slots()[i].key);
+  return i >= home ? i - home : i + capacity_ - home;
+}
+
+ColdIndex::Slot* ColdIndex::Find(int64_t key) {
+  if (size_ == 0) return nullptr;
+  Slot* s = slots();
+  size_t i = Home(key);
+  for (size_t d = 0;; ++d) {
+    if (s[i].segment == kEmpty) return nullptr;
+    if (s[i].key == key) return &s[i];
+    // Robin Hood order: had key been here, it would sit before any slot
+    // nearer its own home than we are to key's.
+    if (Distance(i) < d) return nullptr;
+    if (++i == capacity_) i = 0;
+  }
+}
+
+ColdIndex::Slot* ColdIndex::Place(const Slot& slot) {
+  Slot cur = slot;
+  Slot* s = slots();
+  Slot* placed = nullptr;  // where `slot` itself ends up
+  size_t i = Home(cur.key);
+  for (size_t d = 0;; ++d) {
+    if (s[i].segment == kEmpty) {
+      s[i] = cur;
+      ++size_;
+      return placed != nullptr ? placed : &s[i];
+    }
+    const size_t di = Distance(i);
+    if (di < d) {  // the resident is richer (nearer home): it moves on
+      std::swap(cur, s[i]);
+      if (placed == nullptr) placed = &s[i];
+      d = di;
+    }
+    if (++i == capacity_) i = 0;
+  }
+}
+
+ColdIndex::Slot* ColdIndex::Upsert(int64_t key, bool* added) {
+  if (Slot* s = Find(key)) {
+    *added = false;
+    return s;
+  }
+  Reserve(size_ + 1);
+  *added = true;
+  Slot slot{};
+  slot.key = key;
+  slot.segment = 0;  // anything but kEmpty; the caller sets the location
+  return Place(slot);
+}
+
+void ColdIndex::Reserve(size_t n) {
+  if (n * 8 <= capacity_ * 7) return;
+  Rehash(std::max({kMinIndexCapacity, capacity_ + capacity_ / 2, n * 8 / 7 + 1}));
+}
+
+bool ColdIndex::Erase(int64_t key, Slot* old) {
+  Slot* f = Find(key);
+  if (f == nullptr) return false;
+  if (old != nullptr) *old = *f;
+  Slot* s = slots();
+  // Backward shift: pull the following displaced slots one step nearer home,
+  // so no tombstone is left and probes stay short.
+  size_t i = static_cast<size_t>(f - s);
+  for (;;) {
+    const size_t j = i + 1 == capacity_ ? 0 : i + 1;
+    if (s[j].segment == kEmpty || Distance(j) == 0) break;
+    s[i] = s[j];
+    i = j;
+  }
+  s[i].segment = kEmpty;
+  --size_;
+  if (capacity_ > 4 * kMinIndexCapacity && size_ * 4 < capacity_)
+    Rehash(std::max(kMinIndexCapacity, size_ * 2));
+  return true;
+}
+
+void ColdIndex::Clear() {
+  slots_.reset();
+  capacity_ = 0;
+  size_ = 0;
+}
+
+void ColdIndex::Rehash(size_t capacity) {
+  Memory fresh = AllocateAligned(capacity * sizeof(Slot));  // may throw: nothing changed yet
+  Memory old = std::move(slots_);
+  const size_t old_capacity = capacity_;
+  slots_ = std::move(fresh);
+  capacity_ = capacity;
+  size_ = 0;
+  Slot* s = slots();
+  for (size_t i = 0; i < capacity_; ++i) s[i].segment = kEmpty;
+  const Slot* o = reinterpret_cast<const Slot*>(old.get());
+  for (size_t i = 0; i < old_capacity; ++i)
+    if (o[i].segment != kEmpty) Place(o[i]);
+}
+
+// ---------------------------------------------------------------- helpers
+
+namespace {
+
+// strerror_r has a GNU (returns the text) and an XSI (fills buf) form.
+inline const char* StrerrorResult(int, const char* buf) { return buf; }
+inline const char* StrerrorResult(const char* text, const char*) { return text; }
+
+std::string ErrnoText(int e) {
+  if (e < 0) return "the file ends early";
+  char buf[256] = "unknown error";
+  return StrerrorResult(strerror_r(e, buf, sizeof(buf)), buf);
+}
+
+// 0, or the errno of the failure. Short writes (a signal, a nearly full disk)
+// are continued; a write of 0 bytes is taken as a full disk.
+int PwriteAll(int fd, const char* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t w = pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return ENOSPC;
+    p += w, n -= static_cast<size_t>(w), offset += static_cast<uint64_t>(w);
+  }
+  return 0;
+}
+
+// 0, the errno of the failure, or -1 when the file ends before n bytes.
+int PreadAll(int fd, char* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t r = pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (r == 0) return -1;
+    p += r, n -= static_cast<size_t>(r), offset += static_cast<uint64_t>(r);
+  }
+  return 0;
+}
+
+// Page cache the tier leaves behind counts against the process's memory
+// (cgroup accounting) and would let the tier's share of memory grow past the
+// budget unseen; and a cold row is read once, then promoted to memory, so its
+// page has no later use. So written and read ranges are dropped. The kernel
+// drops only whole pages inside the range, so it is widened to pages (a
+// neighbour sharing a page is dropped too: it is cold as well). length 0:
+// to the end of the file. Advice only; failures are harmless.
+void DropCache(int fd, uint64_t begin, uint64_t length) {
+  const uint64_t page = 4096;
+  const uint64_t first = begin & ~(page - 1);
+  const uint64_t span = length == 0 ? 0 : ((begin + length + page - 1) & ~(page - 1)) - first;
+  posix_fadvise(fd, static_cast<off_t>(first), static_cast<off_t>(span), POSIX_FADV_DONTNEED);
+}
+
+bool IsSegmentName(const char* name) {
+  const size_t len = std::strlen(name);
+  if (len < 9 || std::strncmp(name, "seg-", 4) != 0 || std::strcmp(name + len - 4, ".log") != 0)
+    return false;
+  for (size_t i = 4; i < len - 4; ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  return true;
+}
+
+// mkdir -p.
+std::string MakeDirs(const std::string& dir) {
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    const std::string prefix = dir.substr(0, pos);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      return "cannot create directory '" + prefix + "': " + ErrnoText(errno);
+  }
+  return "";
+}
+
+uint32_t LoadU32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+int64_t LoadKey(const char* record) {
+  int64_t k;
+  std::memcpy(&k, record + offsetof(RecordHeader, key), 8);
+  return k;
+}
+
+constexpr size_t kScanBytes = size_t{1} << 20;  // compaction / export read size
+constexpr size_t kSwitchBatch = 4096;           // index entries switched per lock hold
+constexpr size_t kMaxRunBytes = 256 << 10;      // adjacent records read by one pread
+constexpr size_t kMinRecordsPerPart = 16;       // fewer are read by the caller alone
+
+}  // namespace
+
+// ---------------------------------------------------------------- segments
+
+struct LogTier::Segment {
+  uint32_t number = 0;
+  int fd = -1;
+  std::string path;
+  // Guarded by mu_; `used` changes under write_mu_ too, so an appender may
+  // read it holding only write_mu_:
+  uint32_t used = 0;     // records written: live, pending or garbage
+  uint32_t live = 0;     // records the index points at
+  uint32_t pending = 0;  // written by an append whose index update is to come
+  bool sealed = false;   // full: no more appends; may be compacted
+  bool retired = false;  // compacted or cleared: removed once no Read pins it
+  int pins = 0;          // Reads in flight on it
+  uint32_t failed_garbage = 0;  // garbage at its last failed compaction
+  uint64_t drop_from = 0;       // write_mu_: where the next page-cache drop starts
+  uint32_t garbage() const { return used - live - pending; }
+};
+
+// The preads of one Read are split into parts; part 0 runs in the caller,
+// the others on these threads.
+class LogTier::ReadPool {
+ public:
+  explicit ReadPool(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
+  }
+  ~ReadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // Runs fn(0) .. fn(parts - 1) and returns when all are done.
+  void Run(size_t parts, const std::function<void(size_t)>& fn) {
+    if (parts <= 1 || threads_.empty()) {
+      for (size_t p = 0; p < parts; ++p) fn(p);
+      return;
+    }
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    size_t pending = parts - 1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t p = 1; p < parts; ++p) {
+        tasks_.push_back([&, p] {
+          fn(p);
+          std::lock_guard<std::mutex> done(done_mu);
+          if (--pending == 0) done_cv.notify_one();
+        });
+      }
+    }
+    cv_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> done(done_mu);
+    done_cv.wait(done, [&] { return pending == 0; });
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stopping, nothing left
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// ---------------------------------------------------------------- open / close
+
+LogTier::LogTier(const TierOptions& options)
+    : options_(options),
+      record_bytes_(options.record_bytes),
+      stride_(options.record_bytes + 8),
+      segment_records_(static_cast<uint32_t>(
+          std::min<size_t>((options.segment_bytes - kHeaderBytes) / (options.record_bytes + 8),
+                           ColdIndex::kEmpty - 1))) {}
+
+std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* error) {
+  auto fail = [&](const std::string& why) {
+    if (error != nullptr) *error = "log tier '" + options.dir + "': " + why;
+    return nullptr;
+  };
+  if (options.dir.empty()) return fail("no directory given");
+  if (options.record_bytes < sizeof(RecordHeader) || options.record_bytes % 8 != 0 ||
+      options.record_bytes > (size_t{1} << 30))
+    return fail("record_bytes " + std::to_string(options.record_bytes) +
+                " is not a multiple of 8 in [24, 2^30]");
+  if (options.segment_bytes < kHeaderBytes + options.record_bytes + 8)
+    return fail("segment_bytes " + std::to_string(options.segment_bytes) +
+                " holds no record of " + std::to_string(options.record_bytes) + " bytes");
+  if (!(options.compact_garbage > 0 && options.compact_garbage <= 1))
+    return fail("compact_garbage " + std::to_string(options.compact_garbage) + " is not in (0, 1]");
+  std::unique_ptr<LogTier> tier(new LogTier(options));
+  const std::string why = tier->Init();
+  if (!why.empty()) return fail(why);
+  return tier;
+}
+
+std::string LogTier::Init() {
+  std::string e = MakeDirs(options_.dir);
+  if (!e.empty()) return e;
+  const int fd = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return "cannot open the directory: " + ErrnoText(errno);
+  // One tier per directory, across processes too (a second trainer pointed
+  // at the same storage_path would wipe the first one's segments).
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);
+    if (err == EWOULDBLOCK) return "the directory is in use by another LogTier (flock)";
+    return "cannot lock the directory: " + ErrnoText(err);
+  }
+  dir_fd_ = fd;  // from here on the directory is ours, and the destructor cleans it
+
+  // Wipe the segments a previous run left (scratch; the checkpoint holds the
+  // rows). Other files are left alone: the directory is ours, its other
+  // contents might not be.
+  const int list_fd = dup(fd);
+  DIR* d = list_fd < 0 ? nullptr : fdopendir(list_fd);
+  if (d == nullptr) {
+    const int err = errno;
+    if (list_fd >= 0) close(list_fd);
+    return "cannot list the directory: " + ErrnoText(err);
+  }
+  std::vector<std::string> old;
+  while (const dirent* entry = readdir(d))
+    if (IsSegmentName(entry->d_name)) old.emplace_back(entry->d_name);
+  closedir(d);
+  for (const std::string& name : old)
+    if (unlinkat(fd, name.c_str(), 0) != 0 && errno != ENOENT)
+      return "cannot remove the old segment '" + name + "': " + ErrnoText(errno);
+
+  if (const char* pause = std::getenv("GRAPHMOD_TIER_TEST_PAUSE")) {
+    const std::string list = std::string(",") + pause + ",";
+    pause_compact_ = list.find(",compact,") != std::string::npos;
+  }
+
+  // The first segment now, so an unwritable directory fails here, clearly,
+  // not at the first spill.
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    e = NewSegmentLocked();
+    if (!e.empty()) return e;
+  }
+  pool_ = std::make_unique<ReadPool>(std::max(options_.read_threads, 1) - 1);
+  if (options_.background_compaction) compactor_ = std::thread([this] { CompactorLoop(); });
+  return "";
+}
+
+LogTier::~LogTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  compact_cv_.notify_all();
+  if (compactor_.joinable()) compactor_.join();
+  pool_.reset();
+  if (dir_fd_ < 0) return;  // Open failed before the lock: the directory is not ours
+  std::vector<std::unique_ptr<Segment>> remove;
+  for (auto& kv : segments_) remove.push_back(std::move(kv.second));
+  segments_.clear();
+  RemoveFiles(&remove);
+  // Only the shard's own directory, and only when empty: its parents
+  // (storage_path/table) hold the other shards.
+  rmdir(options_.dir.c_str());
+  close(dir_fd_);  // releases the flock
+}
+
+std::string LogTier::SegmentPath(uint32_t number) const {
+  return options_.dir + "/seg-" + std::to_string(number) + ".log";
+}
+
+std::string LogTier::NewSegmentLocked() {
+  if (next_segment_ == ColdIndex::kEmpty) return "segment numbers exhausted";
+  auto s = std::make_unique<Segment>();
+  s->number = next_segment_++;
+  s->path = SegmentPath(s->number);
+  s->fd = open(s->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (s->fd < 0) return "cannot create '" + s->path + "': " + ErrnoText(errno);
+  char header[kHeaderBytes] = {};
+  std::memcpy(header, "GMSEG1\0\0", 8);
+  const uint32_t fields[4] = {1, static_cast<uint32_t>(record_bytes_),
+                              static_cast<uint32_t>(stride_), s->number};
+  std::memcpy(header + 8, fields, sizeof(fields));
+  const uint32_t crc = Crc32c(header, 24);
+  std::memcpy(header + 24, &crc, 4);
+  const int err = PwriteAll(s->fd, header, kHeaderBytes, 0);
+  if (err != 0) {
+    close(s->fd);
+    unlink(s->path.c_str());
+    return "cannot write '" + s->path + "': " + ErrnoText(err);
+  }
+  // Reads are point reads at random: readahead would only fill the page
+  // cache with neighbours nobody asked for.
+  posix_fadvise(s->fd, 0, 0, POSIX_FADV_RANDOM);
+  std::lock_guard<std::mutex> lock(mu_);
+  active_ = s.get();
+  segments_[s->number] = std::move(s);
+  return "";
+}
+
+void LogTier::RemoveFiles(std::vector<std::unique_ptr<Segment>>* remove) {
+  for (auto& s : *remove) {
+    close(s->fd);
+    unlink(s->path.c_str());  // scratch: a failure leaves an orphan the next Open wipes
+  }
+  remove->clear();
+}
+
+LogTier::Segment* LogTier::SegmentLocked(uint32_t number) const {
+  return segments_.find(number)->second.get();  // every index entry's segment is here
+}
+
+void LogTier::RetireLocked(Segment* s, std::vector<std::unique_ptr<Segment>>* remove) {
+  s->retired = true;
+  if (s->pins != 0) return;  // the last Read to unpin it removes it
+  auto it = segments_.find(s->number);
+  remove->push_back(std::move(it->second));
+  segments_.erase(it);
+}
+
+// ---------------------------------------------------------------- writes
+
+std::string LogTier::AppendLocked(const char* disk_records, size_t n, std::vector<Piece>* pieces) {
+  pieces->clear();
+  for (size_t done = 0; done < n;) {
+    if (active_ == nullptr) {
+      const std::string e = NewSegmentLocked();
+      if (!e.empty()) return e;
+    }
+    Segment* s = active_;
+    const size_t k = std::min<size_t>(n - done, segment_records_ - s->used);
+    const uint64_t offset = Offset(s->used);
+    const int err = PwriteAll(s->fd, disk_records + done * stride_, k * stride_, offset);
+    if (err != 0) {
+      // Give back the blocks a partial write took (a full disk needs them);
+      // the range is beyond `used`, never read, and the next append
+      // overwrites it anyway.
+      while (ftruncate(s->fd, static_cast<off_t>(offset)) != 0 && errno == EINTR) {
+      }
+      return "cannot write " + std::to_string(k * stride_) + " bytes to '" + s->path +
+             "' at offset " + std::to_string(offset) + ": " + ErrnoText(err);
+    }
+    // Dropping just-written pages only starts their writeback (dirty pages
+    // stay), so each drop also covers the previous write, clean by now.
+    const uint64_t end = offset + k * stride_;
+    DropCache(s->fd, s->drop_from, end - s->drop_from);
+    s->drop_from = offset;
+    bool sealed = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s->used += static_cast<uint32_t>(k);
+      s->pending += static_cast<uint32_t>(k);
+      pieces->push_back(Piece{s, static_cast<uint32_t>(s->used - k), done, k});
+      if (s->used == segment_records_) {
+        s->sealed = sealed = true;
+        active_ = nullptr;
+      }
+    }
+    if (sealed) DropCache(s->fd, s->drop_from, 0);  // to the end
+    done += k;
+  }
+  return "";
+}
+
+void LogTier::SettleLocked(const std::vector<Piece>& pieces) {
+  for (const Piece& p : pieces) {
+    p.segment->pending -= static_cast<uint32_t>(p.n);
+    NoteGarbageLocked(p.segment);
+  }
+}
+
+void LogTier::NoteGarbageLocked(Segment* s) {
+  if (!s->sealed || s->retired || s->pending != 0 || s->used == 0) return;
+  const uint32_t garbage = s->garbage();
+  if (garbage <= s->failed_garbage) return;
+  if (garbage < options_.compact_garbage * s->used) return;
+  if (!compact_wanted_) {
+    compact_wanted_ = true;
+    compact_cv_.notify_one();
+  }
+}
+
+std::string LogTier::Put(const char* records, size_t n) {
+  if (n == 0) return "";
+  // Pack outside the locks: record | crc32c | zero pad.
+  std::vector<char> disk(n * stride_);
+  for (size_t i = 0; i < n; ++i) {
+    const char* rec = records + i * record_bytes_;
+    char* dst = disk.data() + i * stride_;
+    std::memcpy(dst, rec, record_bytes_);
+    const uint32_t crc = Crc32c(rec, record_bytes_);
+    std::memcpy(dst + record_bytes_, &crc, 4);
+  }
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  std::vector<Piece> pieces;
+  const std::string e = AppendLocked(disk.data(), n, &pieces);
+  if (hooks_.put_appended) hooks_.put_appended();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!e.empty()) {
+    SettleLocked(pieces);  // written but never indexed: garbage
+    return "log tier '" + options_.dir + "': " + e;
+  }
+  try {
+    index_.Reserve(index_.size() + n);  // so the updates below cannot fail halfway
+  } catch (const std::bad_alloc&) {
+    SettleLocked(pieces);
+    return "log tier '" + options_.dir + "': no memory to grow the cold index";
+  }
+  for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i)
+    index_.Prefetch(LoadKey(records + i * record_bytes_));
+  for (const Piece& p : pieces) {
+    for (size_t r = 0; r < p.n; ++r) {
+      const size_t ahead = p.first + r + ColdIndex::kPrefetchAhead;
+      if (ahead < n) index_.Prefetch(LoadKey(records + ahead * record_bytes_));
+      RecordHeader h;
+      std::memcpy(&h, records + (p.first + r) * record_bytes_, sizeof(h));
+      bool added;
+      ColdIndex::Slot* slot = index_.Upsert(h.key, &added);
+      if (!added) {
+        Segment* old = SegmentLocked(slot->segment);
+        --old->live;
+        NoteGarbageLocked(old);
+      }
+      slot->last_seen = h.last_seen;
+      slot->count = h.count;
+      slot->version = h.version;
+      slot->segment = p.segment->number;
+      slot->index = p.first_index + static_cast<uint32_t>(r);
+      ++p.segment->live;
+    }
+  }
+  SettleLocked(pieces);
+  writes_ += static_cast<int64_t>(n);
+  write_bytes_ += static_cast<int64_t>(n * stride_);
+  ++mutations_;
+  return "";
+}
+
+size_t LogTier::Erase(const int64_t* keys, size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t erased = 0;
+  for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i) index_.Prefetch(keys[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + ColdIndex::kPrefetchAhead < n) index_.Prefetch(keys[i + ColdIndex::kPrefetchAhead]);
+    ColdIndex::Slot old;
+    if (!index_.Erase(keys[i], &old)) continue;
+    Segment* s = SegmentLocked(old.segment);
+    --s->live;
+    NoteGarbageLocked(s);
+    ++erased;
+  }
+  if (erased != 0) ++mutations_;
+  return erased;
+}
+
+void LogTier::Clear() {
+  std::lock_guard<std::mutex> pass(compact_mu_);
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  std::vector<std::unique_ptr<Segment>> remove;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.Clear();
+    ++mutations_;
+    active_ = nullptr;  // the next Put starts a new segment
+    for (auto it = segments_.begin(); it != segments_.end();) {
+      Segment* s = it->second.get();
+      s->retired = true;
+      if (s->pins == 0) {
+        remove.push_back(std::move(it->second));
+        it = segments_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  RemoveFiles(&remove);
+}
+
+// ---------------------------------------------------------------- reads
+
+bool LogTier::Find(int64_t key, TierEntry* entry) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const ColdIndex::Slot* s = index_.Find(key);
+  if (s == nullptr) return false;
+  if (entry != nullptr) *entry = TierEntry{s->key, s->last_seen, s->count, s->version};
+  return true;
+}
+
+std::string LogTier::Read(const int64_t* keys, size_t n, char* out, bool* found) {
+  std::vector<ReadRequest> req;
+  req.reserve(n);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i) index_.Prefetch(keys[i]);
+    for (size_t i = 0; i < n; ++i) {
+      if (i + ColdIndex::kPrefetchAhead < n) index_.Prefetch(keys[i + ColdIndex::kPrefetchAhead]);
+      const ColdIndex::Slot* s = index_.Find(keys[i]);
+      found[i] = s != nullptr;
+      if (s == nullptr) continue;
+      Segment* seg = SegmentLocked(s->segment);
+      ++seg->pins;  // compaction may retire it now, but not unlink it
+      req.push_back(ReadRequest{seg, s->index, s->segment, i});
+    }
+  }
+  if (req.empty()) return "";
+  if (hooks_.read_pinned) hooks_.read_pinned();
+  std::sort(req.begin(), req.end(), [](const ReadRequest& a, const ReadRequest& b) {
+    return a.segment_number != b.segment_number ? a.segment_number < b.segment_number
+                                                : a.index < b.index;
+  });
+  const size_t parts = std::max<size_t>(
+      1, std::min<size_t>(std::max(options_.read_threads, 1), req.size() / kMinRecordsPerPart));
+  std::vector<std::string> errors(parts);
+  std::vector<int64_t> bytes(parts, 0);
+  pool_->Run(parts, [&](size_t p) {
+    const size_t begin = req.size() * p / parts, end = req.size() * (p + 1) / parts;
+    std::vector<char> scratch;
+    errors[p] = ReadPart(keys, req.data() + begin, end - begin, out, &scratch, &bytes[p]);
+  });
+
+  std::vector<std::unique_ptr<Segment>> remove;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < req.size();) {
+      Segment* s = req[i].segment;
+      size_t j = i;
+      while (j < req.size() && req[j].segment == s) ++j;
+      s->pins -= static_cast<int>(j - i);
+      if (s->retired && s->pins == 0) RetireLocked(s, &remove);
+      i = j;
+    }
+  }
+  RemoveFiles(&remove);
+  int64_t total = 0;
+  for (int64_t b : bytes) total += b;
+  reads_.fetch_add(static_cast<int64_t>(req.size()), std::memory_order_relaxed);
+  read_bytes_.fetch_add(total, std::memory_order_relaxed);
+  read_passes_.fetch_add(1, std::memory_order_relaxed);
+  for (const std::string& e : errors)
+    if (!e.empty()) return "log tier '" + options_.dir + "': " + e;
+  return "";
+}
+
+std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t n, char* out,
+                              std::vector<char>* scratch, int64_t* bytes) {
+  const uint32_t max_run = static_cast<uint32_t>(std::max<size_t>(1, kMaxRunBytes / stride_));
+  std::string error;
+  // The part's byte range in the current segment, dropped from the page
+  // cache in one call per segment: one per run costs a syscall per record
+  // (measured: ~25% more CPU per random read) and drops the same pages.
+  const Segment* drop_segment = nullptr;
+  uint64_t drop_begin = 0, drop_end = 0;
+  auto drop = [&] {
+    if (drop_segment != nullptr) DropCache(drop_segment->fd, drop_begin, drop_end - drop_begin);
+  };
+  for (size_t i = 0; i < n;) {
+    // A run: records of one segment at consecutive (or repeated) indices.
+    const Segment* s = r[i].segment;
+    const uint32_t first = r[i].index;
+    uint32_t last = first;
+    size_t j = i + 1;
+    while (j < n && r[j].segment == s && r[j].index <= last + 1 && r[j].index - first < max_run)
+      last = r[j++].index;
+    const size_t len = (size_t{last} - first + 1) * stride_;
+    if (scratch->size() < len) scratch->resize(len);
+    const uint64_t offset = Offset(first);
+    if (s != drop_segment) {
+      drop();
+      drop_segment = s, drop_begin = offset;
+    }
+    drop_end = offset + len;
+    const int err = PreadAll(s->fd, scratch->data(), len, offset);
+    if (err != 0) {
+      if (error.empty())
+        error = "cannot read '" + s->path + "' at offset " + std::to_string(offset) + ": " +
+                ErrnoText(err);
+      i = j;
+      continue;
+    }
+    *bytes += static_cast<int64_t>(len);
+    for (; i < j; ++i) {
+      const char* rec = scratch->data() + size_t{r[i].index - first} * stride_;
+      const int64_t key = keys[r[i].position];
+      const uint64_t at = Offset(r[i].index);
+      if (Crc32c(rec, record_bytes_) != LoadU32(rec + record_bytes_)) {
+        if (error.empty())
+          error = "crc32c mismatch in the record of key " + std::to_string(key) + " in '" +
+                  s->path + "' at offset " + std::to_string(at);
+        continue;
+      }
+      if (LoadKey(rec) != key) {
+        if (error.empty())
+          error = "the record in '" + s->path + "' at offset " + std::to_string(at) +
+                  " holds key " + std::to_string(LoadKey(rec)) + ", the index expects key " +
+                  std::to_string(key);
+        continue;
+      }
+      std::memcpy(out + r[i].position * record_bytes_, rec, record_bytes_);
+    }
+  }
+  drop();
+  return error;
+}
+
+std::string LogTier::ForEachChunk(size_t max_rows,
+                                  const std::function<void(const char*, size_t)>& fn) {
+  // Compaction and Clear wait (they take compact_mu_), so no segment listed
+  // here is retired meanwhile and none needs a pin.
+  std::lock_guard<std::mutex> pass(compact_mu_);
+  std::vector<Segment*> segments;
+  size_t rows;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : segments_)
+      if (!kv.second->retired) segments.push_back(kv.second.get());
+    rows = index_.size();
+  }
+  const size_t chunk_rows = std::max<size_t>(1, std::min(max_rows, rows));
+  std::vector<char> chunk(chunk_rows * record_bytes_);
+  size_t in_chunk = 0;
+  const size_t batch = std::min(kSwitchBatch, std::max<size_t>(1, kScanBytes / stride_));
+  std::vector<char> scan(batch * stride_);
+  std::vector<char> live(batch);
+  const std::string where = "log tier '" + options_.dir + "': ";
+  for (Segment* s : segments) {
+    uint32_t used;
+    uint64_t mutations;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      used = s->used;
+      mutations = mutations_;
+    }
+    uint32_t seen = 0;
+    for (uint32_t b = 0; b < used;) {
+      const uint32_t k = static_cast<uint32_t>(std::min<size_t>(batch, used - b));
+      const int err = PreadAll(s->fd, scan.data(), k * stride_, Offset(b));
+      if (err != 0)
+        return where + "cannot read '" + s->path + "' at offset " + std::to_string(Offset(b)) +
+               ": " + ErrnoText(err);
+      DropCache(s->fd, Offset(b), k * stride_);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        PrefetchScan(scan.data(), k);
+        for (uint32_t j = 0; j < k; ++j) {
+          if (j + ColdIndex::kPrefetchAhead < k)
+            index_.Prefetch(LoadKey(scan.data() + (j + ColdIndex::kPrefetchAhead) * stride_));
+          const ColdIndex::Slot* slot = index_.Find(LoadKey(scan.data() + size_t{j} * stride_));
+          live[j] = slot != nullptr && slot->segment == s->number && slot->index == b + j;
+        }
+      }
+      for (uint32_t j = 0; j < k; ++j) {
+        if (!live[j]) continue;
+        ++seen;
+        const char* rec = scan.data() + size_t{j} * stride_;
+        if (Crc32c(rec, record_bytes_) != LoadU32(rec + record_bytes_))
+          return where + "crc32c mismatch in the record of key " + std::to_string(LoadKey(rec)) +
+                 " in '" + s->path + "' at offset " + std::to_string(Offset(b + j));
+        std::memcpy(chunk.data() + in_chunk * record_bytes_, rec, record_bytes_);
+        if (++in_chunk == chunk_rows) {
+          fn(chunk.data(), in_chunk);
+          in_chunk = 0;
+        }
+      }
+      b += k;
+    }
+    // A live record whose key bytes were corrupted is not recognised as live
+    // above; the segment's live count tells (when nothing changed meanwhile).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (mutations_ == mutations && seen != s->live)
+      return where + "'" + s->path + "' holds " + std::to_string(s->live) +
+             " live records, only " + std::to_string(seen) + " were found (corrupt keys)";
+  }
+  if (in_chunk != 0) fn(chunk.data(), in_chunk);
+  return "";
+}
+
+// ---------------------------------------------------------------- compaction
+
+void LogTier::PrefetchScan(const char* scan, size_t n) const {
+  for (size_t j = 0; j < std::min(n, ColdIndex::kPrefetchAhead); ++j)
+    index_.Prefetch(LoadKey(scan + j * stride_));
+}
+
+LogTier::Segment* LogTier::PickCandidateLocked() {
+  Segment* best = nullptr;
+  double best_share = 0;
+  for (auto& kv : segments_) {
+    Segment* s = kv.second.get();
+    // Pending records are written but not yet indexed: they would look like
+    // garbage, so a segment with any waits for its appender.
+    if (!s->sealed || s->retired || s->pending != 0 || s->used == 0) continue;
+    const uint32_t garbage = s->garbage();
+    if (garbage <= s->failed_garbage) continue;
+    const double share = static_cast<double>(garbage) / s->used;
+    if (share >= options_.compact_garbage && share > best_share) best = s, best_share = share;
+  }
+  return best;
+}
+
+void LogTier::CompactNow() {
+  std::lock_guard<std::mutex> pass(compact_mu_);
+  while (!stop_) {
+    Segment* s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = PickCandidateLocked();
+    }
+    if (s == nullptr) return;
+    CompactSegment(s);
+  }
+}
+
+void LogTier::CompactorLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      compact_cv_.wait(lock, [&] { return stop_ || compact_wanted_; });
+      if (stop_) return;
+      compact_wanted_ = false;
+    }
+    CompactNow();
+  }
+}
+
+// Copies s's live records to the active segment in batches: read a batch,
+// pick its live records under the lock, append them (write_mu_, one pwrite),
+// then switch their index entries under the lock, each only if it still
+// points into s (a Put or Erase meanwhile makes the copy garbage). s is
+// sealed, so it changes no more; it is unlinked once no Read pins it.
+void LogTier::CompactSegment(Segment* s) {
+  const auto start = std::chrono::steady_clock::now();
+  uint32_t used;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used = s->used;
+  }
+  const size_t batch = std::min(kSwitchBatch, std::max<size_t>(1, kScanBytes / stride_));
+  std::vector<char> scan(batch * stride_), copies(batch * stride_);
+  std::vector<std::pair<int64_t, uint32_t>> moved;  // key, index in s
+  std::vector<Piece> pieces;
+  std::string error;
+  bool paused = false;
+  int64_t copied = 0;
+  for (uint32_t b = 0; b < used && !stop_;) {
+    const uint32_t k = static_cast<uint32_t>(std::min<size_t>(batch, used - b));
+    const int err = PreadAll(s->fd, scan.data(), k * stride_, Offset(b));
+    if (err != 0) {
+      error = "cannot read '" + s->path + "' at offset " + std::to_string(Offset(b)) + ": " +
+              ErrnoText(err);
+      break;
+    }
+    DropCache(s->fd, Offset(b), k * stride_);
+    moved.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      PrefetchScan(scan.data(), k);
+      for (uint32_t j = 0; j < k; ++j) {
+        if (j + ColdIndex::kPrefetchAhead < k)
+          index_.Prefetch(LoadKey(scan.data() + (j + ColdIndex::kPrefetchAhead) * stride_));
+        const char* rec = scan.data() + size_t{j} * stride_;
+        const ColdIndex::Slot* slot = index_.Find(LoadKey(rec));
+        if (slot == nullptr || slot->segment != s->number || slot->index != b + j) continue;
+        std::memcpy(copies.data() + moved.size() * stride_, rec, stride_);  // crc and all
+        moved.emplace_back(LoadKey(rec), b + j);
+      }
+    }
+    b += k;
+    if (moved.empty()) continue;
+    {
+      std::lock_guard<std::mutex> write_lock(write_mu_);
+      error = AppendLocked(copies.data(), moved.size(), &pieces);
+    }
+    if (!error.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      SettleLocked(pieces);
+      break;
+    }
+    copied += static_cast<int64_t>(moved.size() * stride_);
+    if (pause_compact_ && !paused) {
+      paused = true;  // GRAPHMOD_TIER_TEST_PAUSE=compact: copies written, index not switched
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < std::min(moved.size(), ColdIndex::kPrefetchAhead); ++i)
+      index_.Prefetch(moved[i].first);
+    for (const Piece& p : pieces) {
+      for (size_t r = 0; r < p.n; ++r) {
+        if (p.first + r + ColdIndex::kPrefetchAhead < moved.size())
+          index_.Prefetch(moved[p.first + r + ColdIndex::kPrefetchAhead].first);
+        const auto& m = moved[p.first + r];
+        ColdIndex::Slot* slot = index_.Find(m.first);
+        if (slot == nullptr || slot->segment != s->number || slot->index != m.second) continue;
+        slot->segment = p.segment->number;
+        slot->index = p.first_index + static_cast<uint32_t>(r);
+        --s->live;
+        ++p.segment->live;
+      }
+    }
+    SettleLocked(pieces);
+    ++mutations_;
+  }
+  std::vector<std::unique_ptr<Segment>> remove;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    compaction_bytes_ += copied;
+    compaction_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (error.empty() && !stop_ && s->live == 0) {
+      ++compactions_;
+      RetireLocked(s, &remove);
+    } else if (!stop_) {
+      if (error.empty())
+        error = "'" + s->path + "' still holds " + std::to_string(s->live) +
+                " live records after its compaction (corrupt keys)";
+      compaction_error_ = "log tier '" + options_.dir + "': " + error;
+      s->failed_garbage = s->garbage();  // retried once more of it is garbage
+    }
+  }
+  RemoveFiles(&remove);
+}
+
+// ---------------------------------------------------------------- counters
+
+TierCounters LogTier::counters() const {
+  TierCounters c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.rows = static_cast<int64_t>(index_.size());
+    for (const auto& kv : segments_) {
+      c.file_bytes += static_cast<int64_t>(Offset(kv.second->used));
+      c.live_bytes += static_cast<int64_t>(uint64_t{kv.second->live} * stride_);
+    }
+    c.writes = writes_;
+    c.write_bytes = write_bytes_;
+    c.compactions = compactions_;
+    c.compaction_bytes = compaction_bytes_;
+    c.compaction_seconds = compaction_seconds_;
+  }
+  c.reads = reads_.load(std::memory_order_relaxed);
+  c.read_bytes = read_bytes_.load(std::memory_order_relaxed);
+  c.read_passes = read_passes_.load(std::memory_order_relaxed);
+  return c;
+}
+
+size_t LogTier::index_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.bytes();
+}
+
+std::string LogTier::compaction_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return compaction_error_;
+}
+
+}  // namespace graphmod

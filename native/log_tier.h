@@ -1,0 +1,332 @@
+// LogTier: the disk store of one table shard, for rows spilled out of memory
+// (issue 22, docs/notes/issue22_design.md section 3).
+//
+// A log-structured store of fixed-size records. Records are appended to the
+// active segment file (`seg-<n>.log`); replacing or erasing a key leaves its
+// old copy behind as garbage, and a background compactor copies the live
+// records of a sealed segment that is mostly garbage into the active segment,
+// then unlinks it. An in-memory cold index maps each key to its record's
+// location and holds the scores eviction needs (last_seen, count, version),
+// so choosing victims or exporting entries reads no disk.
+//
+// The tier is scratch: checkpoints hold the durable rows, never these files.
+// So there is no fsync, and the directory's segment files are wiped on Open
+// (a crash leaves orphans; the restart restores the checkpoint and spills
+// again).
+//
+// On disk (host byte order; the files never leave the machine):
+//   header  64 B: "GMSEG1\0\0", u32 format version (1), u32 record_bytes,
+//           u32 disk stride, u32 segment number, u32 crc32c of the 24 bytes
+//           before it, zeros.
+//   record  at 64 + index * stride, stride = record_bytes + 8:
+//           [record_bytes as given to Put | u32 crc32c of them | 4 zero bytes]
+// The records are [RecordHeader | values | slots] (native/row_store.h); the
+// tier reads only the header's key. A location is (segment, index).
+//
+// Thread safety: every member may be called from any thread at any time,
+// except the destructor (no call may be running or start). ForEachChunk sees
+// every live row exactly once when no Put/Erase runs meanwhile (the shard
+// holds its lock over an export); with concurrent Put/Erase a row changed
+// meanwhile may be missed or seen twice. Compaction waits for ForEachChunk.
+//
+// Environment: GRAPHMOD_TIER_TEST_PAUSE=compact (read at Open; a comma list
+// may name other pauses) makes each segment compaction sleep 2 s after its
+// first batch of copies is written and before the index switches to them, so
+// crash tests can SIGKILL the process there.
+#ifndef GRAPHMOD_NATIVE_LOG_TIER_H_
+#define GRAPHMOD_NATIVE_LOG_TIER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "native/bits.h"
+#include "native/memory.h"
+
+namespace graphmod {
+
+// CRC-32C (Castagnoli), the checksum of every record on disk. Uses the CPU's
+// crc32 instruction when it has SSE4.2 (checked at run time), else a
+// table-driven software loop; both give the same value.
+uint32_t Crc32c(const void* data, size_t n);
+uint32_t Crc32cSoftware(const void* data, size_t n);  // the fallback, for tests
+
+struct TierOptions {
+  std::string dir;        // <storage_path>/<table>/<shard>: created, wiped, locked (flock) on Open
+  size_t record_bytes = 0;  // the shard's record stride (a multiple of 8, >= 24)
+  size_t segment_bytes = size_t{64} << 20;
+  int read_threads = 4;  // preads in flight per batched Read (the caller is one of them)
+  double compact_garbage = 0.33;  // compact a sealed segment when this share of it is garbage
+  // Whether a background thread compacts; off, only CompactNow does (tests).
+  bool background_compaction = true;
+};
+
+// What the tier keeps in memory per cold row: the scores eviction needs.
+struct TierEntry {
+  int64_t key;
+  int64_t last_seen;
+  uint32_t count;
+  uint32_t version;
+};
+
+struct TierCounters {
+  int64_t rows = 0;
+  int64_t file_bytes = 0;  // segment files, headers included (pinned retired ones too)
+  int64_t live_bytes = 0;  // the live records' share of file_bytes
+  int64_t reads = 0;       // records read by Read
+  int64_t read_bytes = 0;  // bytes pread by Read (adjacent records are read together)
+  int64_t read_passes = 0;  // Read calls that read at least one record
+  int64_t writes = 0;       // records written by Put
+  int64_t write_bytes = 0;  // bytes written by Put
+  int64_t compactions = 0;  // segments compacted (and unlinked)
+  int64_t compaction_bytes = 0;  // bytes compaction copied (write amplification)
+  double compaction_seconds = 0;
+};
+
+// The cold index: open addressing with Robin Hood linear probing and
+// backward-shift deletion (no tombstones, short probes at high load: a probe
+// for an absent key stops at the first slot nearer its home than the probe
+// is to the key's). One 32-byte slot per key (two per cache line): key 8 |
+// last_seen 8 | count 4 | version 4 | segment 4 | record index 4. It grows
+// 1.5x past 7/8 load and shrinks below 1/4, so it holds 37-55 bytes per key
+// (~43 on average) while growing, more after mass erases down to 1/4. (The
+// design note's 24-byte slot would drop version and keep last_seen as 4
+// bytes relative to a base; TierEntry keeps both whole, so 32.)
+// Not thread-safe: LogTier's mutex guards it.
+class ColdIndex {
+ public:
+  struct Slot {
+    int64_t key;
+    int64_t last_seen;
+    uint32_t count;
+    uint32_t version;
+    uint32_t segment;  // kEmpty: a free slot
+    uint32_t index;
+  };
+  static_assert(sizeof(Slot) == 32, "two slots per cache line");
+  static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  size_t bytes() const { return capacity_ * sizeof(Slot); }
+
+  Slot* Find(int64_t key);
+  const Slot* Find(int64_t key) const { return const_cast<ColdIndex*>(this)->Find(key); }
+  // Brings key's home slot into cache. A probe is a cache miss (the index is
+  // far bigger than the caches) followed by a branch on the loaded slot,
+  // which keeps the next probe's miss from overlapping; batched callers
+  // prefetch kPrefetchAhead keys ahead (1M keys: ~150 -> ~70 ns a probe).
+  // always_inline: GCC 12 otherwise finds the out-of-line call free of side
+  // effects and deletes it, prefetch and all.
+  __attribute__((always_inline)) void Prefetch(int64_t key) const {
+    if (capacity_ != 0) __builtin_prefetch(slots() + Home(key));
+  }
+  static constexpr size_t kPrefetchAhead = 8;
+  // The key's slot, added (key set, *added = true, the rest the caller's to
+  // fill) when absent. Valid until the index next changes.
+  Slot* Upsert(int64_t key, bool* added);
+  // Room for n keys without growing (may throw std::bad_alloc; then nothing changed).
+  void Reserve(size_t n);
+  // Removes key; its slot's old contents go to *old.
+  bool Erase(int64_t key, Slot* old);
+  void Clear();
+
+  template <class Fn>
+  void ForEach(Fn&& fn) const {
+    const Slot* s = reinterpret_cast<const Slot*>(slots_.get());
+    for (size_t i = 0; i < capacity_; ++i)
+      if (s[i].segment != kEmpty) fn(s[i]);
+  }
+
+ private:
+  Slot* slots() const { return reinterpret_cast<Slot*>(slots_.get()); }
+  // HashKey's top bits choose the shard, so all keys of one shard share them:
+  // mix once more before scaling the top bits onto [0, capacity).
+  size_t Home(int64_t key) const {
+    const uint64_t h = Mix(HashKey(key));
+    return static_cast<size_t>((static_cast<unsigned __int128>(h) * capacity_) >> 64);
+  }
+  size_t Distance(size_t i) const;  // of slot i from its key's home
+  Slot* Place(const Slot& slot);    // inserts a key known to be absent, with room
+  void Rehash(size_t capacity);
+
+  Memory slots_;
+  size_t capacity_ = 0;
+  size_t size_ = 0;
+};
+
+class LogTier {
+ public:
+  // Creates (with parents), locks and wipes options.dir; nullptr and *error
+  // (naming the directory and the system's reason) on failure.
+  static std::unique_ptr<LogTier> Open(const TierOptions& options, std::string* error);
+  // Stops the compactor and the read threads, closes and removes the segment
+  // files, and removes the directory if that leaves it empty.
+  ~LogTier();
+  LogTier(const LogTier&) = delete;
+  LogTier& operator=(const LogTier&) = delete;
+
+  // Appends n records (record_bytes each, RecordHeader first; the key is in
+  // it), replacing older copies of the same keys (of a key given twice, the
+  // later wins). The records are packed into one buffer and written with one
+  // pwrite (one per segment when the batch spills into the next segment).
+  // Returns "" or an error (disk full, ...); on error nothing visible changed:
+  // the index still points at the old copies, and what was written is
+  // garbage (the failed piece is truncated away).
+  std::string Put(const char* records, size_t n);
+
+  // Whether key is here, and its in-memory entry.
+  bool Find(int64_t key, TierEntry* entry) const;
+
+  // Reads n keys' records into out (n * record_bytes): sorted by (segment,
+  // index), adjacent records read together, the preads spread over
+  // read_threads threads; each record's crc32c is checked (a mismatch is an
+  // error naming the key, the segment file and the offset). found[i] is false
+  // for absent keys, whose out bytes are left alone. The segments read are
+  // pinned (compaction cannot unlink them meanwhile). A record replaced while
+  // the Read runs is read as it was when the Read looked it up. On error the
+  // other records are still read; a failing record's out bytes are not
+  // written (its found[i] is true).
+  std::string Read(const int64_t* keys, size_t n, char* out, bool* found);
+
+  // Forgets keys (promoted back to memory, or evicted): their records become
+  // garbage. Returns how many were here.
+  size_t Erase(const int64_t* keys, size_t n);
+
+  // fn(const TierEntry&) for every live row, from memory (no disk reads),
+  // under the tier's lock: fn must not call the tier.
+  template <class Fn>
+  void ForEachEntry(Fn&& fn) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.ForEach([&](const ColdIndex::Slot& s) {
+      fn(TierEntry{s.key, s.last_seen, s.count, s.version});
+    });
+  }
+
+  // Streams every live record (record_bytes each, crc checked) in segment
+  // order, in chunks of at most max_rows: fn(records, n) per chunk, called
+  // without the tier's lock (compaction waits meanwhile, so fn must not call
+  // CompactNow, Clear or ForEachChunk). Memory: one chunk plus one scan
+  // buffer (1 MB), never the whole tier. Returns "" or the first error (then
+  // fn may have seen some chunks).
+  std::string ForEachChunk(size_t max_rows,
+                           const std::function<void(const char* records, size_t n)>& fn);
+
+  // Forgets every row; removes the segment files (a pinned one when its last
+  // reader is done).
+  void Clear();
+
+  TierCounters counters() const;
+  size_t index_bytes() const;  // memory the cold index holds
+  size_t record_bytes() const { return record_bytes_; }
+  // The last compaction failure ("" if none): a failed segment is retried
+  // only once more of it has turned to garbage.
+  std::string compaction_error() const;
+
+  // Runs one compaction pass in the caller's thread: every sealed segment
+  // whose garbage share is at least compact_garbage, most garbage first.
+  void CompactNow();
+
+  // Tests only, set while no other call runs. read_pinned: called by Read
+  // after it pinned its segments and released the lock, before its preads.
+  // put_appended: called by Put after its records are written (and pending),
+  // before they are indexed; write_mu_ is held (a hook that compacts must
+  // find nothing to copy).
+  struct TestHooks {
+    std::function<void()> read_pinned;
+    std::function<void()> put_appended;
+  };
+  void SetTestHooks(TestHooks hooks) { hooks_ = std::move(hooks); }
+
+ private:
+  struct Segment;
+  class ReadPool;
+  struct Piece {  // records of one Append that landed in one segment
+    Segment* segment;
+    uint32_t first_index;  // in the segment
+    size_t first;          // in the appended buffer
+    size_t n;
+  };
+  struct ReadRequest {
+    Segment* segment;
+    uint32_t index;
+    uint32_t segment_number;
+    size_t position;  // in keys/out
+  };
+
+  explicit LogTier(const TierOptions& options);
+  std::string Init();
+
+  // Writes n packed disk records (stride_ each) to the active segment(s).
+  // Requires write_mu_. On success *pieces says where they went and each
+  // piece's records are pending (written, not yet indexed); the caller must
+  // index or abandon them (Settle). On failure earlier pieces are pending.
+  std::string AppendLocked(const char* disk_records, size_t n, std::vector<Piece>* pieces);
+  std::string NewSegmentLocked();  // requires write_mu_
+  // After Append: each piece's pending count drops (indexed or garbage now).
+  void SettleLocked(const std::vector<Piece>& pieces);  // requires mu_
+  void NoteGarbageLocked(Segment* s);                   // requires mu_
+  Segment* SegmentLocked(uint32_t number) const;        // requires mu_
+  // Marks s retired; moves it to *remove when no reader pins it.
+  void RetireLocked(Segment* s, std::vector<std::unique_ptr<Segment>>* remove);
+  static void RemoveFiles(std::vector<std::unique_ptr<Segment>>* remove);
+
+  std::string ReadPart(const int64_t* keys, const ReadRequest* r, size_t n, char* out,
+                       std::vector<char>* scratch, int64_t* bytes);
+  // Prefetches the index slots of the first keys of n scanned disk records.
+  void PrefetchScan(const char* scan, size_t n) const;  // requires mu_
+  Segment* PickCandidateLocked();
+  void CompactSegment(Segment* s);
+  void CompactorLoop();
+  std::string SegmentPath(uint32_t number) const;
+  uint64_t Offset(uint32_t index) const { return kHeaderBytes + uint64_t{index} * stride_; }
+
+  static constexpr size_t kHeaderBytes = 64;
+
+  const TierOptions options_;
+  const size_t record_bytes_;
+  const size_t stride_;               // on disk: record + crc + pad
+  const uint32_t segment_records_;    // records per segment
+  bool pause_compact_ = false;        // GRAPHMOD_TIER_TEST_PAUSE=compact
+  int dir_fd_ = -1;                   // holds the flock
+
+  // Lock order: compact_mu_ (one compaction pass or export at a time), then
+  // write_mu_ (appends to the active segment), then mu_ (index, segment
+  // table, counters). Reads take only mu_, briefly, and never wait for disk
+  // writes: appends hold write_mu_ over the pwrite and mu_ only to publish.
+  std::mutex compact_mu_;
+  std::mutex write_mu_;
+  mutable std::mutex mu_;
+
+  // Guarded by write_mu_:
+  Segment* active_ = nullptr;  // also written under mu_ (Clear)
+  uint32_t next_segment_ = 1;
+
+  // Guarded by mu_:
+  ColdIndex index_;
+  std::map<uint32_t, std::unique_ptr<Segment>> segments_;
+  uint64_t mutations_ = 0;  // index changes, so an export can tell it ran alone
+  bool compact_wanted_ = false;
+  std::condition_variable compact_cv_;
+  int64_t writes_ = 0, write_bytes_ = 0, compactions_ = 0, compaction_bytes_ = 0;
+  double compaction_seconds_ = 0;
+  std::string compaction_error_;
+
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> reads_{0}, read_bytes_{0}, read_passes_{0};
+  std::unique_ptr<ReadPool> pool_;
+  std::thread compactor_;
+  TestHooks hooks_;
+};
+
+}  // namespace graphmod
+
+#endif  // GRAPHMOD_NATIVE_LOG_TIER_H_
