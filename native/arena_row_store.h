@@ -41,7 +41,7 @@ class ArenaRowStore final {
     return blocks_[block] + offset * stride_;
   }
   int64_t Key(uint32_t row) const { return Header(Record(row))->key; }
-  void Prefetch(uint32_t row) const { __builtin_prefetch(Record(row)); }
+  GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const { __builtin_prefetch(Record(row)); }
   uint8_t Generation(uint32_t row) const { return generation_[row]; }
   bool IsCurrent(uint64_t row, uint8_t generation) const {
     return row < rows_ && generation_[row] == generation;

@@ -44,7 +44,7 @@ inline bool Expired(const RecordHeader& r, int64_t before) { return r.last_seen 
 
 // Sampled LRU/LFU, as Redis and HierarchicalKV do it: the victim is the best
 // (BetterVictim) of the live rows the layout visits near hash h (its
-// VisitNear: at least 8 when it holds that many), sparing this step's rows.
+// VisitNear: until 8 candidates), sparing this step's rows.
 // Returns the victim's ref, or Rows::kNoRow when every candidate is spared.
 template <class Rows>
 uint32_t PickVictimNear(const Rows& rows, uint64_t h, CapacityPolicy policy, int64_t now,
@@ -53,11 +53,12 @@ uint32_t PickVictimNear(const Rows& rows, uint64_t h, CapacityPolicy policy, int
   const RecordHeader* worst = nullptr;
   rows.VisitNear(h, [&](uint32_t ref, const char* rec) {
     const RecordHeader* r = Header(rec);
-    if (SparedThisStep(*r, now, step_version)) return;
+    if (SparedThisStep(*r, now, step_version)) return false;
     if (worst == nullptr || BetterVictim(policy, *r, *worst)) {
       worst = r;
       victim = ref;
     }
+    return true;
   });
   return victim;
 }

@@ -64,7 +64,10 @@ struct Filled {
   // The candidates PickVictimNear looks at for hash h.
   std::vector<uint32_t> Candidates(uint64_t h) const {
     std::vector<uint32_t> refs;
-    rows.VisitNear(h, [&](uint32_t ref, const char*) { refs.push_back(ref); });
+    rows.VisitNear(h, [&](uint32_t ref, const char*) {
+      refs.push_back(ref);
+      return true;
+    });
     return refs;
   }
 };
@@ -92,6 +95,22 @@ void TestPicksTheBestCandidateNearTheKey() {
   }
 }
 
+// Most rows nearby were looked up this step: the search goes on past them
+// until it has 8 candidates, so a victim is still found.
+template <class Rows>
+void TestLooksPastSparedRows() {
+  Filled<Rows> t(4000, [](int64_t k) { return k % 10 == 0 ? 3 : 7; }, [](int64_t) { return 1u; });
+  int found = 0;
+  for (int64_t probe = 9000; probe < 9200; ++probe) {
+    const uint32_t victim =
+        graphmod::PickVictimNear(t.rows, HashKey(probe), CapacityPolicy::kLru, 7, 1);
+    if (victim == Rows::kNoRow) continue;
+    ++found;
+    CHECK(graphmod::Header(t.rows.Record(victim))->last_seen == 3);  // never a spared row
+  }
+  CHECK(found >= 198);
+}
+
 template <class Rows>
 void TestSparesThisStepsRows() {
   // Every row was looked up in this step (clock 7, version 1): no victim.
@@ -113,6 +132,8 @@ int main() {
   TestSparedAndExpired();
   TestPicksTheBestCandidateNearTheKey<graphmod::IndexedArena>();
   TestPicksTheBestCandidateNearTheKey<graphmod::RowBuckets>();
+  TestLooksPastSparedRows<graphmod::IndexedArena>();
+  TestLooksPastSparedRows<graphmod::RowBuckets>();
   TestSparesThisStepsRows<graphmod::IndexedArena>();
   TestSparesThisStepsRows<graphmod::RowBuckets>();
   return graphmod_test::TestExit("eviction_test");

@@ -85,24 +85,24 @@ class IndexedArena {
   bool MayOwn(uint64_t bits) const {
     return (bits & ((uint64_t{1} << kHandleRowBits) - 1)) < store_.RowBound();
   }
-  void PrefetchA(uint64_t h) const { index_.PrefetchGroup(h); }
-  void PrefetchB(uint64_t h) const {
+  GRAPHMOD_PREFETCHER void PrefetchA(uint64_t h) const { index_.PrefetchGroup(h); }
+  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h) const {
     index_.PrefetchCandidate(h, [this](uint32_t row) { store_.Prefetch(row); });
   }
-  void Prefetch(uint32_t row) const { store_.Prefetch(row); }
+  GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const { store_.Prefetch(row); }
   // The key's home group and the groups after it: at least two groups and 8
-  // rows, at most 16 groups.
+  // candidates, at most 16 groups.
   template <class Fn>
   void VisitNear(uint64_t h, Fn&& fn) const {
     if (index_.groups() == 0) return;
-    int seen = 0;
+    int candidates = 0;
     size_t g = index_.home_group(h);
-    for (size_t step = 0; step < std::min<size_t>(index_.groups(), 16) && (step < 2 || seen < 8);
+    for (size_t step = 0;
+         step < std::min<size_t>(index_.groups(), 16) && (step < 2 || candidates < 8);
          ++step, g = index_.next_group(g)) {
       for (size_t slot = g * KeyIndex::kGroup; slot < (g + 1) * KeyIndex::kGroup; ++slot) {
         if (!index_.full(slot)) continue;
-        ++seen;
-        fn(index_.row(slot), static_cast<const char*>(store_.Record(index_.row(slot))));
+        candidates += fn(index_.row(slot), static_cast<const char*>(store_.Record(index_.row(slot))));
       }
     }
   }

@@ -88,13 +88,13 @@ class KeyIndex {
   }
 
   // Brings the key's first group into cache ahead of its probe.
-  void PrefetchGroup(uint64_t h) const {
+  GRAPHMOD_PREFETCHER void PrefetchGroup(uint64_t h) const {
     if (groups_ != 0) __builtin_prefetch(&index_[home_group(h)]);
   }
   // Calls prefetch_row(row) for the first slot of the key's home group whose
   // tag matches (a false match, 12 in 128 at most, only wastes the prefetch).
   template <class PrefetchRow>
-  void PrefetchCandidate(uint64_t h, const PrefetchRow& prefetch_row) const {
+  GRAPHMOD_PREFETCHER void PrefetchCandidate(uint64_t h, const PrefetchRow& prefetch_row) const {
     if (groups_ == 0) return;
     const Group& g = index_[home_group(h)];
     const uint32_t m = MatchTag(g.ctrl, Tag(h));

@@ -7,6 +7,11 @@
 #include <cstdlib>
 #include <memory>
 
+// For functions whose only effect is a prefetch: GCC takes an out-of-line
+// one for side-effect free and deletes its calls (seen with GCC 12: the
+// buckets layout's lookups ran with no prefetch at all).
+#define GRAPHMOD_PREFETCHER inline __attribute__((always_inline))
+
 namespace graphmod {
 
 constexpr size_t kHugePage = size_t{2} << 20;

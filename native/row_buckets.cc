@@ -68,6 +68,7 @@ bool RowBuckets::Reserve(size_t extra, int64_t version) {
   // second probe: rebuild (larger, so the same keys do not overflow again).
   const bool stashed = stash_->size() > std::max<size_t>(64, size() / 64);
   if (!crowded && !stashed) return false;
+  if (moves_.size() >= kMostMoves) return false;  // a handle could not follow
   Rebuild(std::max(rows, stashed ? buckets_ * kSlots * 3 / 4 : 0), version);
   return true;
 }
@@ -153,7 +154,6 @@ void RowBuckets::Rebuild(size_t rows, int64_t version) {
   stash_ = std::move(fresh_stash);
   if (keep) {
     moves_.push_back(std::move(moves));
-    if (moves_.size() > kKeptMoves) moves_.erase(moves_.begin());
   }
   ++epoch_;
   issued_ = false;

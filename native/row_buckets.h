@@ -10,13 +10,17 @@
 // record chain). `away` counts the keys homed at b1 that live elsewhere, so
 // a key absent from b1 whose `away` is 0 is known absent after one bucket.
 //
-// Growth rebuilds the shard 1.5x larger (Reserve, before a batch's first
-// insert). Rows move then, and only then: a rebuild starts a new epoch and
-// keeps where each row of the old epoch went (for the last kKeptMoves
-// rebuilds, kMovesKeptVersions table versions long), so a handle made before
-// a move (a lookup earlier in the same step, or in a step another thread is
-// running) still reaches its row. A handle older than that is stale (dropped
-// and counted, as is one whose row was freed: generations, as in the arena).
+// Growth rebuilds the shard 1.5x larger when an insert would pass 90% load
+// (Reserve, which the shard calls before each insert). Rows move then, and
+// only then, also in the middle of a lookup batch: a rebuild starts a new
+// epoch and
+// keeps where each row of the old epoch went, kMovesKeptVersions table
+// versions long, so a handle made before a move (a lookup earlier in the same
+// step, or in a step another thread is running) still reaches its row. A
+// handle older than that is stale (dropped and counted, as is one whose row
+// was freed: generations, as in the arena). Epochs are 8 bits: a handle kept
+// across 256 rebuilds may alias a row of the new epoch, as an arena handle
+// kept across 256 frees of its row may; handles live for a step.
 //
 // Handle bits: generation 40..47 | epoch 32..39 | ref; a ref is bucket * 8 +
 // slot, or kStashBit | the stash's row.
@@ -52,11 +56,12 @@ class RowBuckets {
   // outgrows its bound), to a size where they fill 60%.
   static constexpr double kMaxLoad = 0.9;
   static constexpr double kRebuiltLoad = 0.6;
-  // Rebuilds whose moves a handle may still follow, and for how many table
-  // versions (applies) after each: a lookup's handles are applied in its
-  // step, but steps of other threads may apply in between.
-  static constexpr size_t kKeptMoves = 3;
+  // For how many table versions (applies) a rebuild's moves are kept: a
+  // lookup's handles are applied in its step, but steps of other threads may
+  // apply in between. Past kMostMoves kept rebuilds (a table that grows
+  // 1.5x that often without an Apply) new keys go to the stash instead.
   static constexpr int64_t kMovesKeptVersions = 16;
+  static constexpr size_t kMostMoves = 128;
 
   explicit RowBuckets(const RecordLayout& layout);
   RowBuckets(const RowBuckets&) = delete;
@@ -94,13 +99,13 @@ class RowBuckets {
   bool Resolve(uint64_t bits, uint32_t* ref) const;
   bool MayOwn(uint64_t bits) const;
 
-  void PrefetchA(uint64_t h) const {
+  GRAPHMOD_PREFETCHER void PrefetchA(uint64_t h) const {
     if (buckets_ == 0) return;
     const size_t b1 = Home(h);
     __builtin_prefetch(BucketAt(base(), b1));
     PrefetchRecord(RecordIn(base(), b1 * kSlots + Preferred(h)));
   }
-  void PrefetchB(uint64_t h) const {
+  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h) const {
     if (buckets_ == 0) return;
     const size_t b1 = Home(h);
     const BucketHeader* hd = HeaderOf(b1);
@@ -115,7 +120,7 @@ class RowBuckets {
       __builtin_prefetch(BucketAt(base(), b2));
     }
   }
-  void Prefetch(uint32_t ref) const { PrefetchRecord(Record(ref)); }
+  GRAPHMOD_PREFETCHER void Prefetch(uint32_t ref) const { PrefetchRecord(Record(ref)); }
 
   template <class Fn>
   void VisitNear(uint64_t h, Fn&& fn) const;
@@ -178,7 +183,7 @@ class RowBuckets {
   char* RecordIn(char* base, uint32_t ref) const {
     return BucketAt(base, ref / kSlots) + sizeof(BucketHeader) + (ref % kSlots) * stride_;
   }
-  void PrefetchRecord(const char* rec) const {
+  GRAPHMOD_PREFETCHER void PrefetchRecord(const char* rec) const {
     // The lines of the header and values (what a lookup reads); slots are
     // read by the update, later.
     const uintptr_t first = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t{63};
@@ -247,13 +252,12 @@ template <class Fn>
 void RowBuckets::VisitNear(uint64_t h, Fn&& fn) const {
   if (buckets_ == 0) return;
   const size_t b1 = Home(h);
-  int seen = 0;
+  int seen = 0;  // candidates
   auto visit = [&](size_t b) {
     const BucketHeader* hd = HeaderOf(b);
     for (uint32_t m = MatchFree(hd->tag) ^ 0xFFu; m != 0; m &= m - 1) {
       const uint32_t ref = static_cast<uint32_t>(b * kSlots + __builtin_ctz(m));
-      ++seen;
-      fn(ref, static_cast<const char*>(RecordIn(base(), ref)));
+      seen += fn(ref, static_cast<const char*>(RecordIn(base(), ref)));
     }
   };
   visit(b1);
@@ -267,7 +271,7 @@ void RowBuckets::VisitNear(uint64_t h, Fn&& fn) const {
   // Stashed rows are candidates too: a shard that may not grow (no Apply
   // since its last move) stashes its new keys, and must still find victims.
   if (!stash_->empty())
-    stash_->VisitNear(h, [&](uint32_t row, const char* rec) { fn(row | kStashBit, rec); });
+    stash_->VisitNear(h, [&](uint32_t row, const char* rec) { return fn(row | kStashBit, rec); });
 }
 
 template <class Fn>

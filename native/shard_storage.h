@@ -8,11 +8,11 @@
 // inline in hash buckets, one memory miss per key).
 //
 // A row is named by a 32-bit ref. Refs are stable until the layout moves
-// rows, which it does only inside Reserve (so never in the middle of a
-// batch): that is the layout's one chance to grow. A lookup hands out row
-// handles carrying HandleBits(ref); Resolve maps such bits back to the row,
-// or says they are stale (the row was freed, or moved beyond what the
-// layout still remembers of its moves).
+// rows, which it does only inside Reserve (the shard calls it before each
+// insert, and once before a bulk import): that is the layout's one chance to
+// grow. A lookup hands out row handles carrying HandleBits(ref); Resolve
+// maps such bits back to the row, also after a move, or says they are stale
+// (the row was freed, or moved longer ago than the layout remembers).
 //
 // The contract (checked at compile time by CheckShardStorage<S>(); every
 // layout runs the conformance tests of shard_storage_conformance.h):
@@ -29,9 +29,9 @@
 //     uint32_t Insert(int64_t key, uint64_t h);
 //     // Room for `extra` more keys. May move rows (the only place that
 //     // may); returns whether it did, so refs kept elsewhere (the change
-//     // log's) are rebuilt. `version` is the table version the coming
-//     // handles carry: a layout moves rows at most once per version, so a
-//     // handle outlives at most one move.
+//     // log's) are rebuilt. `version` is the table version of the lookups
+//     // under way (the one their Apply will stamp): a layout that moves rows
+//     // keeps handles of those lookups resolvable.
 //     bool Reserve(size_t extra, int64_t version);
 //     void Erase(uint32_t ref);  // frees a live row
 //     char* Record(uint32_t ref) const;
@@ -47,8 +47,9 @@
 //     void PrefetchA(uint64_t h) const;
 //     void PrefetchB(uint64_t h) const;
 //     void Prefetch(uint32_t ref) const;  // a record, ahead of Record(ref)
-//     // fn(ref, record) for the live rows near hash h: eviction samples
-//     // candidates there (at least 8 when the layout holds that many).
+//     // fn(ref, record) for the live rows near hash h, until fn has returned
+//     // true (a candidate) 8 times or the neighbourhood is exhausted:
+//     // eviction samples its victims there.
 //     template <class Fn> void VisitNear(uint64_t h, Fn&& fn) const;
 //     // fn(ref, record) for every live row.
 //     template <class Fn> void ForEachLive(Fn&& fn) const;
@@ -73,8 +74,11 @@
 namespace graphmod {
 
 namespace shard_storage_detail {
-struct Visitor {  // a ForEachLive / VisitNear callback, for the check below
+struct Visitor {  // a ForEachLive callback, for the check below
   void operator()(uint32_t, const char*) const {}
+};
+struct Sampler {  // a VisitNear callback
+  bool operator()(uint32_t, const char*) const { return true; }
 };
 }  // namespace shard_storage_detail
 
@@ -114,7 +118,7 @@ constexpr bool CheckShardStorage() {
   static_assert(std::is_same<decltype(std::declval<C&>().Prefetch(uint32_t{})), void>::value,
                 "void Prefetch(uint32_t ref) const");
   static_assert(std::is_same<decltype(std::declval<C&>().VisitNear(
-                                 uint64_t{}, shard_storage_detail::Visitor{})),
+                                 uint64_t{}, shard_storage_detail::Sampler{})),
                              void>::value,
                 "template <class Fn> void VisitNear(uint64_t h, Fn&& fn) const");
   static_assert(std::is_same<decltype(std::declval<C&>().ForEachLive(

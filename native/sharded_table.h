@@ -284,9 +284,7 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      // Room for every key of the batch before the first insert: rows move
-      // (if the layout moves them) before this batch hands out handles.
-      shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]), version);
+      shard.Reserve(0, version);  // lets a layout forget moves no handle follows any more
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         const int64_t j = batch.order[p], key = batch.id[p];
         // Sightings the row's access count gets: every occurrence, plus
@@ -402,16 +400,24 @@ std::string ShardedTable<Rows>::CheckApply(const Optimizer& opt, const int64_t* 
            std::to_string(config_.num_slots);
   if (!ids_are_handles) return "";
   // A handle the layout cannot have made comes from elsewhere (a reset
-  // shard's old handles are stale instead, and dropped by Apply).
-  std::vector<std::unique_lock<std::mutex>> locks;
-  for (const auto& s : shards_) locks.emplace_back(s->mu);
+  // shard's old handles are stale instead, and dropped by Apply). Handles
+  // are checked shard by shard, each under its own lock only.
+  auto wrong = [&](int64_t i) {
+    return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+           " does not belong to this table";
+  };
+  std::vector<std::vector<int64_t>> by_shard(config_.num_shards);
   for (int64_t i = 0; i < n; ++i) {
     if (ids[i] < 0) continue;  // a lookup that got no row
     const uint64_t shard = HandleShard(ids[i]);
-    if (shard >= static_cast<uint64_t>(config_.num_shards) ||
-        !shards_[shard]->rows.MayOwn(HandleBitsOf(ids[i])))
-      return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-             " does not belong to this table";
+    if (shard >= static_cast<uint64_t>(config_.num_shards)) return wrong(i);
+    by_shard[shard].push_back(i);
+  }
+  for (int s = 0; s < config_.num_shards; ++s) {
+    if (by_shard[s].empty()) continue;
+    std::lock_guard<std::mutex> lock(shards_[s]->mu);
+    for (int64_t i : by_shard[s])
+      if (!shards_[s]->rows.MayOwn(HandleBitsOf(ids[i]))) return wrong(i);
   }
   return "";
 }

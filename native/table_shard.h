@@ -52,9 +52,9 @@ struct TableShard {
     changes.NoteRemoved(key, table_version->load(std::memory_order_relaxed));
   }
 
-  // Room for `extra` more keys before a batch inserts any (the one point
-  // where the layout may move rows). The change log names rows by ref: after
-  // a move, its changed rows are listed anew.
+  // Room for `extra` more keys (the one point where the layout may move
+  // rows: handles already made follow them). The change log names rows by
+  // ref: after a move, its changed rows are listed anew.
   void Reserve(size_t extra, int64_t version) {
     if (!rows.Reserve(extra, version) || !changes.tracking()) return;
     changes.ClearDirty();
@@ -80,6 +80,7 @@ struct TableShard {
       Erase(victim);
       *evicted = true;
     }
+    Reserve(1, step_version);
     return rows.Insert(key, h);
   }
 
@@ -89,6 +90,7 @@ struct TableShard {
     *added = ref == kNoRow;
     if (!*added) return ref;
     if (max_rows >= 0) table_rows->fetch_add(1);
+    Reserve(1, table_version->load(std::memory_order_relaxed) + 1);
     return rows.Insert(key, h);
   }
 
