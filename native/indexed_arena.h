@@ -102,7 +102,8 @@ class IndexedArena {
          ++step, g = index_.next_group(g)) {
       for (size_t slot = g * KeyIndex::kGroup; slot < (g + 1) * KeyIndex::kGroup; ++slot) {
         if (!index_.full(slot)) continue;
-        candidates += fn(index_.row(slot), static_cast<const char*>(store_.Record(index_.row(slot))));
+        const uint32_t row = index_.row(slot);
+        candidates += fn(row, static_cast<const char*>(store_.Record(row)));
       }
     }
   }

@@ -130,7 +130,8 @@ class RowBuckets {
   void Reset();
   int64_t Bytes() const {
     size_t moved = 0;
-    for (const Moves& m : moves_) moved += (m.buckets.capacity() + m.stash.capacity()) * sizeof(Moved);
+    for (const Moves& m : moves_)
+      moved += (m.buckets.capacity() + m.stash.capacity()) * sizeof(Moved);
     return static_cast<int64_t>(memory_bytes_ + moved) + stash_->Bytes();
   }
 
@@ -179,7 +180,9 @@ class RowBuckets {
   size_t Second(uint64_t h, size_t b1) const { return SecondIn(h, b1, buckets_); }
   char* base() const { return memory_.get(); }
   char* BucketAt(char* base, size_t b) const { return base + b * bucket_bytes_; }
-  BucketHeader* HeaderOf(size_t b) const { return reinterpret_cast<BucketHeader*>(BucketAt(base(), b)); }
+  BucketHeader* HeaderOf(size_t b) const {
+    return reinterpret_cast<BucketHeader*>(BucketAt(base(), b));
+  }
   char* RecordIn(char* base, uint32_t ref) const {
     return BucketAt(base, ref / kSlots) + sizeof(BucketHeader) + (ref % kSlots) * stride_;
   }

@@ -226,9 +226,9 @@ TableCounters ShardedTable<Rows>::counters() const {
 }
 
 template <class Rows>
-uint32_t ShardedTable<Rows>::Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences, int64_t now, int64_t version,
-                                    int64_t access_threshold, Tally* tally, uint32_t* refused,
-                                    uint64_t* sightings) {
+uint32_t ShardedTable<Rows>::Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences,
+                                   int64_t now, int64_t version, int64_t access_threshold,
+                                   Tally* tally, uint32_t* refused, uint64_t* sightings) {
   const uint64_t threshold = static_cast<uint64_t>(std::max<int64_t>(access_threshold, 1));
   PendingCount* pending = nullptr;
   uint32_t row = kNoRow;
