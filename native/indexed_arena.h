@@ -76,15 +76,13 @@ class IndexedArena {
     return (static_cast<uint64_t>(store_.Generation(row)) << kHandleRowBits) | row;
   }
   bool Resolve(uint64_t bits, uint32_t* row) const {
-    const uint64_t r = bits & ((uint64_t{1} << kHandleRowBits) - 1);
-    if (!store_.IsCurrent(r, static_cast<uint8_t>(bits >> kHandleRowBits))) return false;
-    *row = static_cast<uint32_t>(r);
+    if (!store_.IsCurrent(RowOf(bits), static_cast<uint8_t>(bits >> kHandleRowBits)))
+      return false;
+    *row = static_cast<uint32_t>(RowOf(bits));
     return true;
   }
   // Stores never shrink RowBound, so it holds for every handle given out.
-  bool MayOwn(uint64_t bits) const {
-    return (bits & ((uint64_t{1} << kHandleRowBits) - 1)) < store_.RowBound();
-  }
+  bool MayOwn(uint64_t bits) const { return RowOf(bits) < store_.RowBound(); }
   GRAPHMOD_PREFETCHER void PrefetchA(uint64_t h) const { index_.PrefetchGroup(h); }
   GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h) const {
     index_.PrefetchCandidate(h, [this](uint32_t row) { store_.Prefetch(row); });
@@ -125,6 +123,7 @@ class IndexedArena {
   uint8_t Generation(uint32_t row) const { return store_.Generation(row); }
 
  private:
+  static uint64_t RowOf(uint64_t bits) { return bits & ((uint64_t{1} << kHandleRowBits) - 1); }
   struct KeyOfRow {  // a probe reads candidate keys from their records
     const ArenaRowStore* store;
     int64_t operator()(uint32_t row) const { return store->Key(row); }

@@ -92,12 +92,6 @@ inline int64_t MakeHandle(int64_t shard, uint8_t generation, uint32_t row) {
 inline uint64_t HandleShard(int64_t handle) {
   return static_cast<uint64_t>(handle) >> kHandleShardShift;
 }
-inline uint64_t HandleRow(int64_t handle) {
-  return static_cast<uint64_t>(handle) & ((uint64_t{1} << kHandleRowBits) - 1);
-}
-inline uint8_t HandleGeneration(int64_t handle) {
-  return static_cast<uint8_t>(handle >> kHandleRowBits);
-}
 
 namespace row_store_detail {
 struct Visitor {  // a ForEachLive callback, for the check below
