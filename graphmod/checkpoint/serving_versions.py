@@ -239,12 +239,21 @@ class ServingExport:
                     return
                 time.sleep(self.poll_secs)
             template = os.path.join(self.base, ".template")
-            if not os.path.isdir(template):
+            while not os.path.isdir(template):
+                before = _signature(estimator.model_dir)
                 aside = tempfile.mkdtemp(prefix=".tmp-template-", dir=_made(self.base))
                 try:
                     made = export_saved_model(estimator, self.receiver_fn, aside,
                                               rules=rules).decode()
                     os.rename(made, template)
+                except (ValueError, OSError, tf.errors.OpError) as e:
+                    # The export restores the latest checkpoint: one the training's
+                    # Saver deleted (max_to_keep) meanwhile is passed over for the next.
+                    if _signature(estimator.model_dir) == before:
+                        raise
+                    logging.info("graphmod: %s changed while the serving template was "
+                                 "exported (%s); exporting it again", estimator.model_dir,
+                                 str(e).splitlines()[0] if str(e) else type(e).__name__)
                 finally:
                     shutil.rmtree(aside, ignore_errors=True)
             watch(template, estimator.model_dir, self.base, keep=self.keep,
