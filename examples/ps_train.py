@@ -60,7 +60,9 @@ def input_fn():
 
 
 class LossLog(tf1.train.SessionRunHook):
-    """Appends each training step's global step and loss to a file."""
+    """Appends each training step's global step and loss to a file. The step is
+    read in the same run as its increment: on a ps task either value may come
+    back, so compare runs by their losses in order."""
 
     def __init__(self, path: str):
         self.path = path
