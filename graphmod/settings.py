@@ -21,7 +21,7 @@ def _is_int(value) -> bool:
 
 
 def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_width,
-                layout="arena") -> None:
+                layout="arena", memory_budget=None, storage_path=None) -> None:
     """Raises ValueError naming owner (a table or pattern) for a bad table setting."""
     if not _is_int(num_shards) or not 1 <= num_shards <= 4096 or num_shards & (num_shards - 1):
         raise ValueError(f"{owner}: num_shards must be a power of two in [1, 4096], "
@@ -38,6 +38,25 @@ def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_wi
                          f"got {when_full!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"{owner}: layout must be 'buckets' or 'arena', got {layout!r}")
+    check_tier(owner, memory_budget, storage_path)
+
+
+def check_tier(owner: str, memory_budget, storage_path) -> None:
+    """A disk tier: memory_budget a fraction of rows in (0, 1] or bytes (an
+    integer > 1), and a storage_path (a local directory) with it; or neither."""
+    if memory_budget is not None and (isinstance(memory_budget, bool) or
+                                      not isinstance(memory_budget, (int, float)) or
+                                      not 0 < memory_budget <= 1 and not
+                                      (_is_int(memory_budget) and memory_budget > 1)):
+        raise ValueError(f"{owner}: memory_budget must be None (every row in memory), a "
+                         f"fraction of rows in (0, 1] or a number of bytes (an integer > 1), "
+                         f"got {memory_budget!r}")
+    if storage_path is not None and (not isinstance(storage_path, str) or not storage_path):
+        raise ValueError(f"{owner}: storage_path must be a directory path, got {storage_path!r}")
+    if (memory_budget is None) != (storage_path is None):
+        raise ValueError(f"{owner}: memory_budget and storage_path go together (what stays in "
+                         f"memory, and the local directory for the rest), got memory_budget="
+                         f"{memory_budget!r}, storage_path={storage_path!r}")
 
 
 def check_policy(owner: str, access_threshold, eviction_threshold, eviction_unit) -> None:
@@ -75,7 +94,8 @@ class TableSettings:
     read for ids the table has never seen), which they may set.
 
     initializer, default_value, max_rows, when_full, num_shards,
-    admission_sketch_width and layout are those of graphmod.create_table;
+    admission_sketch_width, layout, memory_budget and storage_path are those
+    of graphmod.create_table;
     access_threshold, eviction_threshold and eviction_unit those of
     graphmod.FeatureSpec; convert=False keeps the variable dense.
     """
@@ -89,13 +109,16 @@ class TableSettings:
     eviction_unit: str = "seconds"
     admission_sketch_width: Optional[int] = None
     layout: str = "arena"
+    memory_budget: Optional[float] = None
+    storage_path: Optional[str] = None
     convert: bool = True
 
     def __post_init__(self):
         check_policy("TableSettings", self.access_threshold, self.eviction_threshold,
                      self.eviction_unit)
         check_table("TableSettings", self.num_shards, self.max_rows, self.when_full,
-                    self.admission_sketch_width, self.layout)
+                    self.admission_sketch_width, self.layout, self.memory_budget,
+                    self.storage_path)
 
     @property
     def policy(self) -> TablePolicy:

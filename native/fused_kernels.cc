@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,24 @@ class FusedTables {
   std::vector<TableWork> work_;
 };
 
+// The first failure of tables worked on side by side.
+class FirstStatus {
+ public:
+  void Note(const Status& status) {
+    if (status.ok()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = status;
+  }
+  Status Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  Status status_;
+};
+
 // The table's batch: the entry's own buffer when it has the table to itself,
 // else the entries' elements concatenated into `joined`.
 template <typename T>
@@ -196,6 +215,7 @@ class FusedFindOrInsertOp : public OpKernel {
     }
     OpOutputList values, handles;
     OP_REQUIRES_OK(ctx, AllocateRows(ctx, keys, dims_, &values, &handles));
+    FirstStatus failed;
     tables.ForEach(ctx, 150, [&](const TableWork& w, const Runner& run) {
       const int first = w.entries[0];
       const int64_t dim = w.table().config().dim;
@@ -207,15 +227,16 @@ class FusedFindOrInsertOp : public OpKernel {
         joined_values.resize(w.n * dim);
         joined_handles.resize(w.n);
       }
-      w.resource->table.FindOrInsert(
+      failed.Note(StorageError(w.table(), w.resource->table.FindOrInsert(
           k, w.n, now[first].scalar<int64_t>()(), thresholds_[first],
           alone ? values[first]->flat<float>().data() : joined_values.data(),
-          alone ? handles[first]->flat<int64_t>().data() : joined_handles.data(), run);
+          alone ? handles[first]->flat<int64_t>().data() : joined_handles.data(), run)));
       if (!alone) {
         Split(w, joined_values, dim, &values);
         Split(w, joined_handles, 1, &handles);
       }
     });
+    OP_REQUIRES_OK(ctx, failed.Take());
   }
 
  private:
@@ -239,18 +260,21 @@ class FusedFindOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckDims(tables, dims_));
     OpOutputList values;
     OP_REQUIRES_OK(ctx, AllocateRows(ctx, keys, dims_, &values, nullptr));
+    FirstStatus failed;
     tables.ForEach(ctx, 100, [&](const TableWork& w, const Runner& run) {
       const int64_t dim = w.table().config().dim;
       std::vector<int64_t> joined_keys;
       const int64_t* k = Joined<int64_t>(w, keys, 1, &joined_keys);
       if (w.entries.size() == 1) {
-        w.table().Find(k, w.n, values[w.entries[0]]->flat<float>().data(), run);
+        failed.Note(StorageError(
+            w.table(), w.table().Find(k, w.n, values[w.entries[0]]->flat<float>().data(), run)));
         return;
       }
       std::vector<float> joined_values(w.n * dim);
-      w.table().Find(k, w.n, joined_values.data(), run);
+      failed.Note(StorageError(w.table(), w.table().Find(k, w.n, joined_values.data(), run)));
       Split(w, joined_values, dim, &values);
     });
+    OP_REQUIRES_OK(ctx, failed.Take());
   }
 
  private:

@@ -46,6 +46,10 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &config_.max_rows));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sketch_width", &config_.sketch_width));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layout", &config_.layout));
+    float memory_budget;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
+    config_.memory_budget = memory_budget;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("storage_path", &config_.storage_path));
     std::string when_full;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("when_full", &when_full));
     OP_REQUIRES(ctx, ParseCapacityPolicy(when_full, &config_.when_full),
@@ -68,7 +72,13 @@ class TableOp : public OpKernel {
                             cinfo.container(), cinfo.name(), &resource,
                             [this](TableResource** out) {
                               *out = new TableResource(config_);
-                              return ::tensorflow::OkStatus();
+                              const std::string error = (*out)->table.open_error();
+                              if (error.empty()) return ::tensorflow::OkStatus();
+                              (*out)->Unref();
+                              *out = nullptr;
+                              return ::tensorflow::errors::FailedPrecondition(
+                                  "graphmod table '", config_.name,
+                                  "': cannot open its disk tier: ", error);
                             }));
     ::tensorflow::core::ScopedUnref unref(resource);
     const TableConfig& existing = resource->table.config();
@@ -114,9 +124,10 @@ class FindOrInsertOp : public TableKernel {
     Tensor *values, *handles;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &handles));
-    t->FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), now,
-                    access_threshold_, values->flat<float>().data(),
-                    handles->flat<int64_t>().data(), IntraOpRunner(ctx));
+    OP_REQUIRES_OK(ctx, StorageError(*t, t->FindOrInsert(
+                            keys.flat<int64_t>().data(), keys.NumElements(), now,
+                            access_threshold_, values->flat<float>().data(),
+                            handles->flat<int64_t>().data(), IntraOpRunner(ctx))));
   }
 
  private:
@@ -136,8 +147,10 @@ class FindOp : public TableKernel {
     shape.AddDim(dim_);
     Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
-    t->Find(keys.flat<int64_t>().data(), keys.NumElements(), values->flat<float>().data(),
-            IntraOpRunner(ctx));
+    OP_REQUIRES_OK(ctx, StorageError(*t, t->Find(keys.flat<int64_t>().data(),
+                                                  keys.NumElements(),
+                                                  values->flat<float>().data(),
+                                                  IntraOpRunner(ctx))));
   }
 
  private:
@@ -187,7 +200,7 @@ class ExportOp : public TableKernel {
     int64_t min_version;
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "min_version", &min_version));
     Status status;
-    t->Export(min_version, [&](int64_t n) {
+    const std::string error = t->Export(min_version, [&](int64_t n) {
       ExportBuffers out;
       Tensor* tensors[6];
       const TensorShape shapes[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
@@ -203,6 +216,7 @@ class ExportOp : public TableKernel {
       return out;
     });
     OP_REQUIRES_OK(ctx, status);
+    OP_REQUIRES_OK(ctx, StorageError(*t, error));
   }
 };
 

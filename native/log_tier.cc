@@ -414,17 +414,32 @@ std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* 
 }
 
 std::string LogTier::Init() {
-  std::string e = MakeDirs(options_.dir);
-  if (!e.empty()) return e;
-  const int fd = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return "cannot open the directory: " + ErrnoText(errno);
-  // One tier per directory, across processes too (a second trainer pointed
-  // at the same storage_path would wipe the first one's segments).
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    close(fd);
-    if (err == EWOULDBLOCK) return "the directory is in use by another LogTier (flock)";
-    return "cannot lock the directory: " + ErrnoText(err);
+  std::string e;
+  int fd = -1;
+  // Another process may remove the directory between its creation and the
+  // lock (RemoveIfUnused takes an unlocked directory for an orphan): then
+  // it is made again.
+  for (int attempt = 0; fd < 0; ++attempt) {
+    e = MakeDirs(options_.dir);
+    if (!e.empty()) return e;
+    fd = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT && attempt < 8) continue;
+      return "cannot open the directory: " + ErrnoText(errno);
+    }
+    // One tier per directory, across processes too (a second trainer
+    // pointed at the same storage_path would wipe the first one's segments).
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      close(fd);
+      if (err == EWOULDBLOCK) return "the directory is in use by another LogTier (flock)";
+      return "cannot lock the directory: " + ErrnoText(err);
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_nlink == 0 && attempt < 8) {  // removed meanwhile
+      close(fd);
+      fd = -1;
+    }
   }
   dir_fd_ = fd;  // from here on the directory is ours, and the destructor cleans it
 
@@ -461,6 +476,30 @@ std::string LogTier::Init() {
   pool_ = std::make_unique<ReadPool>(std::max(options_.read_threads, 1) - 1);
   if (options_.background_compaction) compactor_ = std::thread([this] { CompactorLoop(); });
   return "";
+}
+
+bool LogTier::RemoveIfUnused(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  // The flock goes with its process: one that can be taken has no owner.
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return false;
+  }
+  const int list_fd = dup(fd);
+  DIR* d = list_fd < 0 ? nullptr : fdopendir(list_fd);
+  std::vector<std::string> old;
+  if (d != nullptr) {
+    while (const dirent* entry = readdir(d))
+      if (IsSegmentName(entry->d_name)) old.emplace_back(entry->d_name);
+    closedir(d);
+  } else if (list_fd >= 0) {
+    close(list_fd);
+  }
+  for (const std::string& name : old) unlinkat(fd, name.c_str(), 0);
+  const bool gone = rmdir(dir.c_str()) == 0;
+  close(fd);
+  return gone;
 }
 
 LogTier::~LogTier() {

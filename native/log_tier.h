@@ -171,6 +171,10 @@ class LogTier {
   // Stops the compactor and the read threads, closes and removes the segment
   // files, and removes the directory if that leaves it empty.
   ~LogTier();
+  // Removes the segment files of dir and dir itself (if that leaves it
+  // empty) when no LogTier holds it: what a killed process left. Returns
+  // whether dir is gone.
+  static bool RemoveIfUnused(const std::string& dir);
   LogTier(const LogTier&) = delete;
   LogTier& operator=(const LogTier&) = delete;
 

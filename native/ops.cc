@@ -43,6 +43,8 @@ REGISTER_OP("GraphmodTable")
     .Attr("when_full: string = 'lru'")  // checked once, by the kernel (ParseCapacityPolicy)
     .Attr("sketch_width: int = 0")
     .Attr("layout: string = 'arena'")  // checked by the kernel (ValidateConfig)
+    .Attr("memory_budget: float = 0.0")  // 0: no disk tier; (0, 1]: a fraction of rows; bytes
+    .Attr("storage_path: string = ''")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Creates (on first run) or finds a graphmod embedding table.");

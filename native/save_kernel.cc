@@ -147,7 +147,7 @@ class SaveOp : public OpKernel {
       Tensor keys, values, slots, counts, last_seen, versions;
       int64_t found = -1;
       Status status;
-      t.Export(min_version, [&](int64_t n) {
+      const std::string error = t.Export(min_version, [&](int64_t n) {
         found = n;
         ExportBuffers out;
         if (n != counted[s]) return out;  // nothing is written
@@ -169,6 +169,7 @@ class SaveOp : public OpKernel {
         return out;
       }, s);
       TF_RETURN_IF_ERROR(status);
+      TF_RETURN_IF_ERROR(StorageError(t, error));
       if (found != counted[s]) return Changed(t, "row count", s, counted[s], found);
       TF_RETURN_IF_ERROR(entries.Add("keys", keys, offset));
       TF_RETURN_IF_ERROR(entries.Add("values", values, offset));

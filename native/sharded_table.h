@@ -40,9 +40,11 @@ class TableImpl {
   virtual int64_t memory_bytes() const = 0;
   virtual int64_t version() const = 0;
   virtual TableCounters counters() const = 0;
-  virtual void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
-                            float* values, int64_t* handles, const Runner& run) = 0;
-  virtual void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const = 0;
+  virtual std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+                                   int64_t access_threshold, float* values, int64_t* handles,
+                                   const Runner& run) = 0;
+  virtual std::string Find(const int64_t* keys, int64_t n, float* values,
+                           const Runner& run) const = 0;
   virtual std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                             const float* grads, int64_t n, const Runner& run) = 0;
   virtual std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
@@ -50,8 +52,12 @@ class TableImpl {
   virtual int64_t Remove(const int64_t* keys, int64_t n) = 0;
   virtual int64_t Evict(int64_t before) = 0;
   virtual void Clear() = 0;
-  virtual void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
-                      int shard) const = 0;
+  virtual std::string Export(int64_t min_version,
+                             const std::function<ExportBuffers(int64_t n)>& alloc,
+                             int shard) const = 0;
+  // Opens the shards' disk tiers under dir (TableConfig::memory_budget > 0);
+  // "" or the error.
+  virtual std::string OpenTiers(const std::string& dir) = 0;
   virtual int64_t CountRows(int64_t min_version, int shard) const = 0;
   virtual std::string Import(const int64_t* keys, const float* values, const float* slots,
                              const int64_t* counts, const int64_t* last_seen,
@@ -67,6 +73,24 @@ class TableImpl {
                                     const int64_t* last_seen, int64_t n, const int32_t* sketch,
                                     int64_t sketch_count) = 0;
   virtual int64_t sketch_size() const = 0;
+};
+
+// The first error of calls running side by side ("" none).
+class FirstError {
+ public:
+  void Note(const std::string& error) {
+    if (error.empty()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = error;
+  }
+  std::string Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(error_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::string error_;
 };
 
 // Copies a row of d floats inline, in fixed-size blocks the compiler turns
@@ -98,7 +122,7 @@ class ShardedTable final : public TableImpl {
 
   int64_t size() const override {
     int64_t n = 0;
-    for (const auto& s : shards_) n += static_cast<int64_t>(s->rows.size());
+    for (const auto& s : shards_) n += static_cast<int64_t>(s->rows.size() + s->ColdRows());
     return n;
   }
   int64_t memory_bytes() const override {
@@ -111,9 +135,10 @@ class ShardedTable final : public TableImpl {
   }
   int64_t version() const override { return version_.load(); }
   TableCounters counters() const override;
-  void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
-                    float* values, int64_t* handles, const Runner& run) override;
-  void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const override;
+  std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
+                           float* values, int64_t* handles, const Runner& run) override;
+  std::string Find(const int64_t* keys, int64_t n, float* values,
+                   const Runner& run) const override;
   std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                     const float* grads, int64_t n, const Runner& run) override;
   std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
@@ -126,8 +151,15 @@ class ShardedTable final : public TableImpl {
       s->Reset();
     }
   }
-  void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
-              int shard) const override;
+  std::string Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
+                     int shard) const override;
+  std::string OpenTiers(const std::string& dir) override {
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      const std::string error = shards_[s]->OpenTier(dir + "/shard-" + std::to_string(s));
+      if (!error.empty()) return error;
+    }
+    return "";
+  }
   int64_t CountRows(int64_t min_version, int shard) const override;
   std::string Import(const int64_t* keys, const float* values, const float* slots,
                      const int64_t* counts, const int64_t* last_seen, const int64_t* versions,
@@ -153,6 +185,7 @@ class ShardedTable final : public TableImpl {
   Shard& ShardOf(uint64_t h) const {
     return *shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)];
   }
+  bool tiered() const { return config_.memory_budget > 0; }
   void AdvanceLatest(int64_t now) {
     for (int64_t seen = latest_.load(); now > seen && !latest_.compare_exchange_weak(seen, now);) {
     }
@@ -170,8 +203,17 @@ class ShardedTable final : public TableImpl {
   uint32_t Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences,
                  int64_t now, int64_t version, int64_t access_threshold, Tally* tally,
                  uint32_t* refused, uint64_t* sightings);
-  // The rows Export writes of a shard whose lock the caller holds.
+  // The rows Export writes of a shard whose lock the caller holds: in
+  // memory (refs), and the keys of those on disk.
   std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
+  std::vector<int64_t> PickCold(const Shard& s, int64_t min_version) const;
+  // Find's read of the rows of batch positions `misses` that are on disk.
+  std::string ReadCold(const Shard& shard, const Batch& batch, const std::vector<int64_t>& misses,
+                       float* rows) const;
+  // "graphmod table 'name' shard s: error" (errors of the disk tier).
+  static std::string ShardError(int64_t s, const std::string& error) {
+    return error.empty() ? error : "shard " + std::to_string(s) + ": " + error;
+  }
   // Calls fn(p, row or kNoRow) for shard s's keys of the batch (p indexes
   // the batch's partition order; each key is resolved just before its call,
   // so keys an earlier call inserted are found).
@@ -221,6 +263,9 @@ TableCounters ShardedTable<Rows>::counters() const {
   for (const auto& s : shards_) {
     std::lock_guard<std::mutex> lock(s->mu);
     c.pending += static_cast<int64_t>(s->admission.exact.size());
+    c.cold_rows += static_cast<int64_t>(s->ColdRows());
+    c.promoted += s->promoted;
+    c.spilled += s->spilled;
   }
   return c;
 }
@@ -254,10 +299,10 @@ uint32_t ShardedTable<Rows>::Admit(Shard& shard, int64_t key, uint64_t h, uint32
 }
 
 template <class Rows>
-void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
-                                       int64_t access_threshold, float* values,
-                                       int64_t* handles, const Runner& run) {
-  if (n == 0) return;
+std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+                                              int64_t access_threshold, float* values,
+                                              int64_t* handles, const Runner& run) {
+  if (n == 0) return "";
   AdvanceLatest(now);
   Distinct distinct;
   distinct.Build(keys, n);
@@ -279,18 +324,32 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
   // inserted (or counted, or stamped) after v, and a full table spares them.
   const int64_t version = version_.load() + 1;
   const int64_t per_shard = u / config_.num_shards + 1;
+  FirstError error;
   run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
     Tally tally;
+    std::vector<int64_t> unreadable;
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       shard.Reserve(0, version);  // lets a layout forget moves no handle follows any more
+      unreadable.clear();
+      if (shard.tier) {
+        const int64_t b = batch.begin[s];
+        error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
+                                               batch.begin[s + 1] - b, version, &unreadable)));
+      }
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         const int64_t j = batch.order[p], key = batch.id[p];
         // Sightings the row's access count gets: every occurrence, plus
         // those counted while the key waited for admission.
         uint64_t sightings = distinct.count[j];
         const bool added = row == kNoRow;
+        if (added && !unreadable.empty() &&
+            std::find(unreadable.begin(), unreadable.end(), key) != unreadable.end()) {
+          refused[j] = distinct.count[j];  // its row is on disk, unread: the call fails
+          any_refused = true;
+          return;
+        }
         if (added) {
           uint32_t refused_here = 0;
           row = Admit(shard, key, batch.hash[p], distinct.count[j], now, version,
@@ -319,6 +378,8 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
         CopyRow(rows + j * d, Values(rec), d);
         found[j] = ShardHandle(s, shard.rows.HandleBits(row));
       });
+      // Over its memory budget, the shard moves rows this step did not use to disk.
+      if (shard.tier) error.Note(ShardError(s, shard.Spill(version)));
     }
     admitted_ += tally.admitted;
     rejected_ += tally.rejected;
@@ -327,13 +388,13 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
   // Rows out by position. An id refused its first occurrences reads the
   // missing value (handle -1) there and its row from then on.
   if (direct) {  // rows are out already; a refused id (seen once) got none
-    if (!any_refused) return;
+    if (!any_refused) return error.Take();
     for (int64_t i = 0; i < n; ++i) {
       if (refused[i] == 0) continue;
       MissingRow(config_, keys[i], values + i * d);
       if (handles != nullptr) handles[i] = -1;
     }
-    return;
+    return error.Take();
   }
   if (any_refused) {
     std::vector<uint32_t> seen(u, 0);
@@ -347,7 +408,7 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
         if (handles != nullptr) handles[i] = found[j];
       }
     }
-    return;
+    return error.Take();
   }
   run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -356,12 +417,13 @@ void ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t no
       if (handles != nullptr) handles[i] = found[j];
     }
   });
+  return error.Take();
 }
 
 template <class Rows>
-void ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
-                               const Runner& run) const {
-  if (n == 0) return;
+std::string ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
+                                      const Runner& run) const {
+  if (n == 0) return "";
   Distinct distinct;
   distinct.Build(keys, n);
   const int64_t u = static_cast<int64_t>(distinct.ids.size());
@@ -371,24 +433,56 @@ void ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
   std::unique_ptr<float[]> own_rows(direct ? nullptr : new float[u * d]);
   float* const rows = direct ? values : own_rows.get();  // every row is written before read
   const int64_t per_shard = u / config_.num_shards + 1;
+  FirstError error;
   run(config_.num_shards, per_shard * 100, [&](int64_t s0, int64_t s1) {
+    std::vector<int64_t> misses;  // batch positions without a row in memory
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
+      misses.clear();
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         float* out = rows + batch.order[p] * d;
         if (row != kNoRow) {
           CopyRow(out, Values(shard.rows.Record(row)), d);
+        } else if (shard.tier) {
+          misses.push_back(p);
         } else {
           MissingRow(config_, batch.id[p], out);
         }
       });
+      if (!misses.empty()) error.Note(ShardError(s, ReadCold(shard, batch, misses, rows)));
     }
   });
-  if (direct) return;
-  run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) CopyRow(values + i * d, rows + distinct.index[i] * d, d);
-  });
+  if (!direct) {
+    run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) CopyRow(values + i * d, rows + distinct.index[i] * d, d);
+    });
+  }
+  return error.Take();
+}
+
+template <class Rows>
+std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
+                                         const std::vector<int64_t>& misses, float* rows) const {
+  // A read-only lookup reads cold rows where they are (nothing moves).
+  const int d = config_.dim;
+  const size_t stride = layout_.stride;
+  std::vector<int64_t> keys(misses.size());
+  for (size_t i = 0; i < misses.size(); ++i) keys[i] = batch.id[misses[i]];
+  std::unique_ptr<char[]> buf(new char[keys.size() * stride]);
+  std::unique_ptr<bool[]> found(new bool[keys.size()]());
+  for (size_t i = 0; i < keys.size(); ++i) Header(buf.get() + i * stride)->key = ~keys[i];
+  const std::string error = shard.tier->Read(keys.data(), keys.size(), buf.get(), found.get());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* out = rows + batch.order[misses[i]] * d;
+    const char* rec = buf.get() + i * stride;
+    if (found[i] && Header(rec)->key == keys[i]) {
+      CopyRow(out, Values(rec), d);
+    } else {
+      MissingRow(config_, keys[i], out);  // absent (or unreadable: the call fails)
+    }
+  }
+  return error;
 }
 
 template <class Rows>
@@ -430,6 +524,22 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
   const std::string error = CheckApply(opt, ids, ids_are_handles, n);
   if (!error.empty()) return error;
   const Batch batch = Partition(ids, n, ids_are_handles, config_.num_shards, run);
+  if (!ids_are_handles && tiered()) {
+    // Rows are updated in memory only: the keys' cold rows come up first,
+    // every shard's, so a read error leaves every row as it was.
+    FirstError error;
+    for (int s = 0; s < config_.num_shards; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      std::vector<int64_t> unreadable;
+      const int64_t b = batch.begin[s];
+      error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
+                                             batch.begin[s + 1] - b, version_.load() + 1,
+                                             &unreadable)));
+    }
+    const std::string failed = error.Take();
+    if (!failed.empty()) return failed;
+  }
   const uint32_t version = static_cast<uint32_t>(++version_);
   if (n == 0) return "";
   const int d = config_.dim;
@@ -489,6 +599,10 @@ int64_t ShardedTable<Rows>::Remove(const int64_t* keys, int64_t n) {
     if (row != kNoRow) {
       shard.Erase(row);
       ++removed;
+    } else if (shard.tier && shard.tier->Erase(&keys[i], 1) == 1) {
+      shard.NoteRemoved(keys[i]);
+      if (shard.max_rows >= 0) rows_.fetch_sub(1);
+      ++removed;
     } else if (shard.admission.exact.Erase(keys[i])) {
       shard.NoteRemoved(keys[i]);  // its admission count starts over too
     }
@@ -508,6 +622,16 @@ int64_t ShardedTable<Rows>::Evict(int64_t before) {
     });
     for (uint32_t row : expired) shard.Erase(row);  // frees only: the other refs stay
     removed += static_cast<int64_t>(expired.size());
+    if (shard.tier) {  // cold rows' scores are in memory: no disk read
+      std::vector<int64_t> cold;
+      shard.tier->ForEachEntry([&](const TierEntry& e) {
+        if (e.last_seen < before) cold.push_back(e.key);
+      });
+      shard.tier->Erase(cold.data(), cold.size());
+      for (int64_t key : cold) shard.NoteRemoved(key);
+      if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(cold.size()));
+      removed += static_cast<int64_t>(cold.size());
+    }
     shard.admission.exact.DropSeenBefore(before, [&](int64_t key) { shard.NoteRemoved(key); });
     shard.admission.sketch.Halve();
   }
@@ -536,50 +660,90 @@ std::vector<uint32_t> ShardedTable<Rows>::PickRows(const Shard& s, int64_t min_v
 }
 
 template <class Rows>
+std::vector<int64_t> ShardedTable<Rows>::PickCold(const Shard& s, int64_t min_version) const {
+  // Cold rows keep their version in the tier's index: a delta finds those
+  // changed since its base without reading the disk.
+  std::vector<int64_t> keys;
+  if (!s.tier) return keys;
+  s.tier->ForEachEntry([&](const TierEntry& e) {
+    if (e.version >= min_version) keys.push_back(e.key);
+  });
+  return keys;
+}
+
+template <class Rows>
 int64_t ShardedTable<Rows>::CountRows(int64_t min_version, int shard) const {
   int64_t n = 0;
   const auto [s0, s1] = ShardRange(shard);
   for (size_t si = s0; si < s1; ++si) {
-    std::lock_guard<std::mutex> lock(shards_[si]->mu);
+    const Shard& s = *shards_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
     // Every live row has a version >= 0: no need to visit them.
-    n += min_version <= 0 ? static_cast<int64_t>(shards_[si]->rows.size())
-                          : static_cast<int64_t>(PickRows(*shards_[si], min_version).size());
+    n += min_version <= 0
+             ? static_cast<int64_t>(s.rows.size() + s.ColdRows())
+             : static_cast<int64_t>(PickRows(s, min_version).size() +
+                                    PickCold(s, min_version).size());
   }
   return n;
 }
 
 template <class Rows>
-void ShardedTable<Rows>::Export(int64_t min_version,
-                                 const std::function<ExportBuffers(int64_t n)>& alloc,
-                                 int shard) const {
+std::string ShardedTable<Rows>::Export(int64_t min_version,
+                                        const std::function<ExportBuffers(int64_t n)>& alloc,
+                                        int shard) const {
   // The locks of every shard read are held so the count and the rows agree.
   const auto [s0, s1] = ShardRange(shard);
   std::vector<std::unique_lock<std::mutex>> locks;
   for (size_t si = s0; si < s1; ++si) locks.emplace_back(shards_[si]->mu);
   std::vector<std::vector<uint32_t>> picked;
+  std::vector<std::vector<int64_t>> cold;
   int64_t n = 0;
   for (size_t si = s0; si < s1; ++si) {
     picked.push_back(PickRows(*shards_[si], min_version));
-    n += static_cast<int64_t>(picked.back().size());
+    cold.push_back(PickCold(*shards_[si], min_version));
+    n += static_cast<int64_t>(picked.back().size() + cold.back().size());
   }
   const ExportBuffers out = alloc(n);
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
   int64_t i = 0;
+  auto write = [&](const char* rec) {
+    const RecordHeader* h = Header(rec);
+    if (out.keys) out.keys[i] = h->key;
+    if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
+    if (out.slots)
+      std::memcpy(out.slots + i * slot_floats, Values(rec) + d, sizeof(float) * slot_floats);
+    if (out.counts) out.counts[i] = h->count;
+    if (out.last_seen) out.last_seen[i] = h->last_seen;
+    if (out.versions) out.versions[i] = h->version;
+    ++i;
+  };
+  // Cold rows are read in batches: memory holds one batch, not the tier.
+  constexpr size_t kBatch = 4096;
+  const size_t stride = layout_.stride;
+  std::unique_ptr<char[]> buf;
+  std::unique_ptr<bool[]> found;
   for (size_t si = s0; si < s1; ++si) {
     const Shard& s = *shards_[si];
-    for (uint32_t row : picked[si - s0]) {
-      const char* rec = s.rows.Record(row);
-      const RecordHeader* h = Header(rec);
-      if (out.keys) out.keys[i] = h->key;
-      if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
-      if (out.slots)
-        std::memcpy(out.slots + i * slot_floats, Values(rec) + d, sizeof(float) * slot_floats);
-      if (out.counts) out.counts[i] = h->count;
-      if (out.last_seen) out.last_seen[i] = h->last_seen;
-      if (out.versions) out.versions[i] = h->version;
-      ++i;
+    for (uint32_t row : picked[si - s0]) write(s.rows.Record(row));
+    const std::vector<int64_t>& keys = cold[si - s0];
+    if (!keys.empty() && !buf) {
+      buf.reset(new char[kBatch * stride]);
+      found.reset(new bool[kBatch]);
+    }
+    for (size_t b = 0; b < keys.size(); b += kBatch) {
+      const size_t m = std::min(kBatch, keys.size() - b);
+      std::fill(found.get(), found.get() + m, false);
+      const std::string error = s.tier->Read(keys.data() + b, m, buf.get(), found.get());
+      if (!error.empty()) return ShardError(static_cast<int64_t>(si), error);
+      for (size_t k = 0; k < m; ++k) {
+        if (!found[k])  // the shard's lock is held: cannot happen
+          return ShardError(static_cast<int64_t>(si),
+                            "key " + std::to_string(keys[b + k]) + " left the disk tier");
+        write(buf.get() + k * stride);
+      }
     }
   }
+  return "";
 }
 
 template <class Rows>
@@ -602,6 +766,11 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]), version_.load() + 1);
+      if (shard.tier) {  // an imported row replaces its cold copy (counted again below)
+        const size_t gone = shard.tier->Erase(batch.id.data() + batch.begin[s],
+                                              batch.begin[s + 1] - batch.begin[s]);
+        if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(gone));
+      }
       for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
         const int64_t i = batch.order[p];
         bool added;
@@ -635,7 +804,15 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
   int64_t cur = version_.load();
   while (cur < max_version && !version_.compare_exchange_weak(cur, max_version)) {
   }
-  return "";
+  FirstError error;
+  for (int s = 0; s < config_.num_shards && tiered(); ++s) {
+    // A restore beyond the budget goes on to disk (every row is spillable:
+    // none carries the version of a lookup under way).
+    Shard& shard = *shards_[s];
+    std::lock_guard<std::mutex> lock(shard.mu);
+    error.Note(ShardError(s, shard.Spill(version_.load() + 1)));
+  }
+  return error.Take();
 }
 
 template <class Rows>
@@ -700,7 +877,9 @@ std::string ShardedTable<Rows>::ImportPending(const int64_t* keys, const int64_t
     const uint64_t h = HashKey(keys[i]);
     Shard& shard = ShardOf(h);
     std::lock_guard<std::mutex> lock(shard.mu);
-    if (shard.Find(keys[i], h) != kNoRow) continue;
+    TierEntry cold;
+    if (shard.Find(keys[i], h) != kNoRow || (shard.tier && shard.tier->Find(keys[i], &cold)))
+      continue;
     // Counted now, as far as incremental checkpoints go (see PendingCount::version).
     shard.admission.exact.Set(
         keys[i], PendingCount{AddCount(0, counts[i]), last_seen[i], version_.load() + 1});

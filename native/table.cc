@@ -1,8 +1,16 @@
 #include "native/table.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <string>
+#include <vector>
 
 #include "native/indexed_arena.h"
+#include "native/log_tier.h"
 #include "native/row_buckets.h"
 #include "native/sharded_table.h"
 
@@ -23,6 +31,13 @@ std::string ValidateConfig(const TableConfig& c) {
            std::to_string(c.sketch_width);
   if (c.layout != "arena" && c.layout != "buckets")
     return "layout must be 'buckets' or 'arena', got '" + c.layout + "'";
+  if (!(c.memory_budget >= 0))
+    return "memory_budget must be 0 (no disk tier), a fraction of rows in (0, 1] or bytes "
+           "above 1, got " + std::to_string(c.memory_budget);
+  if (c.memory_budget > 0 && c.storage_path.empty())
+    return "memory_budget needs a storage_path (a local directory for the rows beyond it)";
+  if (c.memory_budget == 0 && !c.storage_path.empty())
+    return "storage_path '" + c.storage_path + "' needs a memory_budget (what stays in memory)";
   if (c.max_rows < -1 || c.max_rows == 0)
     return "max_rows must be positive or -1 (no bound), got " + std::to_string(c.max_rows);
   if (c.init == Initializer::kUniform && !(c.init_a < c.init_b))
@@ -55,27 +70,83 @@ std::unique_ptr<TableImpl> MakeTableImpl(const TableConfig& config) {
   return std::make_unique<ShardedTable<IndexedArena>>(config);
 }
 
+// A fresh directory for one table's tier under storage_path: the table's
+// name (made a file name) and, since a process may hold several tables of
+// one name (training and evaluation graphs) and processes may share the
+// path, the process id and a serial number.
+std::string TierDirectory(const TableConfig& config) {
+  static std::atomic<int64_t> serial{0};
+  std::string name = config.name;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  return config.storage_path + "/" + name + "." + std::to_string(getpid()) + "." +
+         std::to_string(serial++);
+}
+
+// Removes what killed processes left under storage_path: table directories
+// (name.pid.serial) whose shard directories no live tier holds (the tiers'
+// flocks went with their processes, in any pid namespace).
+void RemoveOrphanTiers(const std::string& storage_path) {
+  DIR* d = opendir(storage_path.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> tables;
+  while (const dirent* entry = readdir(d)) {
+    const std::string name = entry->d_name;
+    const size_t serial = name.rfind('.');
+    const size_t pid = serial == std::string::npos || serial == 0
+                           ? std::string::npos : name.rfind('.', serial - 1);
+    auto digits = [&](size_t b, size_t e) {
+      return e > b && std::all_of(name.begin() + b, name.begin() + e,
+                                  [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    };
+    if (pid != std::string::npos && pid > 0 && digits(pid + 1, serial) &&
+        digits(serial + 1, name.size()))
+      tables.push_back(storage_path + "/" + name);
+  }
+  closedir(d);
+  for (const std::string& table : tables) {
+    DIR* t = opendir(table.c_str());
+    if (t == nullptr) continue;
+    std::vector<std::string> shards;
+    while (const dirent* entry = readdir(t))
+      if (std::string(entry->d_name).rfind("shard-", 0) == 0)
+        shards.push_back(table + "/" + entry->d_name);
+    closedir(t);
+    bool all_gone = true;
+    for (const std::string& shard : shards) all_gone &= LogTier::RemoveIfUnused(shard);
+    if (all_gone) rmdir(table.c_str());
+  }
+}
+
 }  // namespace
 
 EmbeddingTable::EmbeddingTable(TableConfig config)
-    : config_(std::move(config)), impl_(MakeTableImpl(config_)) {}
+    : config_(std::move(config)), impl_(MakeTableImpl(config_)) {
+  if (config_.memory_budget <= 0) return;
+  RemoveOrphanTiers(config_.storage_path);
+  tier_dir_ = TierDirectory(config_);
+  open_error_ = impl_->OpenTiers(tier_dir_);
+}
 
-EmbeddingTable::~EmbeddingTable() = default;
+EmbeddingTable::~EmbeddingTable() {
+  impl_.reset();  // the tiers remove their files and directories
+  if (!tier_dir_.empty()) rmdir(tier_dir_.c_str());
+}
 
 int64_t EmbeddingTable::size() const { return impl_->size(); }
 int64_t EmbeddingTable::memory_bytes() const { return impl_->memory_bytes(); }
 int64_t EmbeddingTable::version() const { return impl_->version(); }
 TableCounters EmbeddingTable::counters() const { return impl_->counters(); }
 
-void EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
-                                  int64_t access_threshold, float* values, int64_t* handles,
-                                  const Runner& run) {
-  impl_->FindOrInsert(keys, n, now, access_threshold, values, handles, run);
+std::string EmbeddingTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+                                         int64_t access_threshold, float* values,
+                                         int64_t* handles, const Runner& run) {
+  return impl_->FindOrInsert(keys, n, now, access_threshold, values, handles, run);
 }
 
-void EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
-                          const Runner& run) const {
-  impl_->Find(keys, n, values, run);
+std::string EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
+                                 const Runner& run) const {
+  return impl_->Find(keys, n, values, run);
 }
 
 std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
@@ -93,10 +164,10 @@ int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) { return impl_->R
 int64_t EmbeddingTable::Evict(int64_t before) { return impl_->Evict(before); }
 void EmbeddingTable::Clear() { impl_->Clear(); }
 
-void EmbeddingTable::Export(int64_t min_version,
-                            const std::function<ExportBuffers(int64_t n)>& alloc,
-                            int shard) const {
-  impl_->Export(min_version, alloc, shard);
+std::string EmbeddingTable::Export(int64_t min_version,
+                                   const std::function<ExportBuffers(int64_t n)>& alloc,
+                                   int shard) const {
+  return impl_->Export(min_version, alloc, shard);
 }
 
 int64_t EmbeddingTable::CountRows(int64_t min_version, int shard) const {

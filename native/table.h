@@ -70,6 +70,14 @@ struct TableConfig {
   // inline in hash buckets, one memory miss per key) or "arena" (a key index
   // over packed records: two dependent misses, fewer bytes per key).
   std::string layout = "arena";
+  // A disk tier (log_tier.h) behind a memory budget: with memory_budget > 0
+  // each shard keeps at most its share of the budget in memory and moves the
+  // least recently used rows (least often under when_full "lfu") to files
+  // under storage_path, bringing them back when a training lookup needs
+  // them. In (0, 1]: a fraction of the table's rows; above 1: bytes of
+  // records (indexes come on top). 0: every row in memory.
+  double memory_budget = 0;
+  std::string storage_path;  // a local directory; the table's files go in a fresh subdirectory
 };
 
 // Returns "" when the config is usable, else what is wrong with it.
@@ -89,6 +97,10 @@ struct TableCounters {
   int64_t pending = 0;   // keys counted towards admission that have no row yet
   int64_t latest = 0;    // the largest `now` a training lookup has passed
   int64_t stale = 0;     // by-address gradients dropped: their row was removed (or reused)
+  // With a disk tier: rows on disk now, and rows moved to disk / back, ever.
+  int64_t cold_rows = 0;
+  int64_t spilled = 0;
+  int64_t promoted = 0;
 };
 
 // Pending keys as Export/ImportPending see them; sketch holds the count-min
@@ -113,8 +125,13 @@ struct ExportBuffers {
 
 class EmbeddingTable {
  public:
-  // The config must have passed ValidateConfig.
+  // The config must have passed ValidateConfig. A table with a disk tier
+  // opens its files here: check open_error() before any other call.
   explicit EmbeddingTable(TableConfig config);
+  // "" or why the disk tier could not be opened (the table is then unusable).
+  const std::string& open_error() const { return open_error_; }
+  // The directory of the table's disk tier ("" without one).
+  const std::string& tier_dir() const { return tier_dir_; }
   ~EmbeddingTable();
   EmbeddingTable(const EmbeddingTable&) = delete;
   EmbeddingTable& operator=(const EmbeddingTable&) = delete;
@@ -135,10 +152,15 @@ class EmbeddingTable {
   // access_threshold > 1 a new key gets its row on its access_threshold-th
   // sighting (counted over calls); before that it reads the missing value and
   // gets handle -1, as does a new key a full kRefuse table has no room for.
-  void FindOrInsert(const int64_t* keys, int64_t n, int64_t now, int64_t access_threshold,
-                    float* values, int64_t* handles, const Runner& run);
+  // Returns "" or an error of the disk tier (a cold row that could not be
+  // read: it stays on disk, untouched; or a spill that could not be written:
+  // its rows stay in memory). Then values and handles are not to be used.
+  std::string FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
+                           int64_t access_threshold, float* values, int64_t* handles,
+                           const Runner& run);
   // Read-only: keys without a row get the missing value (see TableConfig).
-  void Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
+  // Cold rows are read where they are. "" or the disk tier's error.
+  std::string Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
   // Sparse update. ids are keys, or handles from FindOrInsert when
   // ids_are_handles. Gradients of duplicate ids are summed first; gradients
   // of keys without a row (and of handle -1) are dropped, as are those of
@@ -165,8 +187,10 @@ class EmbeddingTable {
   // the rows changed since that mark. With shard >= 0 (< num_shards), reads
   // that shard only, holding its lock only (a save copies a large table one
   // shard at a time).
-  void Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
-              int shard = -1) const;
+  // Cold rows are read from disk in batches. Returns "" or the disk tier's
+  // error (the buffers are then incomplete).
+  std::string Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
+                     int shard = -1) const;
   // How many rows Export would write now.
   int64_t CountRows(int64_t min_version, int shard = -1) const;
   // Inserts or overwrites rows; slots/counts/last_seen/versions may be null
@@ -210,6 +234,7 @@ class EmbeddingTable {
 
  private:
   TableConfig config_;
+  std::string tier_dir_, open_error_;
   // The shards and their row store; one virtual call per batch.
   std::unique_ptr<TableImpl> impl_;
 };

@@ -39,6 +39,14 @@ inline ::tensorflow::Status TableError(const EmbeddingTable& t, const std::strin
                                                what);
 }
 
+// An error of the table's disk tier ("" is OK): the files, not the input
+// (the tier's messages name the file).
+inline ::tensorflow::Status StorageError(const EmbeddingTable& t, const std::string& what) {
+  if (what.empty()) return ::tensorflow::OkStatus();
+  return ::tensorflow::errors::Internal("graphmod table '", t.config().name, "': disk tier ",
+                                        what);
+}
+
 // Fills opt's hyper-parameters from the vector `hparams` (in SpecOf(kind)'s
 // order), or says what the vector should have been.
 inline ::tensorflow::Status ReadHparams(const EmbeddingTable& t,

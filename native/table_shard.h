@@ -2,18 +2,35 @@
 // admission counters and a change log, all guarded by one mutex (taken once per shard and batch,
 // never per key), and the per-key steps that must keep them in agreement:
 // insert (within the table's row bound, evicting when full), erase, reset.
+//
+// With a disk tier (TableConfig::memory_budget) the shard's rows live in two
+// places: its layout (memory) and a LogTier (disk). Rows are read and updated
+// only in memory: a batch promotes the cold rows it needs first (Promote),
+// and the shard spills its least valuable rows back (Spill) once memory holds
+// more than its budget. A row moves between tiers as its record's bytes,
+// whole (values, slots, count, last_seen, version), so a tiered table trains
+// exactly as an all-in-memory one. Moves are neither changes nor removals:
+// the change log does not see them, and deltas find changed cold rows by
+// their version in the tier's index.
 #ifndef GRAPHMOD_NATIVE_TABLE_SHARD_H_
 #define GRAPHMOD_NATIVE_TABLE_SHARD_H_
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "native/admission.h"
 #include "native/bits.h"
 #include "native/change_log.h"
 #include "native/eviction.h"
+#include "native/log_tier.h"
 #include "native/shard_storage.h"
 #include "native/table.h"
 
@@ -30,9 +47,29 @@ struct TableShard {
         table_rows(table_rows),
         table_version(table_version),
         max_rows(config.max_rows),
-        when_full(config.when_full) {
+        when_full(config.when_full),
+        stride(layout.stride) {
     if (config.sketch_width > 0)
       admission.sketch.Resize(std::max<int64_t>(1, config.sketch_width / config.num_shards));
+    if (config.memory_budget > 1) {  // bytes of records, split evenly over the shards
+      budget_rows = std::max<size_t>(
+          1, static_cast<size_t>(config.memory_budget / layout.stride / config.num_shards));
+    } else if (config.memory_budget > 0) {
+      budget_fraction = config.memory_budget;
+    }
+  }
+
+  // Opens the shard's disk tier in dir; "" or the error.
+  std::string OpenTier(const std::string& dir) {
+    TierOptions options;
+    options.dir = dir;
+    options.record_bytes = stride;
+    // Shards already read side by side (the lookup's runner): two preads in
+    // flight each keep a disk busy without a thread pool per core per shard.
+    options.read_threads = 2;
+    std::string error;
+    tier = LogTier::Open(options, &error);
+    return error;
   }
 
   mutable std::mutex mu;
@@ -45,6 +82,21 @@ struct TableShard {
   const std::atomic<int64_t>* const table_version;
   const int64_t max_rows;
   const CapacityPolicy when_full;
+  const size_t stride;  // record bytes
+
+  // The disk tier (null: every row in memory) and the memory budget: a
+  // fixed number of rows, or a fraction of the shard's rows in both tiers.
+  std::unique_ptr<LogTier> tier;
+  size_t budget_rows = 0;
+  double budget_fraction = 0;
+  int64_t promoted = 0, spilled = 0;  // rows moved up / down, ever
+
+  size_t ColdRows() const { return tier ? static_cast<size_t>(tier->counters().rows) : 0; }
+  size_t BudgetRows() const {
+    if (budget_fraction <= 0) return budget_rows;
+    const double all = static_cast<double>(rows.size() + ColdRows());
+    return std::max<size_t>(1, static_cast<size_t>(std::ceil(budget_fraction * all)));
+  }
 
   uint32_t Find(int64_t key, uint64_t h) const { return rows.Find(key, h); }
   RecordHeader* HeaderOf(uint32_t ref) const { return Header(rows.Record(ref)); }
@@ -104,19 +156,104 @@ struct TableShard {
     if (max_rows >= 0) table_rows->fetch_sub(1);
   }
 
+  // Brings the cold rows of n keys (memory misses among them; hashes h) into
+  // memory, in one batched disk read. Keys whose record could not be read
+  // stay on disk and go to *unreadable (the caller must not give them a new
+  // row); returns "" or the first read error.
+  std::string Promote(const int64_t* keys, const uint64_t* h, size_t n, int64_t version,
+                      std::vector<int64_t>* unreadable) {
+    if (!tier || tier->counters().rows == 0) return "";
+    std::vector<int64_t> cold;
+    std::vector<uint64_t> cold_h;
+    for (size_t i = 0; i < n; ++i) {
+      TierEntry entry;
+      if (rows.Find(keys[i], h[i]) == kNoRow && tier->Find(keys[i], &entry)) {
+        cold.push_back(keys[i]);
+        cold_h.push_back(h[i]);
+      }
+    }
+    if (cold.empty()) return "";
+    std::unique_ptr<char[]> buf(new char[cold.size() * stride]);
+    std::unique_ptr<bool[]> found(new bool[cold.size()]());
+    // A record that failed to read is left unwritten: each header starts
+    // with a key other than its own, so such a record is told apart.
+    for (size_t i = 0; i < cold.size(); ++i) Header(buf.get() + i * stride)->key = ~cold[i];
+    const std::string error = tier->Read(cold.data(), cold.size(), buf.get(), found.get());
+    Reserve(cold.size(), version);
+    std::vector<int64_t> moved;
+    for (size_t i = 0; i < cold.size(); ++i) {
+      const char* rec = buf.get() + i * stride;
+      if (!found[i]) continue;  // erased meanwhile (cannot happen under the shard's lock)
+      if (Header(rec)->key != cold[i]) {
+        unreadable->push_back(cold[i]);
+        continue;
+      }
+      const uint32_t ref = rows.Insert(cold[i], cold_h[i]);
+      std::memcpy(rows.Record(ref), rec, stride);
+      // Changed since the last full save: a delta must list it (by ref now).
+      if (changes.tracking() && Header(rec)->version > changes.mark()) changes.NoteDirty(ref);
+      moved.push_back(cold[i]);
+    }
+    tier->Erase(moved.data(), moved.size());
+    promoted += static_cast<int64_t>(moved.size());
+    return error;
+  }
+
+  // Moves rows to disk while memory holds more than the budget, down to 95%
+  // of it (so spills come in batches): the least recently used first (least
+  // often under when_full "lfu"), never a row looked up by the step under
+  // way (version >= step_version: its gradients still come by handle).
+  // Returns "" or the write error; then the rows stay in memory.
+  std::string Spill(int64_t step_version) {
+    if (!tier) return "";
+    const size_t budget = BudgetRows();
+    if (rows.size() <= budget) return "";
+    const size_t keep = budget - budget / 20;
+    std::vector<std::pair<RecordHeader, uint32_t>> candidates;
+    candidates.reserve(rows.size());
+    rows.ForEachLive([&](uint32_t ref, const char* rec) {
+      if (Header(rec)->version < step_version) candidates.emplace_back(*Header(rec), ref);
+    });
+    const size_t k = std::min(candidates.size(), rows.size() - keep);
+    if (k == 0) return "";
+    const CapacityPolicy policy = when_full == CapacityPolicy::kLfu ? CapacityPolicy::kLfu
+                                                                    : CapacityPolicy::kLru;
+    std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end(),
+                     [&](const auto& a, const auto& b) {
+                       return BetterVictim(policy, a.first, b.first);
+                     });
+    std::unique_ptr<char[]> buf(new char[k * stride]);
+    for (size_t i = 0; i < k; ++i)
+      std::memcpy(buf.get() + i * stride, rows.Record(candidates[i].second), stride);
+    const std::string error = tier->Put(buf.get(), k);
+    if (!error.empty()) return error;
+    for (size_t i = 0; i < k; ++i) {
+      // Version 0, as Erase: a delta skips the freed ref in its changed rows.
+      HeaderOf(candidates[i].second)->version = 0;
+      rows.Erase(candidates[i].second);
+    }
+    spilled += static_cast<int64_t>(k);
+    return "";
+  }
+
   void Reset() {
     if (changes.tracking()) {
       rows.ForEachLive([&](uint32_t, const char* rec) { NoteRemoved(Header(rec)->key); });
       for (const auto& entry : admission.exact.entries()) NoteRemoved(entry.first);
+      if (tier) tier->ForEachEntry([&](const TierEntry& e) { NoteRemoved(e.key); });
     }
     changes.ClearDirty();
-    if (max_rows >= 0) table_rows->fetch_sub(static_cast<int64_t>(rows.size()));
+    if (max_rows >= 0)
+      table_rows->fetch_sub(static_cast<int64_t>(rows.size() + ColdRows()));
+    if (tier) tier->Clear();
     rows.Reset();
     admission.exact.Clear();
     admission.sketch.Clear();
   }
 
-  int64_t Bytes() const { return rows.Bytes() + admission.Bytes(); }
+  int64_t Bytes() const {
+    return rows.Bytes() + admission.Bytes() + (tier ? static_cast<int64_t>(tier->index_bytes()) : 0);
+  }
 };
 
 }  // namespace graphmod

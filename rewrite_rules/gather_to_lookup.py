@@ -74,7 +74,7 @@ def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
             optimizer=optimizer,
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
             when_full=s.when_full, admission_sketch_width=s.admission_sketch_width,
-            layout=s.layout,
+            layout=s.layout, memory_budget=s.memory_budget, storage_path=s.storage_path,
             seed=conversion.seed, shape_hint=[conversion.rows, conversion.dim])
         for g in conversion.gathers:
             with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):

@@ -50,7 +50,8 @@ _LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
 # The table op's attributes a shard copies (all but the op's name).
 _TABLE_ATTRS = ("table_name", "shared_name", "dim", "num_slots", "slot_init", "initializer",
                 "init_a", "init_b", "seed", "num_shards", "missing_is_initializer",
-                "default_value", "max_rows", "when_full", "sketch_width", "layout")
+                "default_value", "max_rows", "when_full", "sketch_width", "layout",
+                "memory_budget", "storage_path")
 
 
 def _sharded(conversion: Conversion, context: Context) -> bool:

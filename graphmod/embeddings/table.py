@@ -51,6 +51,8 @@ class Table:
         sketch = op.get_attr("sketch_width")
         self.admission_sketch_width = sketch or None
         self.layout = op.get_attr("layout").decode()
+        self.memory_budget = op.get_attr("memory_budget") or None
+        self.storage_path = op.get_attr("storage_path").decode() or None
         self.optimizer = optimizer
 
     def __repr__(self) -> str:
@@ -346,7 +348,9 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
                  default_value: Optional[float] = None, num_shards: int = NUM_SHARDS,
                  seed: Optional[int] = None, max_rows: Optional[int] = None,
                  when_full: str = "lru", admission_sketch_width: Optional[int] = None,
-                 layout: str = "arena", shape_hint: Optional[List[int]] = None) -> Table:
+                 layout: str = "arena", memory_budget: Optional[float] = None,
+                 storage_path: Optional[str] = None,
+                 shape_hint: Optional[List[int]] = None) -> Table:
     """Creates a dynamic embedding table in the default graph.
 
     Args:
@@ -381,6 +385,16 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         bytes a key); "buckets": records inline in hash buckets (one miss,
         records 60-90% of their memory, so up to ~1.6x the bytes). See
         benchmarks/lookup.py for both, measured side by side.
+      memory_budget, storage_path: a disk tier. None (default): every row in
+        memory. Else each shard keeps its share of memory_budget (a fraction
+        of the table's rows in (0, 1], or bytes of records: an integer > 1)
+        in memory and moves the least recently used rows (least often used
+        under when_full="lfu"), with their optimizer slots and counts, to
+        files in a fresh subdirectory of storage_path (a local disk: not a
+        tmpfs, which is memory). A training lookup brings the cold rows it
+        needs back first, in one batched read, so the table trains exactly
+        as it would all in memory. The files are scratch: checkpoints hold
+        the rows, and the files go when the table does.
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
@@ -394,7 +408,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
                         f"optimizer, got {type(optimizer).__name__}")
     check_table(f"graphmod table '{name}'", num_shards, max_rows, when_full,
-                admission_sketch_width, layout)
+                admission_sketch_width, layout, memory_budget, storage_path)
     if max_rows is not None and when_full != "refuse" and max_rows < 64 * num_shards:
         from absl import logging
         logging.warning("graphmod table '%s': max_rows %d over %d shards leaves about %d rows "
@@ -426,6 +440,7 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
             default_value=0.0 if default_value is None else float(default_value),
             max_rows=-1 if max_rows is None else max_rows, when_full=when_full,
             sketch_width=admission_sketch_width or 0, layout=layout,
+            memory_budget=float(memory_budget or 0), storage_path=storage_path or "",
             name=f"graphmod/{name}/table")
     table = Table(handle, optimizer)
     state.tables[name] = table

@@ -1,0 +1,300 @@
+// A table with a disk tier against the same table all in memory (no
+// TensorFlow): trained side by side on skewed ids, they must read the same
+// rows and export the same state, bit for bit. Also: a record damaged on
+// disk fails the lookup and the save, naming the file, and gives the key no
+// fresh row; a storage_path that cannot be used fails the table's creation.
+// Built by `bazel test //native:tier_table_test` and `make native-sanitize`.
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "native/log_tier.h"
+#include "native/table.h"
+#include "native/test_check.h"
+
+using graphmod::EmbeddingTable;
+using graphmod::ExportBuffers;
+using graphmod::Optimizer;
+using graphmod::OptimizerKind;
+using graphmod::SerialRunner;
+using graphmod::TableConfig;
+
+namespace {
+
+std::string StoragePath() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/graphmod_tier_table_test";
+}
+
+TableConfig Config(double memory_budget) {
+  TableConfig c;
+  c.name = "tiered/item";
+  c.dim = 8;
+  c.num_slots = 2;  // Adam's
+  c.slot_init = {0.f, 0.f};
+  c.init = graphmod::Initializer::kNormal;
+  c.init_b = 1.f;
+  c.seed = 11;
+  c.num_shards = 4;
+  if (memory_budget > 0) {
+    c.memory_budget = memory_budget;
+    c.storage_path = StoragePath();
+  }
+  return c;
+}
+
+// Every row of a table, by key: values, slots, count, last_seen, version.
+using Row = std::tuple<std::vector<float>, std::vector<float>, int64_t, int64_t, int64_t>;
+std::map<int64_t, Row> Rows(const EmbeddingTable& t, int64_t min_version = 0) {
+  const int d = t.config().dim, k = t.config().num_slots;
+  std::vector<int64_t> keys, counts, seen, versions;
+  std::vector<float> values, slots;
+  const std::string error = t.Export(min_version, [&](int64_t n) {
+    keys.resize(n), counts.resize(n), seen.resize(n), versions.resize(n);
+    values.resize(n * d), slots.resize(n * k * d);
+    return ExportBuffers{keys.data(), values.data(), slots.data(),
+                         counts.data(), seen.data(), versions.data()};
+  });
+  CHECK(error.empty());
+  std::map<int64_t, Row> rows;
+  for (size_t i = 0; i < keys.size(); ++i)
+    rows[keys[i]] = Row(std::vector<float>(values.begin() + i * d, values.begin() + (i + 1) * d),
+                        std::vector<float>(slots.begin() + i * k * d,
+                                           slots.begin() + (i + 1) * k * d),
+                        counts[i], seen[i], versions[i]);
+  return rows;
+}
+
+// Zipf-like ids (rank r drawn with weight ~1/r^1.2) over `n` keys.
+std::vector<int64_t> Batch(std::mt19937_64* rng, int64_t n, int size) {
+  static std::vector<double> cdf;
+  if (cdf.size() != static_cast<size_t>(n)) {
+    cdf.assign(n, 0.0);
+    double total = 0;
+    for (int64_t r = 0; r < n; ++r) cdf[r] = total += 1.0 / std::pow(r + 1.0, 1.2);
+    for (double& c : cdf) c /= total;
+  }
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<int64_t> ids(size);
+  for (int i = 0; i < size; ++i) {
+    const int64_t r = std::lower_bound(cdf.begin(), cdf.end(), u(*rng)) - cdf.begin();
+    ids[i] = (r * 2654435761LL) % 1000003;  // ranks scattered over the key space
+  }
+  return ids;
+}
+
+// Trains both tables on the same batches (lookups by handle and by key,
+// deltas, time eviction, removal) and compares everything they return.
+void TestTrainsAsInMemory() {
+  EmbeddingTable memory(Config(0)), disk(Config(0.25));
+  CHECK(disk.open_error().empty());
+  Optimizer adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.lr = 0.01f;
+  adam.epsilon = 1e-7f;
+  std::mt19937_64 rng(5);
+  const int d = 8;
+  const int64_t mark_memory = memory.TrackRemovals(), mark_disk = disk.TrackRemovals();
+  CHECK(mark_memory == mark_disk);
+  for (int step = 1; step <= 120; ++step) {
+    adam.beta1_power *= adam.beta1;
+    adam.beta2_power *= adam.beta2;
+    const std::vector<int64_t> ids = Batch(&rng, 20000, 256);
+    std::vector<float> a(ids.size() * d), b(ids.size() * d), grads(ids.size() * d);
+    std::vector<int64_t> ha(ids.size()), hb(ids.size());
+    CHECK(memory.FindOrInsert(ids.data(), ids.size(), step, -1, a.data(), ha.data(),
+                              SerialRunner).empty());
+    CHECK(disk.FindOrInsert(ids.data(), ids.size(), step, -1, b.data(), hb.data(),
+                            SerialRunner).empty());
+    CHECK(a == b);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = a[i] * 0.1f + 0.01f * (i % 7);
+    if (step % 3 == 0) {  // by key: the disk table promotes first
+      CHECK(memory.Apply(adam, ids.data(), false, grads.data(), ids.size(), SerialRunner).empty());
+      CHECK(disk.Apply(adam, ids.data(), false, grads.data(), ids.size(), SerialRunner).empty());
+    } else {
+      CHECK(memory.Apply(adam, ha.data(), true, grads.data(), ids.size(), SerialRunner).empty());
+      CHECK(disk.Apply(adam, hb.data(), true, grads.data(), ids.size(), SerialRunner).empty());
+    }
+    if (step % 40 == 0) CHECK(memory.Evict(step - 30) == disk.Evict(step - 30));
+    if (step == 50) {
+      const std::vector<int64_t> gone = Batch(&rng, 20000, 64);
+      CHECK(memory.Remove(gone.data(), gone.size()) == disk.Remove(gone.data(), gone.size()));
+    }
+    if (step % 25 == 0) {  // a delta: changed rows and removed keys agree
+      CHECK(Rows(memory, step - 10) == Rows(disk, step - 10));
+      std::vector<int64_t> ra, rb;
+      memory.ExportRemoved(step - 10, [&](int64_t n) { ra.resize(n); return ra.data(); });
+      disk.ExportRemoved(step - 10, [&](int64_t n) { rb.resize(n); return rb.data(); });
+      std::sort(ra.begin(), ra.end());
+      std::sort(rb.begin(), rb.end());
+      CHECK(ra == rb);
+    }
+    // Read-only lookups read cold rows where they are.
+    const std::vector<int64_t> probe = Batch(&rng, 40000, 300);
+    std::vector<float> fa(probe.size() * d), fb(probe.size() * d);
+    CHECK(memory.Find(probe.data(), probe.size(), fa.data(), SerialRunner).empty());
+    CHECK(disk.Find(probe.data(), probe.size(), fb.data(), SerialRunner).empty());
+    CHECK(fa == fb);
+  }
+  CHECK(memory.size() == disk.size());
+  CHECK(memory.CountRows(0) == disk.CountRows(0));
+  CHECK(Rows(memory) == Rows(disk));
+  const graphmod::TableCounters c = disk.counters();
+  std::printf("tiered: %lld rows, %lld on disk, %lld spilled, %lld promoted\n",
+              static_cast<long long>(c.rows), static_cast<long long>(c.cold_rows),
+              static_cast<long long>(c.spilled), static_cast<long long>(c.promoted));
+  CHECK(c.rows == memory.size());
+  // The budget held (a quarter of the rows, per shard, plus what one step
+  // brings up) and rows really travelled both ways.
+  CHECK(c.cold_rows >= c.rows / 2);
+  CHECK(c.spilled > c.cold_rows && c.promoted > 0);
+  CHECK(memory.counters().cold_rows == 0);
+  // A restore into a tiered table spills what is beyond its budget.
+  EmbeddingTable restored(Config(0.25));
+  const std::map<int64_t, Row> rows = Rows(memory);
+  std::vector<int64_t> keys, counts, seen, versions;
+  std::vector<float> values, slots;
+  for (const auto& [key, row] : rows) {
+    keys.push_back(key);
+    values.insert(values.end(), std::get<0>(row).begin(), std::get<0>(row).end());
+    slots.insert(slots.end(), std::get<1>(row).begin(), std::get<1>(row).end());
+    counts.push_back(std::get<2>(row));
+    seen.push_back(std::get<3>(row));
+    versions.push_back(std::get<4>(row));
+  }
+  CHECK(restored.Import(keys.data(), values.data(), slots.data(), counts.data(), seen.data(),
+                        versions.data(), keys.size(), true).empty());
+  CHECK(restored.counters().cold_rows >= static_cast<int64_t>(keys.size()) / 2);
+  CHECK(Rows(restored) == rows);
+}
+
+// The segment files of a table's tier.
+std::vector<std::string> Segments(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("shard-", 0) == 0) {
+      for (const std::string& seg : Segments(dir + "/" + name)) out.push_back(seg);
+    } else if (name.rfind("seg-", 0) == 0) {
+      out.push_back(dir + "/" + name);
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+void TestDamagedRecordFailsLoudly() {
+  TableConfig c = Config(0);
+  c.memory_budget = 1.0 * 64 * c.num_shards;  // one record's bytes a shard: ~every row on disk
+  c.storage_path = StoragePath();
+  EmbeddingTable t(c);
+  CHECK(t.open_error().empty());
+  std::vector<int64_t> keys(400);
+  for (int i = 0; i < 400; ++i) keys[i] = i;
+  std::vector<float> values(keys.size() * 8);
+  std::vector<int64_t> handles(keys.size());
+  CHECK(t.FindOrInsert(keys.data(), keys.size(), 1, -1, values.data(), handles.data(),
+                       SerialRunner).empty());
+  Optimizer sgd;
+  sgd.lr = 0.1f;
+  const std::vector<float> grads(keys.size() * 8, 1.f);
+  CHECK(t.Apply(sgd, handles.data(), true, grads.data(), keys.size(), SerialRunner).empty());
+  const int64_t other = 1000;  // the next step uses another row: the first 400 go to disk
+  CHECK(t.FindOrInsert(&other, 1, 2, -1, values.data(), handles.data(), SerialRunner).empty());
+  CHECK(t.counters().cold_rows >= 390);
+  // Flip bytes in the middle of every segment: the records there fail their crc.
+  const std::vector<std::string> segments = Segments(t.tier_dir());
+  CHECK(!segments.empty());
+  for (const std::string& path : segments) {
+    const int fd = open(path.c_str(), O_RDWR);
+    CHECK(fd >= 0);
+    const off_t size = lseek(fd, 0, SEEK_END);
+    char junk[16];
+    std::memset(junk, 0x5A, sizeof(junk));
+    CHECK(pwrite(fd, junk, sizeof(junk), size / 2) == static_cast<ssize_t>(sizeof(junk)));
+    close(fd);
+  }
+  const int64_t rows = t.size();
+  const std::string error = t.FindOrInsert(keys.data(), keys.size(), 3, -1, values.data(),
+                                           handles.data(), SerialRunner);
+  std::printf("damaged record: %s\n", error.c_str());
+  CHECK(error.find("seg-") != std::string::npos);  // names the file
+  CHECK(t.size() == rows);                         // no key got a fresh row
+  CHECK(!t.Export(0, [&](int64_t n) {
+              static std::vector<int64_t> k;
+              k.resize(n);
+              return ExportBuffers{k.data()};
+            }).empty());
+  std::vector<float> found(keys.size() * 8);
+  CHECK(!t.Find(keys.data(), keys.size(), found.data(), SerialRunner).empty());
+}
+
+void TestUnusableStoragePath() {
+  TableConfig c = Config(0.5);
+  c.storage_path = "/proc/graphmod-cannot-write-here";
+  EmbeddingTable t(c);
+  std::printf("unusable path: %s\n", t.open_error().c_str());
+  CHECK(t.open_error().find("/proc/graphmod-cannot-write-here") != std::string::npos);
+  c = Config(0.5);
+  c.storage_path.clear();
+  CHECK(!graphmod::ValidateConfig(c).empty());  // a budget needs a path
+  c = Config(0);
+  c.storage_path = StoragePath();
+  CHECK(!graphmod::ValidateConfig(c).empty());  // and a path a budget
+  c = Config(-1);
+  c.memory_budget = -1;
+  CHECK(!graphmod::ValidateConfig(c).empty());
+}
+
+// What a killed process left (no flock held) goes when a table opens its
+// tier under the same path; a tier in use stays.
+void TestOrphansRemoved() {
+  const std::string orphan = StoragePath() + "/other_table.999999.0/shard-0";
+  const std::string live = StoragePath() + "/live_table.1.0/shard-0";
+  CHECK(std::system(("mkdir -p " + orphan + " && touch " + orphan + "/seg-1.log").c_str()) == 0);
+  graphmod::TierOptions options;
+  options.dir = live;
+  options.record_bytes = 64;
+  std::string error;
+  std::unique_ptr<graphmod::LogTier> in_use = graphmod::LogTier::Open(options, &error);
+  CHECK(in_use != nullptr);
+  {
+    EmbeddingTable t(Config(0.5));
+    CHECK(t.open_error().empty());
+    CHECK(access(orphan.c_str(), F_OK) != 0);
+    CHECK(access((StoragePath() + "/other_table.999999.0").c_str(), F_OK) != 0);
+    CHECK(access(live.c_str(), F_OK) == 0);
+  }
+  in_use.reset();
+  rmdir((StoragePath() + "/live_table.1.0").c_str());
+}
+
+}  // namespace
+
+int main() {
+  TestTrainsAsInMemory();
+  TestDamagedRecordFailsLoudly();
+  TestUnusableStoragePath();
+  TestOrphansRemoved();
+  // Every table removed its tier's files and directories.
+  DIR* d = opendir(StoragePath().c_str());
+  int left = 0;
+  while (d != nullptr && readdir(d) != nullptr) ++left;
+  if (d != nullptr) closedir(d);
+  CHECK(left <= 2);  // "." and ".."
+  return graphmod_test::TestExit("tier_table_test");
+}
