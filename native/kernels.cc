@@ -269,6 +269,24 @@ class InfoOp : public TableKernel {
   }
 };
 
+class TierInfoOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const TableCounters c = t->counters();
+    const int64_t values[12] = {c.rows - c.cold_rows, c.cold_rows,       c.lookups,
+                                c.promoted,           c.spilled,         c.disk_reads,
+                                c.disk_read_bytes,    c.read_passes,     c.disk_file_bytes,
+                                c.disk_live_bytes,    c.compactions,
+                                static_cast<int64_t>(c.compaction_seconds * 1000)};
+    for (int i = 0; i < 12; ++i) {
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
+      out->scalar<int64_t>()() = values[i];
+    }
+  }
+};
+
 class RemoveOp : public TableKernel {
  public:
   using TableKernel::TableKernel;
@@ -372,6 +390,7 @@ REGISTER_KERNEL_BUILDER(Name("GraphmodTableApply").Device(DEVICE_CPU), ApplyOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableExport").Device(DEVICE_CPU), ExportOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableImport").Device(DEVICE_CPU), ImportOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableInfo").Device(DEVICE_CPU), InfoOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableTierInfo").Device(DEVICE_CPU), TierInfoOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableRemove").Device(DEVICE_CPU), RemoveOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableClear").Device(DEVICE_CPU), ClearOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableEvict").Device(DEVICE_CPU), EvictOp);

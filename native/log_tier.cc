@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -407,7 +408,11 @@ std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* 
                 " holds no record of " + std::to_string(options.record_bytes) + " bytes");
   if (!(options.compact_garbage > 0 && options.compact_garbage <= 1))
     return fail("compact_garbage " + std::to_string(options.compact_garbage) + " is not in (0, 1]");
-  std::unique_ptr<LogTier> tier(new LogTier(options));
+  TierOptions chosen = options;
+  if (const char* bytes = std::getenv("GRAPHMOD_TIER_TEST_SEGMENT_BYTES"))
+    chosen.segment_bytes = std::max<size_t>(std::strtoull(bytes, nullptr, 10),
+                                            kHeaderBytes + options.record_bytes + 8);
+  std::unique_ptr<LogTier> tier(new LogTier(chosen));
   const std::string why = tier->Init();
   if (!why.empty()) return fail(why);
   return tier;
@@ -464,6 +469,7 @@ std::string LogTier::Init() {
   if (const char* pause = std::getenv("GRAPHMOD_TIER_TEST_PAUSE")) {
     const std::string list = std::string(",") + pause + ",";
     pause_compact_ = list.find(",compact,") != std::string::npos;
+    pause_spill_ = list.find(",spill,") != std::string::npos;
   }
 
   // The first segment now, so an unwritable directory fails here, clearly,
@@ -476,6 +482,12 @@ std::string LogTier::Init() {
   pool_ = std::make_unique<ReadPool>(std::max(options_.read_threads, 1) - 1);
   if (options_.background_compaction) compactor_ = std::thread([this] { CompactorLoop(); });
   return "";
+}
+
+void LogTier::TestPause(const char* name) const {
+  std::fprintf(stderr, "graphmod tier test pause: %s %s\n", name, options_.dir.c_str());
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
 }
 
 bool LogTier::RemoveIfUnused(const std::string& dir) {
@@ -651,6 +663,7 @@ std::string LogTier::Put(const char* records, size_t n) {
   std::vector<Piece> pieces;
   const std::string e = AppendLocked(disk.data(), n, &pieces);
   if (hooks_.put_appended) hooks_.put_appended();
+  if (pause_spill_ && e.empty()) TestPause("spill");  // written, not indexed
   std::lock_guard<std::mutex> lock(mu_);
   if (!e.empty()) {
     SettleLocked(pieces);  // written but never indexed: garbage
@@ -1033,8 +1046,8 @@ void LogTier::CompactSegment(Segment* s) {
     }
     copied += static_cast<int64_t>(moved.size() * stride_);
     if (pause_compact_ && !paused) {
-      paused = true;  // GRAPHMOD_TIER_TEST_PAUSE=compact: copies written, index not switched
-      std::this_thread::sleep_for(std::chrono::seconds(2));
+      paused = true;  // copies written, index not switched
+      TestPause("compact");
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < std::min(moved.size(), ColdIndex::kPrefetchAhead); ++i)

@@ -29,10 +29,14 @@
 // holds its lock over an export); with concurrent Put/Erase a row changed
 // meanwhile may be missed or seen twice. Compaction waits for ForEachChunk.
 //
-// Environment: GRAPHMOD_TIER_TEST_PAUSE=compact (read at Open; a comma list
-// may name other pauses) makes each segment compaction sleep 2 s after its
-// first batch of copies is written and before the index switches to them, so
-// crash tests can SIGKILL the process there.
+// Environment, for crash tests (read at Open): GRAPHMOD_TIER_TEST_PAUSE, a
+// comma list of pauses: "compact" makes each segment compaction sleep 2 s
+// after its first batch of copies is written and before the index switches
+// to them; "spill" makes each Put sleep 2 s after its records are written and
+// before they are indexed. Each pause first prints "graphmod tier test pause:
+// <name> <dir>" on stderr, so a test can SIGKILL the process there.
+// GRAPHMOD_TIER_TEST_SEGMENT_BYTES sets segment_bytes (small segments fill,
+// seal and compact in a small test).
 #ifndef GRAPHMOD_NATIVE_LOG_TIER_H_
 #define GRAPHMOD_NATIVE_LOG_TIER_H_
 
@@ -300,6 +304,8 @@ class LogTier {
   const size_t stride_;               // on disk: record + crc + pad
   const uint32_t segment_records_;    // records per segment
   bool pause_compact_ = false;        // GRAPHMOD_TIER_TEST_PAUSE=compact
+  bool pause_spill_ = false;          // GRAPHMOD_TIER_TEST_PAUSE=spill
+  void TestPause(const char* name) const;
   int dir_fd_ = -1;                   // holds the flock
 
   // Lock order: compact_mu_ (one compaction pass or export at a time), then

@@ -188,6 +188,30 @@ REGISTER_OP("GraphmodTableImport")
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Inserts or overwrites rows (clearing the table first when replace).");
 
+REGISTER_OP("GraphmodTableTierInfo")
+    .Input("table: resource")
+    .Output("memory_rows: int64")
+    .Output("disk_rows: int64")
+    .Output("lookups: int64")
+    .Output("promoted: int64")
+    .Output("spilled: int64")
+    .Output("disk_reads: int64")
+    .Output("disk_read_bytes: int64")
+    .Output("read_passes: int64")
+    .Output("disk_file_bytes: int64")
+    .Output("disk_live_bytes: int64")
+    .Output("compactions: int64")
+    .Output("compaction_ms: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 12; ++i) c->set_output(i, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The memory and disk tiers of a table with a memory budget (zeros without): rows "
+         "in each, distinct keys looked up in training and how many came up from disk, "
+         "rows moved down, records and bytes read, batched read passes, the segment files' "
+         "bytes and their live share, segment compactions and their time.");
+
 REGISTER_OP("GraphmodTableInfo")
     .Input("table: resource")
     .Output("size: int64")

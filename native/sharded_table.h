@@ -226,7 +226,7 @@ class ShardedTable final : public TableImpl {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<int64_t> version_{0};
   std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
-  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0};
+  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0}, lookups_{0};
   std::atomic<int64_t> latest_{0};
 };
 
@@ -263,10 +263,20 @@ TableCounters ShardedTable<Rows>::counters() const {
   for (const auto& s : shards_) {
     std::lock_guard<std::mutex> lock(s->mu);
     c.pending += static_cast<int64_t>(s->admission.exact.size());
-    c.cold_rows += static_cast<int64_t>(s->ColdRows());
     c.promoted += s->promoted;
     c.spilled += s->spilled;
+    if (!s->tier) continue;
+    const TierCounters t = s->tier->counters();
+    c.cold_rows += t.rows;
+    c.disk_file_bytes += t.file_bytes;
+    c.disk_live_bytes += t.live_bytes;
+    c.disk_reads += t.reads;
+    c.disk_read_bytes += t.read_bytes;
+    c.read_passes += t.read_passes;
+    c.compactions += t.compactions;
+    c.compaction_seconds += t.compaction_seconds;
   }
+  c.lookups = lookups_.load();
   return c;
 }
 
@@ -307,6 +317,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
   Distinct distinct;
   distinct.Build(keys, n);
   const int64_t u = static_cast<int64_t>(distinct.ids.size());
+  lookups_ += u;
   const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
   const int d = config_.dim, slots = config_.num_slots;
   // Per distinct id: its row's values and handle, and how many of its first

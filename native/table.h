@@ -101,6 +101,17 @@ struct TableCounters {
   int64_t cold_rows = 0;
   int64_t spilled = 0;
   int64_t promoted = 0;
+  // Distinct keys of training lookups (per call), so 1 - promoted / lookups
+  // is the memory tier's hit ratio; and the disk tier's own counters
+  // (log_tier.h TierCounters), summed over the shards.
+  int64_t lookups = 0;
+  int64_t disk_file_bytes = 0;
+  int64_t disk_live_bytes = 0;
+  int64_t disk_reads = 0;
+  int64_t disk_read_bytes = 0;
+  int64_t read_passes = 0;
+  int64_t compactions = 0;
+  double compaction_seconds = 0;
 };
 
 // Pending keys as Export/ImportPending see them; sketch holds the count-min

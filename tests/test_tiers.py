@@ -5,8 +5,11 @@ deltas, bit for bit), and as the unmodified model (losses and rows, to float
 rounding). Evaluation restores the checkpoint into a tiered table and reads
 cold rows where they are; a resume from the checkpoint and its deltas goes on
 as the all-in-memory resume does. Rows really go to disk: the tier's segment
-files grow while training, and the files are gone when training ends."""
+files grow while training, and the files are gone when training ends. The
+model is examples/tier_train.py."""
+import json
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -14,43 +17,14 @@ import pytest
 import tensorflow as tf
 
 import graphmod
+from graphmod.cli.main import main
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")
 
-VOCAB, DIM, BATCH = 4000, 8, 128
-TABLE = "input_layer/item_embedding/embedding_weights"
-
-
-def input_fn(start):
-    """Zipf ids (a = 1.2) over VOCAB, a label the ids decide; batches from `start`."""
-    def fn():
-        rng = np.random.default_rng(start)
-        n = 40 * BATCH
-        item = np.minimum(rng.zipf(1.2, n), VOCAB) - 1
-        item = (item * 7919) % VOCAB  # popular ids spread over the vocabulary
-        labels = ((item % 5 == 0) | (rng.random(n) < 0.1)).astype(np.float32)
-        return tf.data.Dataset.from_tensor_slices(({"item": item}, labels)).batch(BATCH)
-    return fn
-
-
-def model_fn(features, labels, mode):
-    item = tf.feature_column.categorical_column_with_identity("item", VOCAB)
-    # A constant start: the unmodified model's rows start where the table's do
-    # (a random initializer gives both the same distribution, not the same draws).
-    column = tf.feature_column.embedding_column(item, DIM, initializer=tf1.constant_initializer(0.1))
-    emb = tf1.feature_column.input_layer(features, [column])
-    logits = tf1.layers.dense(emb, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=4))
-    logits = tf.squeeze(logits, 1)
-    if mode == tf.estimator.ModeKeys.PREDICT:
-        return tf.estimator.EstimatorSpec(mode, predictions={"logit": logits})
-    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    if mode == tf.estimator.ModeKeys.EVAL:
-        return tf.estimator.EstimatorSpec(
-            mode, loss=loss, eval_metric_ops={"mean_logit": tf1.metrics.mean(logits)})
-    train_op = tf1.train.AdagradOptimizer(0.3).minimize(
-        loss, global_step=tf1.train.get_or_create_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+from tier_train import BATCH, TABLE, estimator, hook, input_fn  # noqa: E402
 
 
 class LossLog(tf1.train.SessionRunHook):
@@ -76,19 +50,6 @@ class SegmentBytes(tf1.train.SessionRunHook):
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(self.path)
                     for f in files if f.startswith("seg-"))
         self.most = max(self.most, total)
-
-
-def estimator(model_dir):
-    config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1,
-                                    save_checkpoints_steps=15, keep_checkpoint_max=2)
-    return tf.estimator.Estimator(model_fn, config=config)
-
-
-def hook(storage=None):
-    settings = (graphmod.TableSettings(memory_budget=0.25, storage_path=storage, num_shards=4)
-                if storage else graphmod.TableSettings(num_shards=4))
-    return graphmod.GraphModifierHook(min_rows=100, incremental_every_steps=4,
-                                      tables={TABLE: settings})
 
 
 def train(model_dir, steps, start, hooks):
@@ -120,7 +81,7 @@ def assert_same_state(a, b):
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path):
+def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys):
     storage = str(tmp_path / "tier")
     memory_dir, disk_dir, dense_dir = (str(tmp_path / n) for n in ("memory", "disk", "dense"))
     segments = SegmentBytes(storage)
@@ -140,6 +101,17 @@ def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path):
     dense_rows = tf.train.load_checkpoint(dense_dir).get_tensor(TABLE)
     np.testing.assert_allclose(b[f"{TABLE}-values"], dense_rows[b[f"{TABLE}-keys"]],
                                rtol=1e-4, atol=1e-6)
+
+    # The tiers' counters, as TensorBoard scalars, shown by `graphmod inspect`.
+    assert main(["graphmod", "inspect", "--format", "json", disk_dir]) == 0
+    c = json.loads(capsys.readouterr().out)["tables"][0]["counters"]
+    rows = c["disk_rows"] + c["memory_rows"]  # as of the last summary, a step before the end
+    assert c["step"] >= 39 and 0.9 * len(b[f"{TABLE}-keys"]) <= rows <= len(b[f"{TABLE}-keys"])
+    assert c["memory_rows"] <= 0.25 * rows + BATCH, c
+    assert 0 < c["promoted"] < c["lookups"] and c["disk_reads"] >= c["promoted"], c
+    assert c["disk_file_bytes"] > 0
+    assert main(["graphmod", "inspect", disk_dir]) == 0
+    assert "on disk" in capsys.readouterr().out
 
     # Evaluation restores into a tiered table; a resume goes on from the
     # checkpoint and its deltas as the all-in-memory one does.

@@ -204,6 +204,9 @@ def inspect(model_dir: str, fv) -> int:
         dict(name=d["name"], kind="delta", step=d["step"], files=len(d["files"]),
              verified=i < len(good)) for i, d in enumerate(entries)]
     from graphmod.distributed.checkpoints import TableParts  # pylint: disable=import-outside-toplevel
+    counters = _counters(model_dir)
+    for t in tables:
+        t["counters"] = counters.get(t["table"])
     out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.is_sharded(latest),
                tables=tables,
         plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
@@ -212,6 +215,26 @@ def inspect(model_dir: str, fv) -> int:
     else:
         print(_inspect_text(out), end="")
     return FINDINGS if len(good) < len(entries) else OK
+
+
+def _counters(model_dir: str) -> dict:
+    """{table: {counter: value, "step": step}}: the newest values of the
+    graphmod/<table>/<counter> scalars the hook wrote to model_dir's
+    TensorBoard events (training's, not evaluation's); {} without events."""
+    newest = {}
+    for path in sorted(tf.io.gfile.glob(os.path.join(model_dir, "events.out.tfevents.*"))):
+        try:
+            for event in tf.compat.v1.train.summary_iterator(path):
+                for value in event.summary.value:
+                    if value.tag.startswith("graphmod/") and value.tag.count("/") >= 2:
+                        table, counter = value.tag[len("graphmod/"):].rsplit("/", 1)
+                        entry = newest.setdefault(table, {})
+                        if event.step >= entry.get("step", -1):
+                            entry[counter] = value.simple_value
+                            entry["step"] = event.step
+        except tf.errors.DataLossError:  # a file being written: what was read stands
+            continue
+    return newest
 
 
 def _inspect_text(out: dict) -> str:
@@ -229,6 +252,18 @@ def _inspect_text(out: dict) -> str:
                      f"{t['pending_ids']} ids pending admission"
                      + (f", from variable {t['variable']}" if t["variable"] else "")
                      + (f" [{policy}]" if policy else ""))
+        c = t.get("counters")
+        if c:
+            line = (f"    at step {c['step']}: {c.get('admitted', 0):.0f} admitted, "
+                    f"{c.get('evicted', 0):.0f} evicted, {c.get('rejected', 0):.0f} lookups "
+                    f"given no row")
+            if "disk_rows" in c:
+                hits = 1 - c.get("promoted", 0) / max(c.get("lookups", 0), 1)
+                line += (f"; {c['memory_rows']:.0f} rows in memory, {c['disk_rows']:.0f} on "
+                         f"disk ({c.get('disk_file_bytes', 0) / 2**20:.1f} MiB of files), "
+                         f"hit ratio {hits:.3f}, {c.get('disk_reads', 0):.0f} rows read from "
+                         f"disk, {c.get('compaction_ms', 0):.0f} ms compacting")
+            lines.append(line)
     lines.append(f"conversion plan: {len(out['plan'])} variable(s)")
     for v, t in out["plan"].items():
         lines.append(f"  {v} -> table {t}")

@@ -164,12 +164,22 @@ def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> 
                    name="graphmod/clock_wall")
 
 
+# A tiered table's counters beside the others (Table.tier_info).
+TIER_COUNTERS = ("memory_rows", "disk_rows", "lookups", "promoted", "disk_reads",
+                 "disk_read_bytes", "disk_file_bytes", "compaction_ms")
+
+
 def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
     """Scalars: rows, admitted, rejected (lookups given no row), evicted,
-    pending; summed over its shards where it is sharded over ps tasks."""
+    pending, and with a memory budget TIER_COUNTERS; summed over its shards
+    where it is sharded over ps tasks."""
     infos = [s.info() for s in shards(table)]
+    names = ("size", "admitted", "rejected", "evicted", "pending")
+    if table.memory_budget:
+        infos = [dict(i, **s.tier_info()) for i, s in zip(infos, shards(table))]
+        names += TIER_COUNTERS
     return {k: infos[0][k] if len(infos) == 1 else tf.add_n([i[k] for i in infos])
-            for k in ("size", "admitted", "rejected", "evicted", "pending")}
+            for k in names}
 
 
 def shards(table: "graphmod.Table") -> List["graphmod.Table"]:

@@ -67,6 +67,16 @@ class Table:
         removed, evicted or reused since the lookup)."""
         return ops.graphmod_table_info(self.handle)._asdict()
 
+    def tier_info(self) -> Dict[str, tf.Tensor]:
+        """Scalars of the memory and disk tiers (a table with a memory_budget;
+        zeros otherwise): memory_rows, disk_rows; since the table was created:
+        lookups (distinct ids of training lookups, per batch), promoted (of
+        those, rows brought up from disk: the hit ratio is 1 - promoted /
+        lookups), spilled (rows moved to disk), disk_reads and disk_read_bytes,
+        read_passes (batched reads), disk_file_bytes and disk_live_bytes (the
+        segment files and their live records), compactions, compaction_ms."""
+        return ops.graphmod_table_tier_info(self.handle)._asdict()
+
     def size(self) -> tf.Tensor:
         return self.info()["size"]
 

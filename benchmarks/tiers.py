@@ -1,0 +1,139 @@
+"""Disk tier benchmark: a table 4x its memory budget against the same table
+all in memory, training on skewed ids.
+
+Each arm runs in a fresh process (so its RSS is its own): it fills a table
+with KEYS rows (dim 16, Adagrad: one slot row), then times STEPS training
+steps of B ids drawn Zipf(a) over the keys (popular ranks scattered over the
+key space): a lookup that inserts, then an Adagrad apply by handle, as the
+hook's rewrite runs them. Arms:
+  memory  every row in memory (the arena layout)
+  tier    memory_budget=0.25 (a quarter of the rows in memory, the rest in
+          segment files under --storage, a local disk)
+for Zipf a = 1.05 and 1.2. Printed per arm: examples/s (one id an example),
+process CPU-seconds per 1k examples, the tier's hit ratio (ids found in
+memory), rows and bytes read from disk per step, and peak RSS. Arms run
+interleaved (memory, tier, memory, tier, ...), --rounds rounds; figures are
+medians (min-max), and the tier's examples/s ratio is taken per round.
+The issue's goal: tier >= 0.5x memory at Zipf 1.2 with the budget at 25%.
+
+Usage: python benchmarks/tiers.py [--keys 1000000] [--rounds 3] [--storage DIR]
+                                  [--json results/tiers.json]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import machine, ratio_per_round, spread, write_json  # noqa: E402
+
+B, DIM, STEPS = 16384, 16, 40
+ZIPFS = (1.05, 1.2)
+
+
+def zipf_batches(keys, a, steps, seed):
+    """steps batches of B ids: Zipf(a) ranks (capped at keys) scattered over the keys."""
+    rng = np.random.default_rng(seed)
+    ranks = np.minimum(rng.zipf(a, (steps, B)), keys) - 1
+    return (ranks * 2654435761) % keys
+
+
+def run_arm(arm, a, keys, storage):
+    """One arm in this process: {examples_s, cpu_per_k, hit_ratio, ...}."""
+    import resource
+    import tensorflow as tf
+    import graphmod
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    tf1.logging.set_verbosity(tf1.logging.ERROR)
+    tier = dict(memory_budget=0.25, storage_path=storage) if arm == "tier" else {}
+    opt = graphmod.optimizers.Adagrad(0.1)
+    table = graphmod.create_table("bench", DIM, optimizer=opt, **tier)
+    ids = tf1.placeholder(tf.int64, [None])
+    rows = graphmod.sparse_lookup(table, ids, is_training=True)
+    train = opt.minimize(tf.reduce_sum(rows * rows))  # a lookup, then Adagrad by handle
+    tier_info = table.tier_info()
+    cfg = tf1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
+    with tf1.Session(config=cfg) as sess:
+        for start in range(0, keys, 65536):  # every key gets its row: the table is 4x the budget
+            sess.run(train, {ids: np.arange(start, min(start + 65536, keys))})
+        batches = zipf_batches(keys, a, STEPS + 5, seed=int(a * 100))
+        for b in batches[:5]:  # warm-up: the hot rows come into memory
+            sess.run(train, {ids: b})
+        before = sess.run(tier_info)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for b in batches[5:]:
+            sess.run(train, {ids: b})
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        after = sess.run(tier_info)
+    delta = {k: int(after[k] - before[k]) for k in after}
+    return dict(examples_s=B * STEPS / wall, cpu_per_k=cpu / (B * STEPS / 1e3),
+                hit_ratio=1 - delta["promoted"] / max(delta["lookups"], 1),
+                disk_rows_per_step=delta["disk_reads"] / STEPS,
+                disk_mib_per_step=delta["disk_read_bytes"] / STEPS / 2**20,
+                memory_rows=int(after["memory_rows"]), disk_rows=int(after["disk_rows"]),
+                rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--storage", default=os.path.join(os.getcwd(), "bench-tier"),
+                    help="a directory on a local disk (not a tmpfs)")
+    ap.add_argument("--json")
+    ap.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run one arm, print JSON
+    ap.add_argument("--zipf", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.arm:
+        print(json.dumps(run_arm(args.arm, args.zipf, args.keys, args.storage)))
+        return
+    runs = {(a, arm): [] for a in ZIPFS for arm in ("memory", "tier")}
+    try:
+        for r in range(args.rounds):
+            for a in ZIPFS:
+                for arm in ("memory", "tier"):
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--arm", arm, "--zipf", str(a),
+                         "--keys", str(args.keys), "--storage", args.storage],
+                        capture_output=True, text=True, check=False)
+                    if done.returncode != 0:
+                        sys.exit(f"arm {arm} at Zipf {a} failed:\n{done.stderr[-3000:]}")
+                    f = json.loads(done.stdout.strip().splitlines()[-1])
+                    runs[(a, arm)].append(f)
+                    print(f"  round {r + 1} zipf {a} {arm:6s} {f['examples_s'] / 1e3:7.1f}k ex/s "
+                          f"hit {f['hit_ratio']:.3f} rss {f['rss_mib']:.0f} MiB", flush=True)
+    finally:
+        shutil.rmtree(args.storage, ignore_errors=True)
+    print(f"\n{args.keys} keys, dim {DIM}, Adagrad, B={B}, {STEPS} steps, {args.rounds} "
+          f"interleaved rounds: median (min-max)")
+    results = []
+    for a in ZIPFS:
+        for arm in ("memory", "tier"):
+            col = {k: [x[k] for x in runs[(a, arm)]] for k in runs[(a, arm)][0]}
+            results.append(dict(zipf=a, arm=arm, keys=args.keys, dim=DIM, batch=B, runs=col,
+                                **{f"{k}_median": float(np.median(v)) for k, v in col.items()}))
+            print(f"  zipf {a:4} {arm:6s} {spread([x / 1e3 for x in col['examples_s']], '{:.1f}')}k "
+                  f"ex/s  cpu-s/1k ex {spread(col['cpu_per_k'], '{:.4f}')}  hit "
+                  f"{spread(col['hit_ratio'], '{:.3f}')}  disk rows/step "
+                  f"{spread(col['disk_rows_per_step'], '{:.0f}')} "
+                  f"({spread(col['disk_mib_per_step'])} MiB)  peak RSS "
+                  f"{spread(col['rss_mib'], '{:.0f}')} MiB")
+        ratio = ratio_per_round([x["examples_s"] for x in runs[(a, "tier")]],
+                                [x["examples_s"] for x in runs[(a, "memory")]])
+        print(f"  zipf {a:4} tier / memory examples/s: {spread(ratio)}x")
+        results.append(dict(zipf=a, tier_vs_memory=ratio,
+                            tier_vs_memory_median=float(np.median(ratio))))
+    if args.json:
+        for r in results:
+            r["machine"], r["date"] = machine(), time.strftime("%Y-%m-%d")
+        write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
