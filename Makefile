@@ -106,6 +106,7 @@ bench: build
 	$(PY) benchmarks/lookup.py --regime large --dim 16 --json benchmarks/results/lookup_large_16.json
 	$(PY) benchmarks/lookup.py --regime large --dim 64 --json benchmarks/results/lookup_large_64.json
 	$(PY) benchmarks/estimator.py --json benchmarks/results/estimator.json
+	$(PY) benchmarks/tiers.py --storage build/bench-tier --json benchmarks/results/tiers.json
 
 clean:
 	rm -rf build *.egg-info $(OPS_LIB) graphmod/_graphmod_ops.json .bazelrc.user

@@ -60,8 +60,9 @@ def run_arm(arm, a, keys, storage):
     tier_info = table.tier_info()
     cfg = tf1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
     with tf1.Session(config=cfg) as sess:
-        for start in range(0, keys, 65536):  # every key gets its row: the table is 4x the budget
-            sess.run(train, {ids: np.arange(start, min(start + 65536, keys))})
+        # Every key gets its row (the table is 4x the budget), a batch of B at a time.
+        for start in range(0, keys, B):
+            sess.run(train, {ids: np.arange(start, min(start + B, keys))})
         batches = zipf_batches(keys, a, STEPS + 5, seed=int(a * 100))
         for b in batches[:5]:  # warm-up: the hot rows come into memory
             sess.run(train, {ids: b})

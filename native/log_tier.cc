@@ -250,13 +250,17 @@ int PreadAll(int fd, char* p, size_t n, uint64_t offset) {
   return 0;
 }
 
-// Page cache the tier leaves behind counts against the process's memory
-// (cgroup accounting) and would let the tier's share of memory grow past the
-// budget unseen; and a cold row is read once, then promoted to memory, so its
-// page has no later use. So written and read ranges are dropped. The kernel
-// drops only whole pages inside the range, so it is widened to pages (a
-// neighbour sharing a page is dropped too: it is cold as well). length 0:
-// to the end of the file. Advice only; failures are harmless.
+// Pages a sequential pass (export, compaction) read once are dropped from
+// the page cache: nothing reads them again soon, and cached they would crowd
+// out the pages of spills and batched reads. Those stay: rows spilled are
+// read back soon under skewed ids (the least recently used of the hot set),
+// a page holds ~40 records of dim 16, and the kernel reclaims the cache (it
+// is not the process's resident memory) under pressure. Dropping written
+// and read pages too cost 2-3x in examples/s on a 200k-key table 4x its
+// budget (2026-11-27, C++ driver: 1.02-1.08 vs 1.66-1.71 M examples/s at
+// Zipf 1.2; every cold row a disk read). The kernel drops only whole pages
+// inside the range, so it is widened to pages. length 0: to the end of the
+// file. Advice only; failures are harmless.
 void DropCache(int fd, uint64_t begin, uint64_t length) {
   const uint64_t page = 4096;
   const uint64_t first = begin & ~(page - 1);
@@ -317,7 +321,6 @@ struct LogTier::Segment {
   bool retired = false;  // compacted or cleared: removed once no Read pins it
   int pins = 0;          // Reads in flight on it
   uint32_t failed_garbage = 0;  // garbage at its last failed compaction
-  uint64_t drop_from = 0;       // write_mu_: where the next page-cache drop starts
   uint32_t garbage() const { return used - live - pending; }
 };
 
@@ -608,11 +611,6 @@ std::string LogTier::AppendLocked(const char* disk_records, size_t n, std::vecto
       return "cannot write " + std::to_string(k * stride_) + " bytes to '" + s->path +
              "' at offset " + std::to_string(offset) + ": " + ErrnoText(err);
     }
-    // Dropping just-written pages only starts their writeback (dirty pages
-    // stay), so each drop also covers the previous write, clean by now.
-    const uint64_t end = offset + k * stride_;
-    DropCache(s->fd, s->drop_from, end - s->drop_from);
-    s->drop_from = offset;
     bool sealed = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -624,7 +622,6 @@ std::string LogTier::AppendLocked(const char* disk_records, size_t n, std::vecto
         active_ = nullptr;
       }
     }
-    if (sealed) DropCache(s->fd, s->drop_from, 0);  // to the end
     done += k;
   }
   return "";
@@ -814,14 +811,6 @@ std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t 
                               std::vector<char>* scratch, int64_t* bytes) {
   const uint32_t max_run = static_cast<uint32_t>(std::max<size_t>(1, kMaxRunBytes / stride_));
   std::string error;
-  // The part's byte range in the current segment, dropped from the page
-  // cache in one call per segment: one per run costs a syscall per record
-  // (measured: ~25% more CPU per random read) and drops the same pages.
-  const Segment* drop_segment = nullptr;
-  uint64_t drop_begin = 0, drop_end = 0;
-  auto drop = [&] {
-    if (drop_segment != nullptr) DropCache(drop_segment->fd, drop_begin, drop_end - drop_begin);
-  };
   for (size_t i = 0; i < n;) {
     // A run: records of one segment at consecutive (or repeated) indices.
     const Segment* s = r[i].segment;
@@ -833,11 +822,6 @@ std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t 
     const size_t len = (size_t{last} - first + 1) * stride_;
     if (scratch->size() < len) scratch->resize(len);
     const uint64_t offset = Offset(first);
-    if (s != drop_segment) {
-      drop();
-      drop_segment = s, drop_begin = offset;
-    }
-    drop_end = offset + len;
     const int err = PreadAll(s->fd, scratch->data(), len, offset);
     if (err != 0) {
       if (error.empty())
@@ -867,7 +851,6 @@ std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t 
       std::memcpy(out + r[i].position * record_bytes_, rec, record_bytes_);
     }
   }
-  drop();
   return error;
 }
 

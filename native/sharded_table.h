@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -210,7 +211,7 @@ class ShardedTable final : public TableImpl {
   // Find's read of the rows of batch positions `misses` that are on disk.
   std::string ReadCold(const Shard& shard, const Batch& batch, const std::vector<int64_t>& misses,
                        float* rows) const;
-  // "graphmod table 'name' shard s: error" (errors of the disk tier).
+  // "shard s: error" (an error of shard s's disk tier; "" stays "").
   static std::string ShardError(int64_t s, const std::string& error) {
     return error.empty() ? error : "shard " + std::to_string(s) + ": " + error;
   }
@@ -771,39 +772,51 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
   int64_t max_version = 0, max_seen = 0;
   const Batch batch = Partition(keys, n, false, config_.num_shards, run);
   // Shards import side by side (a restore of a large table).
+  FirstError error;
   run(config_.num_shards, (n / config_.num_shards + 1) * 200, [&](int64_t s0, int64_t s1) {
     int64_t top_version = 0, top_seen = 0;
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      shard.Reserve(static_cast<size_t>(batch.begin[s + 1] - batch.begin[s]), version_.load() + 1);
-      if (shard.tier) {  // an imported row replaces its cold copy (counted again below)
-        const size_t gone = shard.tier->Erase(batch.id.data() + batch.begin[s],
-                                              batch.begin[s + 1] - batch.begin[s]);
-        if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(gone));
-      }
-      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
-        const int64_t i = batch.order[p];
-        bool added;
-        // A restore brings back every row, even beyond max_rows.
-        const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[p], &added);
-        char* rec = shard.rows.Record(row);
-        if (!shard.admission.exact.empty()) shard.admission.exact.Erase(keys[i]);
-        RecordHeader* h = Header(rec);
-        shard.changes.NoteChanged(row, h->version, added);
-        std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
-        float* slot = Values(rec) + d;
-        if (slots != nullptr) {
-          std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
-        } else {
-          for (int k = 0; k < config_.num_slots; ++k, slot += d)
-            std::fill(slot, slot + d, config_.slot_init[k]);
+      // A tiered shard imports in pieces of a quarter of its budget and
+      // spills after each, so memory holds its budget, not its share of the
+      // checkpoint. Any row may go (an import runs between steps; a handle
+      // of this step whose row goes turns stale, as after a Remove).
+      // (A budget that is a fraction grows with the rows: the piece with it.)
+      const int64_t b = batch.begin[s], e = batch.begin[s + 1];
+      for (int64_t c = b, c_end; c < e; c = c_end) {
+        c_end = shard.tier ? std::min<int64_t>(
+                                 e, c + std::max<int64_t>(1024, shard.BudgetRows() / 4))
+                           : e;
+        shard.Reserve(static_cast<size_t>(c_end - c), version_.load() + 1);
+        if (shard.tier) {  // an imported row replaces its cold copy (counted again below)
+          const size_t gone = shard.tier->Erase(batch.id.data() + c, c_end - c);
+          if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(gone));
         }
-        h->count = counts ? AddCount(0, counts[i]) : 0;
-        h->last_seen = last_seen ? last_seen[i] : 0;
-        h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
-        top_version = std::max<int64_t>(top_version, h->version);
-        top_seen = std::max(top_seen, h->last_seen);
+        for (int64_t p = c; p < c_end; ++p) {
+          const int64_t i = batch.order[p];
+          bool added;
+          // A restore brings back every row, even beyond max_rows.
+          const uint32_t row = shard.FindOrAdd(keys[i], batch.hash[p], &added);
+          char* rec = shard.rows.Record(row);
+          if (!shard.admission.exact.empty()) shard.admission.exact.Erase(keys[i]);
+          RecordHeader* h = Header(rec);
+          shard.changes.NoteChanged(row, h->version, added);
+          std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
+          float* slot = Values(rec) + d;
+          if (slots != nullptr) {
+            std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
+          } else {
+            for (int k = 0; k < config_.num_slots; ++k, slot += d)
+              std::fill(slot, slot + d, config_.slot_init[k]);
+          }
+          h->count = counts ? AddCount(0, counts[i]) : 0;
+          h->last_seen = last_seen ? last_seen[i] : 0;
+          h->version = versions ? static_cast<uint32_t>(versions[i]) : 0;
+          top_version = std::max<int64_t>(top_version, h->version);
+          top_seen = std::max(top_seen, h->last_seen);
+        }
+        if (shard.tier) error.Note(ShardError(s, shard.Spill(std::numeric_limits<int64_t>::max())));
       }
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -814,14 +827,6 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
   // Later updates must carry versions above every imported one.
   int64_t cur = version_.load();
   while (cur < max_version && !version_.compare_exchange_weak(cur, max_version)) {
-  }
-  FirstError error;
-  for (int s = 0; s < config_.num_shards && tiered(); ++s) {
-    // A restore beyond the budget goes on to disk (every row is spillable:
-    // none carries the version of a lookup under way).
-    Shard& shard = *shards_[s];
-    std::lock_guard<std::mutex> lock(shard.mu);
-    error.Note(ShardError(s, shard.Spill(version_.load() + 1)));
   }
   return error.Take();
 }

@@ -163,13 +163,18 @@ struct TableShard {
   std::string Promote(const int64_t* keys, const uint64_t* h, size_t n, int64_t version,
                       std::vector<int64_t>* unreadable) {
     if (!tier || tier->counters().rows == 0) return "";
+    std::vector<std::pair<int64_t, uint64_t>> misses;  // (key, hash); an apply's keys repeat
+    for (size_t i = 0; i < n; ++i)
+      if (rows.Find(keys[i], h[i]) == kNoRow) misses.emplace_back(keys[i], h[i]);
+    std::sort(misses.begin(), misses.end());
+    misses.erase(std::unique(misses.begin(), misses.end()), misses.end());
     std::vector<int64_t> cold;
     std::vector<uint64_t> cold_h;
-    for (size_t i = 0; i < n; ++i) {
+    for (const auto& [key, hash] : misses) {
       TierEntry entry;
-      if (rows.Find(keys[i], h[i]) == kNoRow && tier->Find(keys[i], &entry)) {
-        cold.push_back(keys[i]);
-        cold_h.push_back(h[i]);
+      if (tier->Find(key, &entry)) {
+        cold.push_back(key);
+        cold_h.push_back(hash);
       }
     }
     if (cold.empty()) return "";
