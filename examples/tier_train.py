@@ -33,7 +33,7 @@ def input_fn(start: int):
         item = np.minimum(rng.zipf(1.2, n), VOCAB) - 1
         item = (item * 7919) % VOCAB  # popular ids spread over the vocabulary
         labels = ((item % 5 == 0) | (rng.random(n) < 0.1)).astype(np.float32)
-        return tf.data.Dataset.from_tensor_slices(({"item": item}, labels)).batch(BATCH)
+        return tf.data.Dataset.from_tensor_slices(({"item": item}, labels)).repeat().batch(BATCH)
     return fn
 
 

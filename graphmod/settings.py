@@ -39,6 +39,10 @@ def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_wi
     if layout not in LAYOUTS:
         raise ValueError(f"{owner}: layout must be 'buckets' or 'arena', got {layout!r}")
     check_tier(owner, memory_budget, storage_path)
+    if memory_budget is not None and max_rows is not None:
+        raise ValueError(f"{owner}: max_rows and a memory_budget together are not supported "
+                         f"yet (a full table would evict among the rows in memory, the most "
+                         f"recently used); bound the table by eviction_threshold instead")
 
 
 def check_tier(owner: str, memory_budget, storage_path) -> None:

@@ -332,15 +332,19 @@ class FusedApplyOp : public OpKernel {
         OP_REQUIRES(ctx, error.empty(), TableError(t, error));
       }
     }
+    FirstStatus failed;
     tables.ForEach(ctx, 200, [&](const TableWork& w, const Runner& run) {
       const int64_t dim = w.table().config().dim;
       std::vector<int64_t> joined_ids;
       std::vector<float> joined_grads;
       const int64_t* i = Joined<int64_t>(w, ids, 1, &joined_ids);
       const float* g = Joined<float>(w, grads, dim, &joined_grads);
-      // Checked above, so it cannot fail here.
-      w.resource->table.Apply(opts[w.entries[0]], i, by_address_, g, w.n, run);
+      // The ids were checked above; what may still fail is a disk tier's
+      // read of cold rows an apply by key brings up (that table changes nothing).
+      failed.Note(StorageError(w.table(), w.resource->table.Apply(opts[w.entries[0]], i,
+                                                                  by_address_, g, w.n, run)));
     });
+    OP_REQUIRES_OK(ctx, failed.Take());
   }
 
  private:

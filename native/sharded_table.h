@@ -208,6 +208,22 @@ class ShardedTable final : public TableImpl {
   // memory (refs), and the keys of those on disk.
   std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
   std::vector<int64_t> PickCold(const Shard& s, int64_t min_version) const;
+  // Brings up the cold rows of a batch's keys in every shard, before a
+  // lookup or an apply by key changes anything (a read error then changes no
+  // row). (*spills)[s] is shard s's spill count after: the pass that follows
+  // under the shard's lock again promotes anew only if a concurrent step
+  // spilled meanwhile. "" or the first error.
+  std::string PromoteBatch(const Batch& batch, int64_t version, std::vector<int64_t>* spills,
+                           const Runner& run);
+  // The pass's own promotion of shard s (lock held), if one is needed.
+  std::string PromoteAgain(Shard& shard, int64_t s, const Batch& batch, int64_t version,
+                           const std::vector<int64_t>& spills,
+                           std::vector<int64_t>* unreadable) {
+    if (!shard.tier || shard.spilled == spills[s]) return "";
+    const int64_t b = batch.begin[s];
+    return ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
+                                       batch.begin[s + 1] - b, version, unreadable));
+  }
   // Find's read of the rows of batch positions `misses` that are on disk.
   std::string ReadCold(const Shard& shard, const Batch& batch, const std::vector<int64_t>& misses,
                        float* rows) const;
@@ -336,6 +352,11 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
   // inserted (or counted, or stamped) after v, and a full table spares them.
   const int64_t version = version_.load() + 1;
   const int64_t per_shard = u / config_.num_shards + 1;
+  std::vector<int64_t> spills;
+  if (tiered()) {
+    const std::string failed = PromoteBatch(batch, version, &spills, run);
+    if (!failed.empty()) return failed;
+  }
   FirstError error;
   run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
     Tally tally;
@@ -345,11 +366,9 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
       std::lock_guard<std::mutex> lock(shard.mu);
       shard.Reserve(0, version);  // lets a layout forget moves no handle follows any more
       unreadable.clear();
-      if (shard.tier) {
-        const int64_t b = batch.begin[s];
-        error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
-                                               batch.begin[s + 1] - b, version, &unreadable)));
-      }
+      // (A read failing here, after a concurrent spill, fails the call with
+      // the other keys' rows looked up: unlike the first pass, rarely.)
+      if (shard.tier) error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         const int64_t j = batch.order[p], key = batch.id[p];
         // Sightings the row's access count gets: every occurrence, plus
@@ -533,25 +552,16 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
                                        bool ids_are_handles, const float* grads, int64_t n,
                                        const Runner& run) {
   // Every id is checked before any row changes, so a bad one updates nothing.
-  const std::string error = CheckApply(opt, ids, ids_are_handles, n);
-  if (!error.empty()) return error;
+  const std::string bad = CheckApply(opt, ids, ids_are_handles, n);
+  if (!bad.empty()) return bad;
   const Batch batch = Partition(ids, n, ids_are_handles, config_.num_shards, run);
+  // Rows are updated in memory only: the keys' cold rows come up first.
+  std::vector<int64_t> spills;
   if (!ids_are_handles && tiered()) {
-    // Rows are updated in memory only: the keys' cold rows come up first,
-    // every shard's, so a read error leaves every row as it was.
-    FirstError error;
-    for (int s = 0; s < config_.num_shards; ++s) {
-      Shard& shard = *shards_[s];
-      std::lock_guard<std::mutex> lock(shard.mu);
-      std::vector<int64_t> unreadable;
-      const int64_t b = batch.begin[s];
-      error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
-                                             batch.begin[s + 1] - b, version_.load() + 1,
-                                             &unreadable)));
-    }
-    const std::string failed = error.Take();
+    const std::string failed = PromoteBatch(batch, version_.load() + 1, &spills, run);
     if (!failed.empty()) return failed;
   }
+  FirstError error;
   const uint32_t version = static_cast<uint32_t>(++version_);
   if (n == 0) return "";
   const int d = config_.dim;
@@ -576,6 +586,8 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
           groups.Add(row, grads + batch.order[p] * d);
         }
       } else {  // keys, resolved with the lookups' prefetching pipeline
+        std::vector<int64_t> unreadable;  // stay on disk: their gradients are not applied
+        if (shard.tier) error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
         ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
           if (row != kNoRow) groups.Add(row, grads + batch.order[p] * d);
         });
@@ -597,7 +609,7 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
     }
   });
   stale_ += stale.load();
-  return "";
+  return error.Take();
 }
 
 template <class Rows>
@@ -669,6 +681,26 @@ std::vector<uint32_t> ShardedTable<Rows>::PickRows(const Shard& s, int64_t min_v
     });
   }
   return rows;
+}
+
+template <class Rows>
+std::string ShardedTable<Rows>::PromoteBatch(const Batch& batch, int64_t version,
+                                              std::vector<int64_t>* spills, const Runner& run) {
+  spills->assign(config_.num_shards, 0);
+  FirstError error;
+  const int64_t per_shard = static_cast<int64_t>(batch.id.size()) / config_.num_shards + 1;
+  run(config_.num_shards, per_shard * 50, [&](int64_t s0, int64_t s1) {
+    std::vector<int64_t> unreadable;
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      const int64_t b = batch.begin[s];
+      error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
+                                             batch.begin[s + 1] - b, version, &unreadable)));
+      (*spills)[s] = shard.spilled;
+    }
+  });
+  return error.Take();
 }
 
 template <class Rows>

@@ -1,11 +1,18 @@
 #include "native/table.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -38,6 +45,12 @@ std::string ValidateConfig(const TableConfig& c) {
     return "memory_budget needs a storage_path (a local directory for the rows beyond it)";
   if (c.memory_budget == 0 && !c.storage_path.empty())
     return "storage_path '" + c.storage_path + "' needs a memory_budget (what stays in memory)";
+  // A full table evicts among rows near the new key's slot in memory, where
+  // the hot rows are once the coldest went to disk: LRU would turn around.
+  if (c.memory_budget > 0 && c.max_rows != -1)
+    return "max_rows and a memory_budget together are not supported yet (a full table would "
+           "evict among the rows in memory, the most recently used); bound the table by "
+           "eviction_threshold instead";
   if (c.max_rows < -1 || c.max_rows == 0)
     return "max_rows must be positive or -1 (no bound), got " + std::to_string(c.max_rows);
   if (c.init == Initializer::kUniform && !(c.init_a < c.init_b))
@@ -70,38 +83,72 @@ std::unique_ptr<TableImpl> MakeTableImpl(const TableConfig& config) {
   return std::make_unique<ShardedTable<IndexedArena>>(config);
 }
 
-// A fresh directory for one table's tier under storage_path: the table's
-// name (made a file name) and, since a process may hold several tables of
-// one name (training and evaluation graphs) and processes may share the
-// path, the process id and a serial number.
+// This machine's name, made a file name: containers sharing a storage_path
+// have names of their own, and pids of their own namespaces.
+const std::string& HostName() {
+  static const std::string host = [] {
+    char buf[256] = {0};
+    std::string h = gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] ? buf : "host";
+    for (char& c : h)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
+    return h;
+  }();
+  return host;
+}
+
+// A fresh directory for one table's tier under storage_path:
+// <name>.<host>.<pid>.<token>-<serial>. The table's name is made a file
+// name; host and pid say whose it is (RemoveOrphanTiers), a token drawn once
+// per process keeps two processes apart even where both are equal, and the
+// serial tells apart the tables of one name a process holds (training and
+// evaluation graphs).
 std::string TierDirectory(const TableConfig& config) {
   static std::atomic<int64_t> serial{0};
+  static const std::string token = [] {
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx",
+                  static_cast<unsigned long long>(std::random_device{}()) << 32 |
+                      std::random_device{}());
+    return std::string(hex);
+  }();
   std::string name = config.name;
   for (char& c : name)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
-  return config.storage_path + "/" + name + "." + std::to_string(getpid()) + "." +
-         std::to_string(serial++);
+  return config.storage_path + "/" + name + "." + HostName() + "." + std::to_string(getpid()) +
+         "." + token + "-" + std::to_string(serial++);
 }
 
 // Removes what killed processes left under storage_path: table directories
-// (name.pid.serial) whose shard directories no live tier holds (the tiers'
-// flocks went with their processes, in any pid namespace).
+// (TierDirectory's names) whose shard directories no tier holds (their
+// flocks went with their process), and whose process is gone: on this
+// host, a pid no process has; made on another host (a shared path), a
+// directory unchanged for ten minutes (its process may be making it now).
 void RemoveOrphanTiers(const std::string& storage_path) {
   DIR* d = opendir(storage_path.c_str());
   if (d == nullptr) return;
   std::vector<std::string> tables;
   while (const dirent* entry = readdir(d)) {
-    const std::string name = entry->d_name;
-    const size_t serial = name.rfind('.');
-    const size_t pid = serial == std::string::npos || serial == 0
-                           ? std::string::npos : name.rfind('.', serial - 1);
-    auto digits = [&](size_t b, size_t e) {
-      return e > b && std::all_of(name.begin() + b, name.begin() + e,
-                                  [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-    };
-    if (pid != std::string::npos && pid > 0 && digits(pid + 1, serial) &&
-        digits(serial + 1, name.size()))
-      tables.push_back(storage_path + "/" + name);
+    const std::string name = entry->d_name;  // ...<host>.<pid>.<token>-<serial>
+    const size_t tail = name.rfind('.');
+    const size_t pid_at = tail == std::string::npos || tail == 0
+                              ? std::string::npos : name.rfind('.', tail - 1);
+    const size_t host_at = pid_at == std::string::npos || pid_at == 0
+                               ? std::string::npos : name.rfind('.', pid_at - 1);
+    if (host_at == std::string::npos || name.find('-', tail) == std::string::npos) continue;
+    const std::string pid = name.substr(pid_at + 1, tail - pid_at - 1);
+    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        }))
+      continue;
+    const std::string path = storage_path + "/" + name;
+    if (name.compare(host_at + 1, pid_at - host_at - 1, HostName()) == 0) {
+      const pid_t owner = static_cast<pid_t>(std::strtol(pid.c_str(), nullptr, 10));
+      if (owner == getpid() || kill(owner, 0) == 0 || errno == EPERM) continue;  // alive
+    } else {
+      struct stat st;
+      if (stat(path.c_str(), &st) != 0 || time(nullptr) - st.st_mtime < 600) continue;
+    }
+    tables.push_back(path);
   }
   closedir(d);
   for (const std::string& table : tables) {

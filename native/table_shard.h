@@ -204,20 +204,30 @@ struct TableShard {
     return error;
   }
 
+  // Rows a lookup stamped within this many table versions stay in memory:
+  // their handles may still come with gradients (asynchronous workers' steps
+  // overlap: other workers' applies advance the version between a lookup and
+  // its own apply). The buckets layout keeps moved handles as long
+  // (RowBuckets::kMovesKeptVersions). A budget smaller than what 16 steps
+  // look up is exceeded by the difference.
+  static constexpr int64_t kSparedVersions = 16;
+
   // Moves rows to disk while memory holds more than the budget, down to 95%
   // of it (so spills come in batches): the least recently used first (least
-  // often under when_full "lfu"), never a row looked up by the step under
-  // way (version >= step_version: its gradients still come by handle).
-  // Returns "" or the write error; then the rows stay in memory.
+  // often under when_full "lfu"), never a row looked up by the last
+  // kSparedVersions steps (step_version: the step under way's; larger than
+  // every version spares nothing). Returns "" or the write error; then the
+  // rows stay in memory.
   std::string Spill(int64_t step_version) {
     if (!tier) return "";
     const size_t budget = BudgetRows();
     if (rows.size() <= budget) return "";
     const size_t keep = budget - budget / 20;
+    const int64_t spared_from = step_version - kSparedVersions + 1;
     std::vector<std::pair<RecordHeader, uint32_t>> candidates;
     candidates.reserve(rows.size());
     rows.ForEachLive([&](uint32_t ref, const char* rec) {
-      if (Header(rec)->version < step_version) candidates.emplace_back(*Header(rec), ref);
+      if (Header(rec)->version < spared_from) candidates.emplace_back(*Header(rec), ref);
     });
     const size_t k = std::min(candidates.size(), rows.size() - keep);
     if (k == 0) return "";

@@ -164,7 +164,7 @@ void TestTrainsAsInMemory() {
   CHECK(c.rows == memory.size());
   // The budget held (a quarter of the rows, per shard, plus what one step
   // brings up) and rows really travelled both ways.
-  CHECK(c.cold_rows >= c.rows / 2);
+  CHECK(c.cold_rows >= c.rows / 4);
   CHECK(c.spilled > c.cold_rows && c.promoted > 0);
   CHECK(memory.counters().cold_rows == 0);
   // A restore into a tiered table spills what is beyond its budget.
@@ -186,6 +186,33 @@ void TestTrainsAsInMemory() {
   const int64_t cold = restored.counters().cold_rows, all = restored.size();
   CHECK(all == static_cast<int64_t>(keys.size()) && all - cold <= all / 4 + 4);
   CHECK(Rows(restored) == rows);
+}
+
+// Asynchronous workers' steps overlap: worker A's handles stay valid while
+// worker B applies and looks up (spilling) several times in between.
+void TestOverlappingStepsKeepTheirHandles() {
+  EmbeddingTable memory(Config(0)), disk(Config(0.25));
+  Optimizer sgd;
+  sgd.lr = 0.5f;
+  std::vector<int64_t> a(100), b(300);
+  for (int i = 0; i < 100; ++i) a[i] = i;
+  std::vector<float> values(300 * 8), grads(300 * 8, 1.f);
+  std::vector<int64_t> ha(100), hb(300);
+  auto step_of_b = [&](EmbeddingTable* t, int step) {  // other keys each step
+    for (int i = 0; i < 300; ++i) b[i] = 1000 + step * 300 + i;
+    CHECK(t->FindOrInsert(b.data(), 300, step, -1, values.data(), hb.data(),
+                          SerialRunner).empty());
+    CHECK(t->Apply(sgd, hb.data(), true, grads.data(), 300, SerialRunner).empty());
+  };
+  for (EmbeddingTable* t : {&memory, &disk}) {
+    for (int step = 0; step < 20; ++step) step_of_b(t, step);  // rows old enough to spill
+    CHECK(t->FindOrInsert(a.data(), 100, 20, -1, values.data(), ha.data(), SerialRunner).empty());
+    for (int step = 20; step < 28; ++step) step_of_b(t, step);  // between A's lookup and apply
+    CHECK(t->Apply(sgd, ha.data(), true, grads.data(), 100, SerialRunner).empty());
+    CHECK(t->counters().stale == 0);
+  }
+  CHECK(disk.counters().cold_rows > 0);
+  CHECK(Rows(memory) == Rows(disk));
 }
 
 // The segment files of a table's tier.
@@ -221,8 +248,14 @@ void TestDamagedRecordFailsLoudly() {
   sgd.lr = 0.1f;
   const std::vector<float> grads(keys.size() * 8, 1.f);
   CHECK(t.Apply(sgd, handles.data(), true, grads.data(), keys.size(), SerialRunner).empty());
-  const int64_t other = 1000;  // the next step uses another row: the first 400 go to disk
-  CHECK(t.FindOrInsert(&other, 1, 2, -1, values.data(), handles.data(), SerialRunner).empty());
+  // Steps that use another row: once the first 400 are kSparedVersions (16)
+  // steps old, they go to disk.
+  for (int step = 2; step <= 18; ++step) {
+    const int64_t other = 1000;
+    CHECK(t.FindOrInsert(&other, 1, step, -1, values.data(), handles.data(),
+                         SerialRunner).empty());
+    CHECK(t.Apply(sgd, handles.data(), true, grads.data(), 1, SerialRunner).empty());
+  }
   CHECK(t.counters().cold_rows >= 390);
   // Flip bytes in the middle of every segment: the records there fail their crc.
   const std::vector<std::string> segments = Segments(t.tier_dir());
@@ -236,12 +269,21 @@ void TestDamagedRecordFailsLoudly() {
     CHECK(pwrite(fd, junk, sizeof(junk), size / 2) == static_cast<ssize_t>(sizeof(junk)));
     close(fd);
   }
-  const int64_t rows = t.size();
-  const std::string error = t.FindOrInsert(keys.data(), keys.size(), 3, -1, values.data(),
+  // The failing lookup also holds a new key and a key in memory: no row is
+  // made, counted or stamped (rows may have moved between the tiers).
+  keys.push_back(5000);
+  keys.push_back(1000);
+  values.resize(keys.size() * 8);
+  handles.resize(keys.size());
+  const graphmod::TableCounters was = t.counters();
+  const int64_t next = t.version() + 1;  // what a lookup now stamps
+  CHECK(t.CountRows(next) == 0);
+  const std::string error = t.FindOrInsert(keys.data(), keys.size(), 30, -1, values.data(),
                                            handles.data(), SerialRunner);
   std::printf("damaged record: %s\n", error.c_str());
   CHECK(error.find("seg-") != std::string::npos);  // names the file
-  CHECK(t.size() == rows);                         // no key got a fresh row
+  CHECK(t.size() == was.rows && t.counters().admitted == was.admitted);
+  CHECK(t.CountRows(next) == 0);  // no row stamped (counted) by the failed lookup
   CHECK(!t.Export(0, [&](int64_t n) {
               static std::vector<int64_t> k;
               k.resize(n);
@@ -266,14 +308,31 @@ void TestUnusableStoragePath() {
   c = Config(-1);
   c.memory_budget = -1;
   CHECK(!graphmod::ValidateConfig(c).empty());
+  c = Config(0.5);
+  c.max_rows = 1000;  // a full table would evict the hot rows: refused, for now
+  CHECK(!graphmod::ValidateConfig(c).empty());
 }
 
 // What a killed process left (no flock held) goes when a table opens its
 // tier under the same path; a tier in use stays.
 void TestOrphansRemoved() {
-  const std::string orphan = StoragePath() + "/other_table.999999.0/shard-0";
-  const std::string live = StoragePath() + "/live_table.1.0/shard-0";
-  CHECK(std::system(("mkdir -p " + orphan + " && touch " + orphan + "/seg-1.log").c_str()) == 0);
+  // Named as TierDirectory names them: <table>.<host>.<pid>.<token>-<serial>.
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  std::string host = buf;
+  for (char& c : host)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
+  const std::string dir = StoragePath() + "/";
+  const std::string orphan = dir + "other_table." + host + ".999999.0123abcd-0";  // pid gone
+  const std::string mine = dir + "my_table." + host + "." + std::to_string(getpid()) + ".00ff-0";
+  const std::string away_old = dir + "t.elsewhere.77.0a-0";    // another host, 11 minutes old
+  const std::string away_fresh = dir + "t.elsewhere.77.0b-0";  // another host, being made
+  // A dead pid's name, but its shard is locked by a live tier: it stays.
+  const std::string live = dir + "live_table." + host + ".999998.0c-0/shard-0";
+  for (const std::string& d : {orphan, mine, away_old, away_fresh})
+    CHECK(std::system(("mkdir -p " + d + "/shard-0 && touch " + d + "/shard-0/seg-1.log")
+                          .c_str()) == 0);
+  CHECK(std::system(("touch -d '11 minutes ago' " + away_old).c_str()) == 0);
   graphmod::TierOptions options;
   options.dir = live;
   options.record_bytes = 64;
@@ -284,17 +343,24 @@ void TestOrphansRemoved() {
     EmbeddingTable t(Config(0.5));
     CHECK(t.open_error().empty());
     CHECK(access(orphan.c_str(), F_OK) != 0);
-    CHECK(access((StoragePath() + "/other_table.999999.0").c_str(), F_OK) != 0);
-    CHECK(access(live.c_str(), F_OK) == 0);
+    CHECK(access(away_old.c_str(), F_OK) != 0);
+    CHECK(access(mine.c_str(), F_OK) == 0);        // its process lives
+    CHECK(access(away_fresh.c_str(), F_OK) == 0);  // too new to tell
+    CHECK(access(live.c_str(), F_OK) == 0);        // locked
   }
   in_use.reset();
-  rmdir((StoragePath() + "/live_table.1.0").c_str());
+  rmdir(live.substr(0, live.rfind('/')).c_str());
+  for (const std::string& d : {mine, away_fresh})
+    CHECK(std::system(("rm -r " + d).c_str()) == 0);
 }
 
 }  // namespace
 
 int main() {
+  // A clean start: what an earlier, killed run left would count as an orphan.
+  CHECK(std::system(("rm -rf " + StoragePath()).c_str()) == 0);
   TestTrainsAsInMemory();
+  TestOverlappingStepsKeepTheirHandles();
   TestDamagedRecordFailsLoudly();
   TestUnusableStoragePath();
   TestOrphansRemoved();

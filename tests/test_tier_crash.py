@@ -26,7 +26,7 @@ sys.path.insert(0, HERE)
 from test_tiers import assert_same_state, checkpoint_state  # noqa: E402
 
 pytestmark = pytest.mark.slow
-STEPS = 40
+STEPS = 60
 
 
 def run(model_dir, storage, steps, start, env=None):
@@ -47,7 +47,7 @@ def _committed_step(model_dir):
 def kill_at_pause(model_dir, storage, pause):
     """Trains until the tier reports `pause`, then SIGKILLs the process."""
     env = dict(os.environ, GRAPHMOD_TIER_TEST_PAUSE=pause,
-               GRAPHMOD_TIER_TEST_SEGMENT_BYTES=str(8 << 10))
+               GRAPHMOD_TIER_TEST_SEGMENT_BYTES=str(2 << 10))
     child = subprocess.Popen([sys.executable, TRAIN, model_dir, "--storage", storage,
                               "--steps", str(STEPS)], env=env, stderr=subprocess.PIPE,
                              text=True)

