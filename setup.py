@@ -15,7 +15,7 @@ NATIVE_SOURCES = ["native/memory.cc", "native/key_index.cc", "native/arena_row_s
                   "native/optimizer_math.cc", "native/batch.cc", "native/log_tier.cc",
                   "native/table.cc",
                   "native/kernels.cc", "native/fused_kernels.cc", "native/save_kernel.cc",
-                  "native/ops.cc"]
+                  "native/restore_kernel.cc", "native/ops.cc"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUPPORTED_TF = "2.15"  # tf.estimator and TF1 graphs; 2.16 drops the Estimator
 _TF_QUERY = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, "

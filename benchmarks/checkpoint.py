@@ -6,7 +6,10 @@ lookups and applies; between saves a step updates 1% of the keys (50,000:
 half already in the table, half new) and evicts nothing. Per round: a full
 save (seconds, bytes), then 10 deltas each after such a step (seconds,
 bytes), then a restore of the full checkpoint and its 10 deltas into a fresh
-session (seconds), checked to hold every key. The full save's peak extra
+session (seconds, and the peak bytes allocated beyond the restored table:
+GraphmodTableRestore reads a stored slice at a time), checked to hold every
+key; beside it, a plain Saver's restore of the full checkpoint (RestoreV2
+reads each entry whole first). The full save's peak extra
 RSS and peak extra bytes allocated (glibc's mallinfo2) are sampled every
 millisecond. Each round runs in a fresh process with TF_ENABLE_ONEDNN_OPTS=0:
 oneDNN's CPU allocator keeps a pool that malloc's counters do not see into
@@ -144,11 +147,29 @@ def one_round(args, rng):
     with tf.Graph().as_default():
         table, ids, train, saver, info = build(args.keys)
         with tf1.Session() as sess:
-            t = time.perf_counter()
-            saver.restore(sess, path)
-            out["restore_s"] = time.perf_counter() - t
-            restored, chain = sess.run(info["size"]), saver.chain
+            sess.run(info["size"])  # the table exists: its memory is not the restore's
+            with Peak() as peak:
+                t = time.perf_counter()
+                saver.restore(sess, path)
+                out["restore_s"] = time.perf_counter() - t
+            restored, memory = sess.run([info["size"], info["memory_bytes"]])
+            chain = saver.chain
     assert restored == expected and chain == (path, DELTAS), (restored, expected, chain)
+    # What the restore held beside the rows it restored.
+    out["restore_extra_allocated"] = float(peak.allocated - memory)
+    # The same full checkpoint through a plain Saver: RestoreV2 reads each
+    # entry whole, then the table imports it (what TableSaver did before).
+    with tf.Graph().as_default():
+        table, ids, train, _, info = build(args.keys)
+        plain = tf1.train.Saver(sharded=True)
+        with tf1.Session() as sess:
+            sess.run(info["size"])
+            with Peak() as peak:
+                t = time.perf_counter()
+                plain.restore(sess, path)
+                out["plain_restore_s"] = time.perf_counter() - t
+            memory = sess.run(info["memory_bytes"])
+    out["plain_restore_extra_allocated"] = float(peak.allocated - memory)
     out["rows"] = float(size)
     tf.io.gfile.rmtree(folder)
     return out
@@ -177,7 +198,10 @@ def main():
               f"(peak extra RSS {x['full_peak_rss'] / 2**20:.0f} MiB, allocated "
               f"{x['full_peak_allocated'] / 2**20:.0f} MiB), delta {x['delta_s']:.3f} s "
               f"{x['delta_bytes'] / 2**20:.1f} MiB, restore full + {DELTAS} deltas "
-              f"{x['restore_s']:.2f} s", flush=True)
+              f"{x['restore_s']:.2f} s (extra allocated "
+              f"{x['restore_extra_allocated'] / 2**20:.0f} MiB), plain Saver's restore of the "
+              f"full one {x['plain_restore_s']:.2f} s (extra allocated "
+              f"{x['plain_restore_extra_allocated'] / 2**20:.0f} MiB)", flush=True)
     col = {k: [x[k] for x in runs] for k in runs[0]}
     mib = [v / 2**20 for v in col["table_bytes"]]
     print(f"\n{args.keys:,} keys, dim {DIM}, Adagrad; 1% of keys changed between saves; "
@@ -189,7 +213,12 @@ def main():
           f"allocated {spread([v / 2**20 for v in col['full_peak_allocated']], '{:.0f}')} MiB")
     print(f"  delta save             {spread(col['delta_s'], '{:.3f}')} s, "
           f"{spread([v / 2**20 for v in col['delta_bytes']], '{:.1f}')} MiB")
-    print(f"  restore full + {DELTAS} deltas {spread(col['restore_s'], '{:.2f}')} s")
+    print(f"  restore full + {DELTAS} deltas {spread(col['restore_s'], '{:.2f}')} s, peak "
+          f"extra allocated {spread([v / 2**20 for v in col['restore_extra_allocated']], '{:.0f}')}"
+          f" MiB (slice by slice)")
+    print(f"  plain Saver, full only {spread(col['plain_restore_s'], '{:.2f}')} s, peak extra "
+          f"allocated {spread([v / 2**20 for v in col['plain_restore_extra_allocated']], '{:.0f}')}"
+          f" MiB (RestoreV2 reads each entry whole)")
     ratios = dict(
         delta_over_full_bytes=float(np.median([d / f for d, f in zip(col["delta_bytes"],
                                                                     col["full_bytes"])])),

@@ -4,15 +4,18 @@
 // A Saver's SaveV2 takes every tensor it writes as an input, so saving a
 // table through it first exports the whole table: a second copy of it in
 // memory. This kernel counts a table's rows shard by shard first (the
-// entries' full shapes), then copies one shard's rows into buffers it
-// writes as slices of the entries and frees before the next shard: peak
-// extra memory is one shard's rows. The counts must still hold when each
+// entries' full shapes), then copies each shard's rows, a chunk of about
+// 64 MiB at a time, into buffers it writes as slices of the entries and
+// frees before the next chunk: peak extra memory is one chunk, and a tiered
+// table's disk rows stream through it. The counts must still hold when each
 // shard is copied, so a save runs between training steps (as the
 // Estimator's saver hooks run it); a step that changed a table's row or
 // admission counts meanwhile fails the save, naming the table. The bundle
 // holds the entries SaveV2s of the tables' saveables would (graphmod/table.py
 // names them), so RestoreV2 reads them whole, and it becomes one part of a
 // sharded checkpoint (graphmod/saver.py merges the parts).
+#include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -132,6 +135,16 @@ class SaveOp : public OpKernel {
                              " when it was copied): a save must run between training steps");
   }
 
+  // Rows per chunk a save copies and writes: about 64 MiB of buffers
+  // (GRAPHMOD_TEST_SAVE_CHUNK_ROWS: fewer, so tests see many chunks).
+  static int64_t ChunkRows(const EmbeddingTable& t) {
+    if (const char* rows = std::getenv("GRAPHMOD_TEST_SAVE_CHUNK_ROWS"))
+      return std::max<int64_t>(1, std::atoll(rows));
+    const int64_t row_bytes =
+        4 * sizeof(int64_t) + sizeof(float) * t.config().dim * (1 + t.config().num_slots);
+    return std::max<int64_t>(4096, (int64_t{64} << 20) / row_bytes);
+  }
+
   static Status WriteRows(OpKernelContext* ctx, const EmbeddingTable& t, int64_t min_version,
                           BundleWriter* writer) {
     const int shards = t.config().num_shards;
@@ -142,42 +155,52 @@ class SaveOp : public OpKernel {
     SlicedEntries entries(writer, t.config().name, total);
     int64_t offset = 0;
     // Every shard is read, empty ones too: a shard that gained rows since
-    // they were counted fails the save rather than leaving them out.
+    // they were counted fails the save rather than leaving them out. A
+    // shard's rows go out in chunks, each written as slices of the entries
+    // as soon as it is full: the save holds a chunk, not a shard (whose
+    // cold rows are on disk).
     for (int s = 0; s < shards; ++s) {
       Tensor keys, values, slots, counts, last_seen, versions;
       int64_t found = -1;
       Status status;
-      const std::string error = t.Export(min_version, [&](int64_t n) {
-        found = n;
-        ExportBuffers out;
-        if (n != counted[s]) return out;  // nothing is written
-        const std::pair<Tensor*, TensorShape> buffers[] = {
-            {&keys, {n}}, {&values, {n, d}}, {&slots, {n, k, d}},
-            {&counts, {n}}, {&last_seen, {n}}, {&versions, {n}}};
-        for (const auto& [tensor, shape] : buffers) {
-          const DataType type = tensor == &values || tensor == &slots
-                                    ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
-          status = ctx->allocate_temp(type, shape, tensor);
-          if (!status.ok()) return out;
-        }
-        out.keys = keys.flat<int64_t>().data();
-        out.values = values.flat<float>().data();
-        out.slots = slots.flat<float>().data();
-        out.counts = counts.flat<int64_t>().data();
-        out.last_seen = last_seen.flat<int64_t>().data();
-        out.versions = versions.flat<int64_t>().data();
-        return out;
-      }, s);
+      const std::string error = t.ExportChunks(
+          min_version, s, ChunkRows(t),
+          [&](int64_t shard_rows, int64_t n) {
+            found = shard_rows;
+            ExportBuffers out;
+            if (shard_rows != counted[s]) return out;  // emit fails the save
+            const std::pair<Tensor*, TensorShape> buffers[] = {
+                {&keys, {n}}, {&values, {n, d}}, {&slots, {n, k, d}},
+                {&counts, {n}}, {&last_seen, {n}}, {&versions, {n}}};
+            for (const auto& [tensor, shape] : buffers) {
+              const DataType type = tensor == &values || tensor == &slots
+                                        ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
+              status = ctx->allocate_temp(type, shape, tensor);
+              if (!status.ok()) return out;
+            }
+            out.keys = keys.flat<int64_t>().data();
+            out.values = values.flat<float>().data();
+            out.slots = slots.flat<float>().data();
+            out.counts = counts.flat<int64_t>().data();
+            out.last_seen = last_seen.flat<int64_t>().data();
+            out.versions = versions.flat<int64_t>().data();
+            return out;
+          },
+          [&](int64_t n) -> std::string {
+            if (status.ok() && found != counted[s])
+              status = Changed(t, "row count", s, counted[s], found);
+            for (const auto& [field, part] :
+                 {std::pair<const char*, const Tensor*>{"keys", &keys}, {"values", &values},
+                  {"slots", &slots}, {"counts", &counts}, {"last_seen", &last_seen},
+                  {"versions", &versions}}) {
+              if (status.ok()) status = entries.Add(field, *part, offset);
+            }
+            offset += n;
+            // The kernel reports `status` itself; any text stops the export.
+            return status.ok() ? "" : "stopped";
+          });
       TF_RETURN_IF_ERROR(status);
       TF_RETURN_IF_ERROR(StorageError(t, error));
-      if (found != counted[s]) return Changed(t, "row count", s, counted[s], found);
-      TF_RETURN_IF_ERROR(entries.Add("keys", keys, offset));
-      TF_RETURN_IF_ERROR(entries.Add("values", values, offset));
-      TF_RETURN_IF_ERROR(entries.Add("slots", slots, offset));
-      TF_RETURN_IF_ERROR(entries.Add("counts", counts, offset));
-      TF_RETURN_IF_ERROR(entries.Add("last_seen", last_seen, offset));
-      TF_RETURN_IF_ERROR(entries.Add("versions", versions, offset));
-      offset += found;
     }
     return ::tensorflow::OkStatus();
   }

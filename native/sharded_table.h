@@ -53,9 +53,9 @@ class TableImpl {
   virtual int64_t Remove(const int64_t* keys, int64_t n) = 0;
   virtual int64_t Evict(int64_t before) = 0;
   virtual void Clear() = 0;
-  virtual std::string Export(int64_t min_version,
-                             const std::function<ExportBuffers(int64_t n)>& alloc,
-                             int shard) const = 0;
+  virtual std::string Export(int64_t min_version, int shard, int64_t chunk_rows,
+                             const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+                             const std::function<std::string(int64_t n)>& emit) const = 0;
   // Opens the shards' disk tiers under dir (TableConfig::memory_budget > 0);
   // "" or the error.
   virtual std::string OpenTiers(const std::string& dir) = 0;
@@ -152,8 +152,9 @@ class ShardedTable final : public TableImpl {
       s->Reset();
     }
   }
-  std::string Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
-                     int shard) const override;
+  std::string Export(int64_t min_version, int shard, int64_t chunk_rows,
+                     const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+                     const std::function<std::string(int64_t n)>& emit) const override;
   std::string OpenTiers(const std::string& dir) override {
     for (size_t s = 0; s < shards_.size(); ++s) {
       const std::string error = shards_[s]->OpenTier(dir + "/shard-" + std::to_string(s));
@@ -732,25 +733,36 @@ int64_t ShardedTable<Rows>::CountRows(int64_t min_version, int shard) const {
 }
 
 template <class Rows>
-std::string ShardedTable<Rows>::Export(int64_t min_version,
-                                        const std::function<ExportBuffers(int64_t n)>& alloc,
-                                        int shard) const {
+std::string ShardedTable<Rows>::Export(
+    int64_t min_version, int shard, int64_t chunk_rows,
+    const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+    const std::function<std::string(int64_t n)>& emit) const {
   // The locks of every shard read are held so the count and the rows agree.
   const auto [s0, s1] = ShardRange(shard);
   std::vector<std::unique_lock<std::mutex>> locks;
   for (size_t si = s0; si < s1; ++si) locks.emplace_back(shards_[si]->mu);
   std::vector<std::vector<uint32_t>> picked;
   std::vector<std::vector<int64_t>> cold;
-  int64_t n = 0;
+  int64_t total = 0;
   for (size_t si = s0; si < s1; ++si) {
     picked.push_back(PickRows(*shards_[si], min_version));
     cold.push_back(PickCold(*shards_[si], min_version));
-    n += static_cast<int64_t>(picked.back().size() + cold.back().size());
+    total += static_cast<int64_t>(picked.back().size() + cold.back().size());
   }
-  const ExportBuffers out = alloc(n);
+  // Rows go out in chunks of chunk_rows: the caller's buffers hold a chunk,
+  // not the shard (whose cold rows are not in memory at all).
+  chunk_rows = std::max<int64_t>(1, chunk_rows);
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
-  int64_t i = 0;
-  auto write = [&](const char* rec) {
+  ExportBuffers out;
+  int64_t done = 0, n = 0, i = 0;  // rows emitted, this chunk's size, rows in it
+  auto begin_chunk = [&] {
+    n = std::min(chunk_rows, total - done);
+    i = 0;
+    out = alloc(total, n);
+  };
+  begin_chunk();
+  // Copies one record into the chunk; emits a full chunk that is not the last.
+  auto write = [&](const char* rec) -> std::string {
     const RecordHeader* h = Header(rec);
     if (out.keys) out.keys[i] = h->key;
     if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
@@ -759,7 +771,11 @@ std::string ShardedTable<Rows>::Export(int64_t min_version,
     if (out.counts) out.counts[i] = h->count;
     if (out.last_seen) out.last_seen[i] = h->last_seen;
     if (out.versions) out.versions[i] = h->version;
-    ++i;
+    if (++i < n || done + n == total) return "";
+    done += n;
+    const std::string error = emit(n);
+    if (error.empty()) begin_chunk();
+    return error;
   };
   // Cold rows are read in batches: memory holds one batch, not the tier.
   constexpr size_t kBatch = 4096;
@@ -768,7 +784,10 @@ std::string ShardedTable<Rows>::Export(int64_t min_version,
   std::unique_ptr<bool[]> found;
   for (size_t si = s0; si < s1; ++si) {
     const Shard& s = *shards_[si];
-    for (uint32_t row : picked[si - s0]) write(s.rows.Record(row));
+    for (uint32_t row : picked[si - s0]) {
+      const std::string error = write(s.rows.Record(row));
+      if (!error.empty()) return error;
+    }
     const std::vector<int64_t>& keys = cold[si - s0];
     if (!keys.empty() && !buf) {
       buf.reset(new char[kBatch * stride]);
@@ -783,11 +802,12 @@ std::string ShardedTable<Rows>::Export(int64_t min_version,
         if (!found[k])  // the shard's lock is held: cannot happen
           return ShardError(static_cast<int64_t>(si),
                             "key " + std::to_string(keys[b + k]) + " left the disk tier");
-        write(buf.get() + k * stride);
+        const std::string emitted = write(buf.get() + k * stride);
+        if (!emitted.empty()) return emitted;
       }
     }
   }
-  return "";
+  return emit(n);  // the last chunk (empty when there are no rows)
 }
 
 template <class Rows>

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -214,7 +215,17 @@ void EmbeddingTable::Clear() { impl_->Clear(); }
 std::string EmbeddingTable::Export(int64_t min_version,
                                    const std::function<ExportBuffers(int64_t n)>& alloc,
                                    int shard) const {
-  return impl_->Export(min_version, alloc, shard);
+  return impl_->Export(
+      min_version, shard, std::numeric_limits<int64_t>::max(),
+      [&](int64_t total, int64_t) { return alloc(total); },
+      [](int64_t) { return std::string(); });
+}
+
+std::string EmbeddingTable::ExportChunks(
+    int64_t min_version, int shard, int64_t chunk_rows,
+    const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+    const std::function<std::string(int64_t n)>& emit) const {
+  return impl_->Export(min_version, shard, chunk_rows, alloc, emit);
 }
 
 int64_t EmbeddingTable::CountRows(int64_t min_version, int shard) const {

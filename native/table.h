@@ -202,6 +202,14 @@ class EmbeddingTable {
   // error (the buffers are then incomplete).
   std::string Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
                      int shard = -1) const;
+  // Export in chunks of at most chunk_rows rows (a save streams a table
+  // larger than memory): for each chunk, alloc(total, n) gives where its n
+  // rows go (total: the rows of the whole export), then emit(n) takes them
+  // ("" or an error that stops the export and is returned). One empty chunk
+  // when there are no rows. The locks are held throughout, emits included.
+  std::string ExportChunks(int64_t min_version, int shard, int64_t chunk_rows,
+                           const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+                           const std::function<std::string(int64_t n)>& emit) const;
   // How many rows Export would write now.
   int64_t CountRows(int64_t min_version, int shard = -1) const;
   // Inserts or overwrites rows; slots/counts/last_seen/versions may be null

@@ -794,6 +794,40 @@ void TestShardExport() {
     }
     CHECK(joined.keys == all.keys && joined.values == all.values);
     CHECK(all.keys.size() == (min_version == 0 ? 1500u : 100u));
+    // In chunks of 7 rows (a save streams a shard): the same rows in the
+    // same order, every chunk full but a shard's last.
+    std::vector<int64_t> chunk_keys;
+    std::vector<float> chunk_values;
+    int64_t emitted = 0;
+    auto alloc = [&](int64_t total, int64_t n) {
+      CHECK(n == std::min<int64_t>(7, total - emitted));
+      chunk_keys.assign(n, -1);
+      chunk_values.assign(n * 3, -1.0f);
+      ExportBuffers b;
+      b.keys = chunk_keys.data();
+      b.values = chunk_values.data();
+      return b;
+    };
+    Exported chunked;
+    for (int s = 0; s < 4; ++s) {
+      emitted = 0;
+      CHECK(t.ExportChunks(min_version, s, 7, alloc, [&](int64_t n) {
+        CHECK(n == static_cast<int64_t>(chunk_keys.size()));
+        chunked.keys.insert(chunked.keys.end(), chunk_keys.begin(), chunk_keys.end());
+        chunked.values.insert(chunked.values.end(), chunk_values.begin(), chunk_values.end());
+        emitted += n;
+        return std::string();
+      }).empty());
+      CHECK(emitted == t.CountRows(min_version, s));
+    }
+    CHECK(chunked.keys == all.keys && chunked.values == all.values);
+    // An emit's error stops the export and is what it returns.
+    int emits = 0;
+    emitted = 0;
+    CHECK(t.ExportChunks(min_version, -1, 7, alloc, [&](int64_t n) {
+      emitted += n;
+      return std::string(++emits == 2 ? "disk full" : "");
+    }) == "disk full" && emits == 2);
   }
   std::vector<int64_t> all_pending, joined_pending;
   auto pending = [&](int shard, std::vector<int64_t>* out) {

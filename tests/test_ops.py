@@ -273,10 +273,14 @@ def test_a_checkpoint_format_this_version_cannot_read_is_refused_naming_the_tabl
 
 
 @pytest.mark.parametrize("kind", ["exact_admission", "sketch_admission", "empty"])
-def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_path, kind):
+def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_path, kind,
+                                                                        monkeypatch):
     """graphmod's TableSaver writes each table with GraphmodTableSave, one
-    shard at a time, as a part of the checkpoint: the entries (names, types,
-    shapes, contents) are those a plain Saver's SaveV2 writes, and restore."""
+    shard at a time in chunks (here of 7 rows, so a shard takes several), as
+    a part of the checkpoint: the entries (names, types, shapes, contents)
+    are those a plain Saver's SaveV2 writes, and restore (GraphmodTableRestore,
+    a stored slice at a time)."""
+    monkeypatch.setenv("GRAPHMOD_TEST_SAVE_CHUNK_ROWS", "7")
     def build():
         ids = tf1.placeholder(tf.int64, [None])
         opt = graphmod.optimizers.Adagrad(0.1)
@@ -332,6 +336,73 @@ def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_pat
             if kind == "exact_admission":  # the restored counts admit on the next sighting
                 sess.run(train, {ids: [120]})
                 assert sess.run(table.size()) == rows + 1
+    order_b, order_a = np.argsort(before["keys"]), np.argsort(after["keys"])
+    for field in before:
+        np.testing.assert_array_equal(before[field][order_b], after[field][order_a],
+                                      err_msg=field)
+
+
+def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpoint(tmp_path):
+    """GraphmodTableRestore imports the stored slices of a table's entries,
+    whoever wrote them, and refuses, naming the table and before any row
+    changes, slices that leave rows out, a newer format, a shape or a type the
+    table cannot take."""
+    def build():
+        ids = tf1.placeholder(tf.int64, [None])
+        opt = graphmod.optimizers.Adagrad(0.1)
+        table = graphmod.create_table("item", 3, optimizer=opt, num_shards=2)
+        train = opt.minimize(tf.reduce_sum(tf.sin(graphmod.sparse_lookup(table, ids))))
+        return table, ids, train, graphmod.checkpoint.saver.TableSaver()
+
+    with tf.Graph().as_default():
+        table, ids, train, saver = build()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train, {ids: np.arange(50) * 7})
+            before = sess.run(table.export())
+            whole = tf1.train.Saver().save(sess, str(tmp_path / "whole"))
+    reader = tf.train.load_checkpoint(whole)
+    entries = {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
+
+    def write(name, pieces, changes=None):
+        """The checkpoint with every row entry of `item` as the given slices."""
+        names, specs, tensors = [], [], []
+        for n, value in {**entries, **(changes or {})}.items():
+            field = n[len("item-"):]
+            if field not in ("keys", "values", "slots", "counts", "last_seen", "versions"):
+                names.append(n), specs.append(""), tensors.append(value)
+                continue
+            for start, stop in pieces:
+                full = " ".join(str(d) for d in value.shape)
+                rest = ":-" * (value.ndim - 1)
+                names.append(n)
+                specs.append(f"{full} {start},{stop - start}{rest}")
+                tensors.append(value[start:stop])
+        prefix = str(tmp_path / name)
+        with tf.Graph().as_default(), tf1.Session() as sess:
+            sess.run(tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                                       shape_and_slices=specs, tensors=tensors))
+        return prefix
+
+    with tf.Graph().as_default():
+        table, ids, train, saver = build()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train, {ids: [10**9]})  # a row no checkpoint holds
+            for prefix, error in [
+                    (write("gap", [(0, 20), (30, 50)]), "do not cover its 50 rows once"),
+                    (write("newer", [(0, 50)], {"item-format": np.int64(2)}),
+                     "saves it in checkpoint format 2; this graphmod reads format 1"),
+                    (write("narrow", [(0, 50)], {"item-values": entries["item-values"][:, :2]}),
+                     r"item-values has shape \[50,2\]"),
+                    (write("typed", [(0, 50)], {"item-counts": entries["item-counts"] * 1.0}),
+                     "item-counts in .* holds double, not int64")]:
+                with pytest.raises(tf.errors.InvalidArgumentError,
+                                   match=r"graphmod table 'item': .*" + error):
+                    saver.restore(sess, prefix)
+                assert sess.run(table.export())["keys"].tolist() == [10**9]  # unchanged
+            saver.restore(sess, write("sliced", [(0, 13), (13, 40), (40, 50)]))
+            after = sess.run(table.export())
     order_b, order_a = np.argsort(before["keys"]), np.argsort(after["keys"])
     for field in before:
         np.testing.assert_array_equal(before[field][order_b], after[field][order_a],

@@ -6,7 +6,8 @@ rounding). Evaluation restores the checkpoint into a tiered table and reads
 cold rows where they are; a resume from the checkpoint and its deltas goes on
 as the all-in-memory resume does. Rows really go to disk: the tier's segment
 files grow while training, and the files are gone when training ends. The
-model is examples/tier_train.py."""
+model is examples/tier_train.py. Its saves and restores stream the table in
+chunks."""
 import json
 import os
 import sys
@@ -81,7 +82,10 @@ def assert_same_state(a, b):
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys):
+def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys, monkeypatch):
+    # Saves stream a table in chunks and restores read it a stored slice at a
+    # time; chunks of 50 rows make several per shard, across both tiers.
+    monkeypatch.setenv("GRAPHMOD_TEST_SAVE_CHUNK_ROWS", "50")
     storage = str(tmp_path / "tier")
     memory_dir, disk_dir, dense_dir = (str(tmp_path / n) for n in ("memory", "disk", "dense"))
     segments = SegmentBytes(storage)

@@ -75,7 +75,7 @@ class _PartsBuilder(saver_lib.BulkSaverBuilder):
     time, beside the usual part for everything else; TensorFlow's merge
     makes the parts one checkpoint. A SaveV2 of a table's entries would take
     the whole table as tensors: a second copy of it in memory while it
-    saves."""
+    saves. Restores read tables the same way, a stored slice at a time."""
 
     def _AddShardedSaveOpsForV2(self, checkpoint_prefix, per_device):
         parts = []
@@ -92,6 +92,24 @@ class _PartsBuilder(saver_lib.BulkSaverBuilder):
             with tf.control_dependencies([write_tables(groups[0], filename_tensor)]):
                 return tf.identity(filename_tensor)
         return super()._AddSaveOps(filename_tensor, saveables)
+
+    def _AddRestoreOps(self, filename_tensor, saveables, restore_sequentially, reshape,
+                       preferred_shard=-1, name="restore_all"):
+        """Tables restore themselves from the checkpoint, one stored slice of
+        rows at a time; a RestoreV2 would read every entry whole first."""
+        tables = [s for s in saveables if _writes_itself(s)]
+        if not tables:
+            return super()._AddRestoreOps(filename_tensor, saveables, restore_sequentially,
+                                          reshape, preferred_shard, name)
+        restores = []
+        for s in tables:
+            with tf.device(s.table.handle.device):
+                restores.append(s.restore_from(filename_tensor))
+        others = [s for s in saveables if not _writes_itself(s)]
+        if others:
+            restores.append(super()._AddRestoreOps(filename_tensor, others, restore_sequentially,
+                                                   reshape, preferred_shard, f"{name}_dense"))
+        return tf.group(*restores, name=name)
 
 
 def _by_kind(saveables) -> List[list]:

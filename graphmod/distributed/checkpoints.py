@@ -25,10 +25,10 @@ from typing import List
 
 import tensorflow as tf
 
-from graphmod.distributed.partition import owner_of
 from graphmod.distributed.save_schedule import absolute
 from graphmod.checkpoint import deltas
-from graphmod.embeddings.table import _import, _TableDeltaSaveable, _TableSaveable, write_tables
+from graphmod.embeddings.table import (_restore_from, _TableDeltaSaveable, _TableSaveable,
+                                       write_tables)
 
 tf1 = tf.compat.v1
 
@@ -91,24 +91,19 @@ class TableParts:
         """(import of a part this rank owns all of (as many ranks wrote it),
         import of one whose keys other ranks own some of)."""
         rank, size = self.rank, self.size
-        own = tf.group([self._import(s, None) for s in saveables])
+        own = tf.group([self._import(s, (0, 1)) for s in saveables])
         if size == 1:  # one rank owns every key
             return own, own
-        return own, tf.group([self._import(s, lambda keys: tf.equal(owner_of(keys, size), rank))
-                              for s in saveables])
+        return own, tf.group([self._import(s, (rank, size)) for s in saveables])
 
-    def _import(self, saveable, keep) -> tf.Operation:
-        """The import of a part (full or delta) read from self._read."""
-        specs = saveable.specs
-        restored = tf.raw_ops.RestoreV2(prefix=self._read, tensor_names=[s.name for s in specs],
-                                        shape_and_slices=[""] * len(specs),
-                                        dtypes=[s.dtype for s in specs])
-        if isinstance(saveable, _TableDeltaSaveable):
-            # Removals name keys of the part's old rank only: a rank that
-            # does not hold them removes nothing.
-            return _import(saveable.table, restored[:-1], replace=False, removed=restored[-1],
-                           part=True, keep=keep)
-        return _import(saveable.table, restored, replace=False, part=True, keep=keep)
+    def _import(self, saveable, owner) -> tf.Operation:
+        """The import of a part (full or delta) read from self._read, a
+        stored slice at a time: the rows whose keys rank owner[0] of
+        owner[1] owns. Removals name keys of the part's old rank only: a
+        rank that does not hold them removes nothing."""
+        return _restore_from(saveable.table, self._read, replace=False,
+                             with_removed=isinstance(saveable, _TableDeltaSaveable), part=True,
+                             owner=owner)
 
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
         """The imports of deltas' parts (graphmod.checkpoint.deltas)."""

@@ -11,7 +11,7 @@ saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
 """
 import math
 import zlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -173,6 +173,13 @@ class _TableSaveable(saveable_object.SaveableObject):
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
             return _import(self.table, restored_tensors, replace=True)
 
+    def restore_from(self, prefix: tf.Tensor) -> tf.Operation:
+        """Restores from the checkpoint at `prefix` itself, one stored slice
+        of rows at a time (graphmod's TableSaver): no Saver reads the
+        entries whole first."""
+        with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
+            return _restore_from(self.table, prefix, replace=True)
+
 
 class _TableDeltaSaveable(saveable_object.SaveableObject):
     """What changed in a table since a save made at table version `since`
@@ -203,6 +210,10 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
         with tf1.name_scope(f"graphmod/{self.table.name}/restore_delta"):
             return _import(self.table, restored_tensors[:-1], replace=False,
                            removed=restored_tensors[-1])
+
+    def restore_from(self, prefix: tf.Tensor) -> tf.Operation:
+        with tf1.name_scope(f"graphmod/{self.table.name}/restore_delta"):
+            return _restore_from(self.table, prefix, replace=False, with_removed=True)
 
 
 def write_tables(saveables: List[saveable_object.SaveableObject],
@@ -282,26 +293,14 @@ def _specs(table: Table, min_version: Callable[[], tf.Tensor]) -> List[saveable_
 
 
 def _import(table: Table, restored: List[tf.Tensor], replace: bool,
-            removed: Optional[tf.Tensor] = None, part: bool = False,
-            keep=None) -> tf.Operation:
-    """Imports entries as _specs wrote them, after checking their format (and
-    removing `removed` keys first): nothing changes before the check passes.
-    part: the entries are a sharded table's part of a checkpoint
-    (graphmod.distributed.checkpoints), read by a rank that owns its keys,
-    or those keep(keys) (a bool mask) says; then only those rows and pending
-    ids are imported, and not the admission sketch."""
+            removed: Optional[tf.Tensor] = None) -> tf.Operation:
+    """Imports entries as _specs wrote them, read whole by another Saver's
+    restore, after checking their format (and removing `removed` keys
+    first): nothing changes before the check passes."""
     n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
     keys, values, slots, counts, last_seen, versions = restored[:n]
     pending, checkpoint_format = restored[n:n + p], restored[n + p]
-    first = [_check_format(table, checkpoint_format)]
-    if not part:
-        first += _unless_sharded(table)
-    if keep is not None:
-        kept = tf.where(keep(tf.reshape(keys, [-1])))[:, 0]
-        keys, values, slots, counts, last_seen, versions = (
-            tf.gather(x, kept) for x in (keys, values, slots, counts, last_seen, versions))
-        kept = tf.where(keep(tf.reshape(pending[0], [-1])))[:, 0]
-        pending = [tf.gather(x, kept) for x in pending[:3]] + [tf.zeros([0], tf.int32)]
+    first = [_check_format(table, checkpoint_format)] + _unless_sharded(table)
     if removed is not None:
         with tf.control_dependencies(first):
             first = [ops.graphmod_table_remove(table.handle, removed)]
@@ -314,6 +313,22 @@ def _import(table: Table, restored: List[tf.Tensor], replace: bool,
                                          versions, replace=replace)
     with tf.control_dependencies([rows]):  # the import clears the rows' pending ids
         return ops.graphmod_table_import_pending(table.handle, *pending)
+
+
+def _restore_from(table: Table, prefix: tf.Tensor, replace: bool, with_removed: bool = False,
+                  part: bool = False, owner: Tuple[int, int] = (0, 1)) -> tf.Operation:
+    """The table's entries read from the checkpoint at `prefix` and imported
+    one stored slice at a time (a restore of a table larger than memory);
+    the kernel checks the format and every type and shape first. part: the
+    entries are a sharded table's part of a checkpoint
+    (graphmod.distributed.checkpoints); then only the rows and pending ids
+    whose keys rank owner[0] of owner[1] owns are imported, and with more
+    than one owner not the admission sketch."""
+    with tf.control_dependencies([] if part else _unless_sharded(table)):
+        return ops.graphmod_table_restore(table.handle, prefix, table.name,
+                                          checkpoint_format=CHECKPOINT_FORMAT, replace=replace,
+                                          with_removed=with_removed, owner_rank=owner[0],
+                                          owner_size=owner[1]).op
 
 
 def _check_format(table: Table, checkpoint_format: tf.Tensor) -> tf.Operation:

@@ -1,0 +1,276 @@
+// GraphmodTableRestore: reads a table's checkpoint entries (as
+// GraphmodTableSave or a saveable's SaveV2 wrote them) straight from the
+// tensor bundle into the table, one stored slice at a time.
+//
+// A Saver's RestoreV2 reads every entry whole before the table imports it:
+// the whole table in memory at once, which a table larger than memory
+// (a disk tier) cannot afford. GraphmodTableSave writes a table's rows as
+// slices of about 64 MiB; this kernel imports them slice by slice, so a
+// restore holds one slice of rows beside the table (whose import spills as
+// it goes). Entries written whole (a small table, another Saver) are read
+// whole. Every check that can fail on the checkpoint's contents (format,
+// shapes, slices covering every row) runs before the table changes.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "native/table.h"
+#include "native/table_resource.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_slice.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
+
+namespace graphmod {
+
+using ::tensorflow::BundleReader;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::TensorSlice;
+
+namespace {
+
+constexpr const char* kRowFields[] = {"keys", "values", "slots", "counts", "last_seen",
+                                      "versions"};
+
+// The checkpoint names of one table's entries: `<name>-<field>`.
+struct Entry {
+  std::string name;
+  std::string operator()(const std::string& field) const { return name + "-" + field; }
+};
+
+class RestoreOp : public TableKernel {
+ public:
+  explicit RestoreOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("checkpoint_format", &format_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("replace", &replace_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("with_removed", &with_removed_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("owner_rank", &owner_rank_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("owner_size", &owner_size_));
+    OP_REQUIRES(ctx, owner_size_ >= 1 && owner_rank_ >= 0 && owner_rank_ < owner_size_,
+                ::tensorflow::errors::InvalidArgument("graphmod: a table restore's owner_rank ",
+                                                      owner_rank_, " is not in [0, owner_size ",
+                                                      owner_size_, ")"));
+  }
+
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& prefix_in = ctx->input(1);
+    const Tensor& entry_in = ctx->input(2);
+    OP_REQUIRES(ctx, prefix_in.dims() == 0 && entry_in.dims() == 0,
+                TableError(*t, "a restore's `prefix` and `entry` must be scalars"));
+    const std::string prefix(prefix_in.scalar<::tensorflow::tstring>()());
+    const Entry entry{std::string(entry_in.scalar<::tensorflow::tstring>()())};
+    BundleReader reader(ctx->env(), prefix);
+    OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.status()));
+
+    OP_REQUIRES_OK(ctx, CheckTypes(*t, entry, prefix, reader, with_removed_));
+    Tensor format;
+    OP_REQUIRES_OK(ctx, Named(*t, prefix, Whole(reader, entry("format"), &format)));
+    OP_REQUIRES(ctx, format.dims() == 0,
+                TableError(*t, entry("format") + " in '" + prefix + "' is not a scalar"));
+    const int64_t saved_format = format.scalar<int64_t>()();
+    OP_REQUIRES(ctx, saved_format == format_,
+                TableError(*t, "'" + prefix + "' saves it in checkpoint format " +
+                                   std::to_string(saved_format) + "; this graphmod reads format " +
+                                   std::to_string(format_) +
+                                   " (a checkpoint from a newer graphmod?)"));
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    OP_REQUIRES_OK(ctx, Pieces(*t, entry, prefix, reader, &pieces));
+    Tensor removed;
+    if (with_removed_)
+      OP_REQUIRES_OK(ctx, Named(*t, prefix, Whole(reader, entry("removed_keys"), &removed)));
+    Tensor pending[4];
+    const char* pending_fields[4] = {"pending_keys", "pending_counts", "pending_last_seen",
+                                     "pending_sketch"};
+    for (int i = 0; i < 4; ++i)
+      OP_REQUIRES_OK(ctx, Named(*t, prefix, Whole(reader, entry(pending_fields[i]), &pending[i])));
+    const int64_t p = pending[0].NumElements();
+    for (int i = 0; i < 4; ++i)
+      OP_REQUIRES(ctx, pending[i].dims() == 1 && (i == 3 || pending[i].NumElements() == p),
+                  TableError(*t, entry(pending_fields[i]) + " has shape " +
+                                     pending[i].shape().DebugString() + ", not [" +
+                                     std::to_string(p) + "], in '" + prefix + "'"));
+
+    // The checks passed: the table changes from here on. (Removals name
+    // keys of one old rank's part: a rank without them removes nothing.)
+    if (replace_) t->Clear();
+    if (with_removed_) t->Remove(removed.flat<int64_t>().data(), removed.NumElements());
+    const bool keep_slots = t->config().num_slots > 0;
+    int64_t restored = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const auto [start, length] = pieces[i];
+      Tensor rows[6];
+      for (int f = 0; f < 6; ++f) {
+        if (f == 2 && !keep_slots) continue;  // an eval/predict table keeps no slots
+        OP_REQUIRES_OK(ctx, Named(*t, prefix, Read(reader, entry, f, start, length, &rows[f])));
+      }
+      const int64_t kept = KeepOwned(length, rows, 6);
+      const std::string error = t->Import(
+          rows[0].flat<int64_t>().data(), rows[1].flat<float>().data(),
+          keep_slots ? rows[2].flat<float>().data() : nullptr, rows[3].flat<int64_t>().data(),
+          rows[4].flat<int64_t>().data(), rows[5].flat<int64_t>().data(), kept,
+          /*replace=*/false, IntraOpRunner(ctx));
+      OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
+      restored += kept;
+    }
+    // After the rows: their import clears their keys' pending counts. A
+    // rank that keeps some of a part's keys leaves its sketch out (the
+    // sketch counts every rank's keys).
+    const int64_t kept = KeepOwned(p, pending, 3);
+    const std::string error = t->ImportPending(
+        pending[0].flat<int64_t>().data(), pending[1].flat<int64_t>().data(),
+        pending[2].flat<int64_t>().data(), kept, pending[3].flat<int32_t>().data(),
+        owner_size_ > 1 ? 0 : pending[3].NumElements());
+    OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, restored));
+  }
+
+ private:
+  // The rank of owner_size_ that owns `key`: graphmod/distributed/partition.py's
+  // owner_of (the mixed key's top 32 bits scaled to the ranks).
+  int OwnerOf(int64_t key) const {
+    uint64_t h = static_cast<uint64_t>(key);
+    h ^= h >> 31;
+    h *= 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    return static_cast<int>(((h >> 32) * static_cast<uint64_t>(owner_size_)) >> 32);
+  }
+
+  // Keeps the first n rows of columns[0..count) (columns[0]: the keys; an
+  // uninitialized column is skipped) whose key owner_rank_ owns, moved to
+  // the front in order; returns how many. All of them with one owner.
+  int64_t KeepOwned(int64_t n, Tensor* columns, int count) const {
+    if (owner_size_ == 1) return n;
+    const int64_t* keys = columns[0].flat<int64_t>().data();
+    std::vector<int64_t> owned;
+    for (int64_t i = 0; i < n; ++i)
+      if (OwnerOf(keys[i]) == owner_rank_) owned.push_back(i);
+    for (int c = 0; c < count; ++c) {
+      if (!columns[c].IsInitialized() || n == 0) continue;
+      char* data = const_cast<char*>(columns[c].tensor_data().data());
+      const size_t row = columns[c].TotalBytes() / n;
+      for (size_t j = 0; j < owned.size(); ++j)
+        if (owned[j] != static_cast<int64_t>(j))
+          std::memmove(data + j * row, data + owned[j] * row, row);
+    }
+    return static_cast<int64_t>(owned.size());
+  }
+
+  static Status Named(const EmbeddingTable& t, const std::string& prefix, const Status& s) {
+    if (s.ok()) return s;
+    return Status(s.code(), "graphmod table '" + t.config().name + "': cannot restore from '" +
+                                prefix + "': " + std::string(s.message()));
+  }
+
+  // An error unless every entry read has the type the table's saveable
+  // gives it (a tensor read as another type would abort the process).
+  static Status CheckTypes(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
+                           BundleReader& reader, bool with_removed) {
+    using ::tensorflow::DataType;
+    const DataType i64 = ::tensorflow::DT_INT64, f32 = ::tensorflow::DT_FLOAT;
+    const std::pair<const char*, DataType> entries[] = {
+        {"format", i64},       {"keys", i64},           {"values", f32},
+        {"slots", f32},        {"counts", i64},         {"last_seen", i64},
+        {"versions", i64},     {"pending_keys", i64},   {"pending_counts", i64},
+        {"pending_last_seen", i64}, {"pending_sketch", ::tensorflow::DT_INT32},
+        {"removed_keys", i64}};
+    for (const auto& [field, want] : entries) {
+      if (!with_removed && std::string(field) == "removed_keys") continue;
+      DataType type;
+      TensorShape shape;
+      TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupDtypeAndShape(entry(field), &type, &shape)));
+      if (type != want)
+        return TableError(t, entry(field) + " in '" + prefix + "' holds " +
+                                 ::tensorflow::DataTypeString(type) + ", not " +
+                                 ::tensorflow::DataTypeString(want));
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  // The row ranges [start, start + length) to import, in order: the stored
+  // slices of `<entry>-keys` (one range for an entry stored whole, or none
+  // for no rows); an error unless every row field has the shape the table
+  // needs and the slices cover the rows exactly once.
+  static Status Pieces(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
+                       BundleReader& reader, std::vector<std::pair<int64_t, int64_t>>* pieces) {
+    const int64_t d = t.config().dim, k = t.config().num_slots;
+    TensorShape keys;
+    TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorShape(entry("keys"), &keys)));
+    if (keys.dims() != 1)
+      return TableError(t, entry("keys") + " has shape " + keys.DebugString() + " in '" + prefix +
+                               "', not a vector");
+    const int64_t n = keys.dim_size(0);
+    for (int f = 1; f < 6; ++f) {
+      TensorShape shape;
+      TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorShape(entry(kRowFields[f]), &shape)));
+      const bool fits = f == 1   ? shape == TensorShape({n, d})
+                        : f == 2 ? shape.dims() == 3 && shape.dim_size(0) == n &&
+                                       (k == 0 || shape.dim_size(1) == k) && shape.dim_size(2) == d
+                                 : shape == TensorShape({n});
+      if (!fits)
+        return TableError(t, entry(kRowFields[f]) + " has shape " + shape.DebugString() + " in '" +
+                                 prefix + "' but the table (dim " + std::to_string(d) + ", " +
+                                 std::to_string(k) + " slots) needs " + std::to_string(n) +
+                                 " rows of it");
+    }
+    std::vector<TensorSlice> slices;
+    TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorSlices(entry("keys"), &slices)));
+    if (slices.empty()) {
+      if (n > 0) pieces->emplace_back(0, n);
+      return ::tensorflow::OkStatus();
+    }
+    for (const TensorSlice& s : slices)
+      pieces->emplace_back(s.start(0), s.IsFullAt(0) ? n : s.length(0));
+    std::sort(pieces->begin(), pieces->end());
+    int64_t end = 0;
+    for (const auto& [start, length] : *pieces) {
+      if (start != end) break;
+      end += length;
+    }
+    if (end != n)
+      return TableError(t, "the stored slices of " + entry("keys") + " in '" + prefix +
+                               "' do not cover its " + std::to_string(n) + " rows once");
+    return ::tensorflow::OkStatus();
+  }
+
+  // The whole entry `key`, stored whole or in slices (BundleReader::Lookup
+  // assembles slices only into a tensor of the entry's type and shape).
+  static Status Whole(BundleReader& reader, const std::string& key, Tensor* out) {
+    ::tensorflow::DataType type;
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(reader.LookupDtypeAndShape(key, &type, &shape));
+    *out = Tensor(type, shape);
+    return reader.Lookup(key, out);
+  }
+
+  // Rows [start, start + length) of row field f.
+  static Status Read(BundleReader& reader, const Entry& entry, int f, int64_t start,
+                     int64_t length, Tensor* out) {
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(reader.LookupTensorShape(entry(kRowFields[f]), &shape));
+    if (start == 0 && length == shape.dim_size(0)) return Whole(reader, entry(kRowFields[f]), out);
+    TensorSlice slice(shape.dims());
+    slice.set_start(0, start);
+    slice.set_length(0, length);
+    shape.set_dim(0, length);
+    *out = Tensor(f == 1 || f == 2 ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64, shape);
+    return reader.LookupSlice(entry(kRowFields[f]), slice, out);
+  }
+
+  int64_t format_;
+  bool replace_;
+  bool with_removed_;
+  int owner_rank_;
+  int owner_size_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("GraphmodTableRestore").Device(::tensorflow::DEVICE_CPU), RestoreOp);
+
+}  // namespace
+}  // namespace graphmod
