@@ -12,7 +12,7 @@ NATIVE := $(wildcard native/*.cc native/*.h)
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-bazel-ops demo bench clean
+.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-bazel-ops demo bench bench-store clean
 
 setup: $(VENV)/.installed
 
@@ -107,6 +107,19 @@ bench: build
 	$(PY) benchmarks/lookup.py --regime large --dim 64 --json benchmarks/results/lookup_large_64.json
 	$(PY) benchmarks/estimator.py --json benchmarks/results/estimator.json
 	$(PY) benchmarks/tiers.py --storage build/bench-tier --json benchmarks/results/tiers.json
+	$(MAKE) bench-store
+
+# The disk tier's store against RocksDB (benchmarks/tier_store.cc); Debian's
+# librocksdb-dev is the peer, installed here when missing.
+/usr/include/rocksdb/db.h:
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q librocksdb-dev
+
+build/tier_store: benchmarks/tier_store.cc native/log_tier.cc native/log_tier.h native/memory.cc /usr/include/rocksdb/db.h
+	mkdir -p build
+	$(CXX) -std=c++17 -O2 -pthread -I. benchmarks/tier_store.cc native/log_tier.cc native/memory.cc -lrocksdb -o $@
+
+bench-store: build/tier_store setup
+	$(PY) benchmarks/tier_store.py --storage build/bench-store --json benchmarks/results/tier_store.json
 
 clean:
 	rm -rf build *.egg-info $(OPS_LIB) graphmod/_graphmod_ops.json .bazelrc.user
