@@ -9,7 +9,9 @@
 // restore holds one slice of rows beside the table (whose import spills as
 // it goes). Entries written whole (a small table, another Saver) are read
 // whole. Every check that can fail on the checkpoint's contents (format,
-// shapes, slices covering every row) runs before the table changes.
+// types, shapes, slices covering every row once, negative counts, the
+// sketch's size) runs before the table changes. A V1 checkpoint (no bundle
+// index) is left to the caller: output `found` is false.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -22,6 +24,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_slice.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/util/tensor_bundle/naming.h"
 #include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
 
 namespace graphmod {
@@ -66,6 +69,14 @@ class RestoreOp : public TableKernel {
                 TableError(*t, "a restore's `prefix` and `entry` must be scalars"));
     const std::string prefix(prefix_in.scalar<::tensorflow::tstring>()());
     const Entry entry{std::string(entry_in.scalar<::tensorflow::tstring>()())};
+    // A V1 checkpoint (no bundle index): the caller reads it another way.
+    Tensor* found = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &found));
+    found->scalar<bool>()() = ctx->env()->FileExists(::tensorflow::MetaFilename(prefix)).ok();
+    if (!found->scalar<bool>()()) {
+      OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0));
+      return;
+    }
     BundleReader reader(ctx->env(), prefix);
     OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.status()));
 
@@ -96,6 +107,21 @@ class RestoreOp : public TableKernel {
                   TableError(*t, entry(pending_fields[i]) + " has shape " +
                                      pending[i].shape().DebugString() + ", not [" +
                                      std::to_string(p) + "], in '" + prefix + "'"));
+
+    // What Import and ImportPending would refuse only after changing rows.
+    for (const auto& [start, length] : pieces) {
+      Tensor counts;
+      OP_REQUIRES_OK(ctx, Named(*t, prefix, Read(reader, entry, 3, start, length, &counts)));
+      OP_REQUIRES_OK(ctx, NotNegative(*t, prefix, entry("counts"), counts, start));
+    }
+    OP_REQUIRES_OK(ctx, NotNegative(*t, prefix, entry("pending_counts"), pending[1], 0));
+    const int64_t sketch = pending[3].NumElements();
+    OP_REQUIRES(ctx, owner_size_ > 1 || t->sketch_size() == 0 || sketch == 0 ||
+                         sketch == t->sketch_size(),
+                TableError(*t, entry("pending_sketch") + " in '" + prefix + "' has " +
+                                   std::to_string(sketch) + " counters but the table's sketch " +
+                                   std::to_string(t->sketch_size()) +
+                                   " (sketch_width or num_shards differ)"));
 
     // The checks passed: the table changes from here on. (Removals name
     // keys of one old rank's part: a rank without them removes nothing.)
@@ -194,9 +220,8 @@ class RestoreOp : public TableKernel {
   }
 
   // The row ranges [start, start + length) to import, in order: the stored
-  // slices of `<entry>-keys` (one range for an entry stored whole, or none
-  // for no rows); an error unless every row field has the shape the table
-  // needs and the slices cover the rows exactly once.
+  // slices of `<entry>-keys`; an error unless every row field has the shape
+  // the table needs and its stored slices cover its rows exactly once.
   static Status Pieces(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
                        BundleReader& reader, std::vector<std::pair<int64_t, int64_t>>* pieces) {
     const int64_t d = t.config().dim, k = t.config().num_slots;
@@ -219,23 +244,58 @@ class RestoreOp : public TableKernel {
                                  std::to_string(k) + " slots) needs " + std::to_string(n) +
                                  " rows of it");
     }
+    // Every row field's stored slices must cover its rows once (a gap or an
+    // overlap fails only once rows are read); the keys' slices are the pieces.
+    for (int f = 5; f >= 0; --f) {
+      pieces->clear();
+      TF_RETURN_IF_ERROR(Ranges(t, entry(kRowFields[f]), prefix, reader, n, pieces));
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  // The row ranges of the stored slices of entry `key` with n rows, in
+  // order (one range for an entry stored whole, none for no rows); an error
+  // unless they cover the rows exactly once, each whole in its other dims.
+  static Status Ranges(const EmbeddingTable& t, const std::string& key, const std::string& prefix,
+                       BundleReader& reader, int64_t n,
+                       std::vector<std::pair<int64_t, int64_t>>* ranges) {
     std::vector<TensorSlice> slices;
-    TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorSlices(entry("keys"), &slices)));
+    TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorSlices(key, &slices)));
     if (slices.empty()) {
-      if (n > 0) pieces->emplace_back(0, n);
+      if (n > 0) ranges->emplace_back(0, n);
       return ::tensorflow::OkStatus();
     }
-    for (const TensorSlice& s : slices)
-      pieces->emplace_back(s.start(0), s.IsFullAt(0) ? n : s.length(0));
-    std::sort(pieces->begin(), pieces->end());
+    for (const TensorSlice& s : slices) {
+      for (int dim = 1; dim < s.dims(); ++dim)
+        if (!s.IsFullAt(dim))
+          return TableError(t, "a stored slice of " + key + " in '" + prefix +
+                                   "' is cut along dimension " + std::to_string(dim) +
+                                   ", not along its rows only");
+      ranges->emplace_back(s.start(0), s.IsFullAt(0) ? n : s.length(0));
+    }
+    std::sort(ranges->begin(), ranges->end());
     int64_t end = 0;
-    for (const auto& [start, length] : *pieces) {
-      if (start != end) break;
+    for (const auto& [start, length] : *ranges) {
+      if (start != end) {
+        end = -1;  // a gap or an overlap
+        break;
+      }
       end += length;
     }
     if (end != n)
-      return TableError(t, "the stored slices of " + entry("keys") + " in '" + prefix +
+      return TableError(t, "the stored slices of " + key + " in '" + prefix +
                                "' do not cover its " + std::to_string(n) + " rows once");
+    return ::tensorflow::OkStatus();
+  }
+
+  // An error naming the first negative count of `counts` (rows from `first`).
+  static Status NotNegative(const EmbeddingTable& t, const std::string& prefix,
+                            const std::string& key, const Tensor& counts, int64_t first) {
+    const auto c = counts.flat<int64_t>();
+    for (int64_t i = 0; i < c.size(); ++i)
+      if (c(i) < 0)
+        return TableError(t, key + " in '" + prefix + "' holds a negative count " +
+                                 std::to_string(c(i)) + " at row " + std::to_string(first + i));
     return ::tensorflow::OkStatus();
   }
 

@@ -345,8 +345,9 @@ def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_pat
 def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpoint(tmp_path):
     """GraphmodTableRestore imports the stored slices of a table's entries,
     whoever wrote them, and refuses, naming the table and before any row
-    changes, slices that leave rows out, a newer format, a shape or a type the
-    table cannot take."""
+    changes, slices that leave rows out or overlap (of any entry), a newer
+    format, a shape or a type the table cannot take, a negative count; a V1
+    checkpoint is read by RestoreV2 as before."""
     def build():
         ids = tf1.placeholder(tf.int64, [None])
         opt = graphmod.optimizers.Adagrad(0.1)
@@ -364,15 +365,17 @@ def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpo
     reader = tf.train.load_checkpoint(whole)
     entries = {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()}
 
-    def write(name, pieces, changes=None):
-        """The checkpoint with every row entry of `item` as the given slices."""
+    def write(name, pieces, changes=None, values_pieces=None):
+        """The checkpoint with every row entry of `item` as the given slices
+        (its values as values_pieces, when given)."""
         names, specs, tensors = [], [], []
         for n, value in {**entries, **(changes or {})}.items():
             field = n[len("item-"):]
             if field not in ("keys", "values", "slots", "counts", "last_seen", "versions"):
                 names.append(n), specs.append(""), tensors.append(value)
                 continue
-            for start, stop in pieces:
+            for start, stop in (values_pieces if field == "values" and values_pieces
+                                else pieces):
                 full = " ".join(str(d) for d in value.shape)
                 rest = ":-" * (value.ndim - 1)
                 names.append(n)
@@ -396,13 +399,30 @@ def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpo
                     (write("narrow", [(0, 50)], {"item-values": entries["item-values"][:, :2]}),
                      r"item-values has shape \[50,2\]"),
                     (write("typed", [(0, 50)], {"item-counts": entries["item-counts"] * 1.0}),
-                     "item-counts in .* holds double, not int64")]:
+                     "item-counts in .* holds double, not int64"),
+                    (write("overlap", [(0, 30), (30, 50), (40, 50)]),
+                     "do not cover its 50 rows once"),
+                    (write("values_gap", [(0, 50)], values_pieces=[(0, 25), (30, 50)]),
+                     "stored slices of item-values .* do not cover"),
+                    (write("negative", [(0, 20), (20, 50)],
+                           {"item-counts": np.where(np.arange(50) == 33, -1,
+                                                    entries["item-counts"])}),
+                     "item-counts in .* holds a negative count -1 at row 33")]:
                 with pytest.raises(tf.errors.InvalidArgumentError,
                                    match=r"graphmod table 'item': .*" + error):
                     saver.restore(sess, prefix)
                 assert sess.run(table.export())["keys"].tolist() == [10**9]  # unchanged
             saver.restore(sess, write("sliced", [(0, 13), (13, 40), (40, 50)]))
             after = sess.run(table.export())
+            # A V1 checkpoint has no bundle: RestoreV2 reads it, as before.
+            sess.run(train, {ids: [10**9]})
+            v1 = tf1.train.Saver(write_version=tf1.train.SaverDef.V1).save(
+                sess, str(tmp_path / "v1"), write_meta_graph=False)
+            assert not os.path.exists(v1 + ".index")
+            saver.restore(sess, write("sliced_again", [(0, 50)]))
+            assert sess.run(table.size()) == 50
+            saver.restore(sess, v1)
+            assert sess.run(table.size()) == 51
     order_b, order_a = np.argsort(before["keys"]), np.argsort(after["keys"])
     for field in before:
         np.testing.assert_array_equal(before[field][order_b], after[field][order_a],
