@@ -310,26 +310,20 @@ REGISTER_OP("GraphmodTableRestore")
     .Input("prefix: string")
     .Input("entry: string")
     .Output("rows: int64")
-    .Output("found: bool")
     .Attr("checkpoint_format: int")
     .Attr("replace: bool = true")
     .Attr("with_removed: bool = false")
     .Attr("owner_rank: int = 0")
     .Attr("owner_size: int = 1")
     .SetIsStateful()
-    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Imports the table's entries `<entry>-*` of the tensor bundle at `prefix` (as "
          "GraphmodTableSave wrote them) one stored slice of rows at a time, then its pending "
          "ids; with replace the table is cleared first, with_removed the entry's removed keys "
          "are removed first (a delta). With owner_size > 1, only the rows and pending ids "
          "whose keys rank owner_rank owns (graphmod.distributed.partition) and not the "
          "sketch. Checks the format, every type and shape before any change. Returns the rows "
-         "imported, and found: false (and no change) when `prefix` is no V2 bundle (a V1 "
-         "checkpoint, which RestoreV2 reads).");
+         "imported. A V1 checkpoint is read too, each entry whole.");
 
 REGISTER_OP("GraphmodTableClear")
     .Input("table: resource")

@@ -11,8 +11,9 @@
 // whole. Every check that can fail on the checkpoint's contents (format,
 // types, shapes, slices covering every row once, negative counts, the
 // sketch's size) runs before the table changes. A V1 checkpoint (no bundle
-// index) is left to the caller: output `found` is false.
+// index) is read too, each entry whole.
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -24,12 +25,15 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_slice.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/util/tensor_slice_reader.h"
 #include "tensorflow/core/util/tensor_bundle/naming.h"
 #include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
 
 namespace graphmod {
 
 using ::tensorflow::BundleReader;
+using ::tensorflow::DataType;
+using ::tensorflow::checkpoint::TensorSliceReader;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Status;
@@ -46,6 +50,57 @@ constexpr const char* kRowFields[] = {"keys", "values", "slots", "counts", "last
 struct Entry {
   std::string name;
   std::string operator()(const std::string& field) const { return name + "-" + field; }
+};
+
+// A checkpoint's entries: a V2 tensor bundle, whose slices are read one at
+// a time, or a V1 checkpoint (TensorSliceReader, as RestoreV2 falls back
+// to), whose entries are read whole: V1 predates tables larger than memory.
+class Checkpoint {
+ public:
+  Checkpoint(::tensorflow::Env* env, const std::string& prefix) {
+    if (env->FileExists(::tensorflow::MetaFilename(prefix)).ok()) {
+      bundle_ = std::make_unique<BundleReader>(env, prefix);
+    } else {
+      v1_ = std::make_unique<TensorSliceReader>(prefix);
+    }
+  }
+  Status status() const { return bundle_ ? bundle_->status() : v1_->status(); }
+
+  Status TypeAndShape(const std::string& key, DataType* type, TensorShape* shape) {
+    if (bundle_) return bundle_->LookupDtypeAndShape(key, type, shape);
+    if (!v1_->HasTensor(key, shape, type))
+      return ::tensorflow::errors::NotFound("Key ", key, " not found in checkpoint");
+    return ::tensorflow::OkStatus();
+  }
+  // The stored slices of key; none when it is stored whole.
+  Status Slices(const std::string& key, std::vector<TensorSlice>* slices) {
+    slices->clear();
+    return bundle_ ? bundle_->LookupTensorSlices(key, slices) : ::tensorflow::OkStatus();
+  }
+  Status Whole(const std::string& key, Tensor* out) {
+    DataType type;
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(TypeAndShape(key, &type, &shape));
+    if (!bundle_) {
+      std::unique_ptr<Tensor> whole;
+      TF_RETURN_IF_ERROR(v1_->GetTensor(key, &whole));
+      *out = *whole;
+      return ::tensorflow::OkStatus();
+    }
+    // BundleReader::Lookup assembles slices only into a tensor of the
+    // entry's type and shape.
+    *out = Tensor(type, shape);
+    return bundle_->Lookup(key, out);
+  }
+  // A slice of key into out (of the slice's shape): V2 only, where Slices
+  // listed some.
+  Status Slice(const std::string& key, const TensorSlice& slice, Tensor* out) {
+    return bundle_->LookupSlice(key, slice, out);
+  }
+
+ private:
+  std::unique_ptr<BundleReader> bundle_;
+  std::unique_ptr<TensorSliceReader> v1_;
 };
 
 class RestoreOp : public TableKernel {
@@ -69,20 +124,12 @@ class RestoreOp : public TableKernel {
                 TableError(*t, "a restore's `prefix` and `entry` must be scalars"));
     const std::string prefix(prefix_in.scalar<::tensorflow::tstring>()());
     const Entry entry{std::string(entry_in.scalar<::tensorflow::tstring>()())};
-    // A V1 checkpoint (no bundle index): the caller reads it another way.
-    Tensor* found = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &found));
-    found->scalar<bool>()() = ctx->env()->FileExists(::tensorflow::MetaFilename(prefix)).ok();
-    if (!found->scalar<bool>()()) {
-      OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0));
-      return;
-    }
-    BundleReader reader(ctx->env(), prefix);
+    Checkpoint reader(ctx->env(), prefix);
     OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.status()));
 
     OP_REQUIRES_OK(ctx, CheckTypes(*t, entry, prefix, reader, with_removed_));
     Tensor format;
-    OP_REQUIRES_OK(ctx, Named(*t, prefix, Whole(reader, entry("format"), &format)));
+    OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.Whole(entry("format"), &format)));
     OP_REQUIRES(ctx, format.dims() == 0,
                 TableError(*t, entry("format") + " in '" + prefix + "' is not a scalar"));
     const int64_t saved_format = format.scalar<int64_t>()();
@@ -95,12 +142,12 @@ class RestoreOp : public TableKernel {
     OP_REQUIRES_OK(ctx, Pieces(*t, entry, prefix, reader, &pieces));
     Tensor removed;
     if (with_removed_)
-      OP_REQUIRES_OK(ctx, Named(*t, prefix, Whole(reader, entry("removed_keys"), &removed)));
+      OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.Whole(entry("removed_keys"), &removed)));
     Tensor pending[4];
     const char* pending_fields[4] = {"pending_keys", "pending_counts", "pending_last_seen",
                                      "pending_sketch"};
     for (int i = 0; i < 4; ++i)
-      OP_REQUIRES_OK(ctx, Named(*t, prefix, Whole(reader, entry(pending_fields[i]), &pending[i])));
+      OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.Whole(entry(pending_fields[i]), &pending[i])));
     const int64_t p = pending[0].NumElements();
     for (int i = 0; i < 4; ++i)
       OP_REQUIRES(ctx, pending[i].dims() == 1 && (i == 3 || pending[i].NumElements() == p),
@@ -197,7 +244,7 @@ class RestoreOp : public TableKernel {
   // An error unless every entry read has the type the table's saveable
   // gives it (a tensor read as another type would abort the process).
   static Status CheckTypes(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
-                           BundleReader& reader, bool with_removed) {
+                           Checkpoint& reader, bool with_removed) {
     using ::tensorflow::DataType;
     const DataType i64 = ::tensorflow::DT_INT64, f32 = ::tensorflow::DT_FLOAT;
     const std::pair<const char*, DataType> entries[] = {
@@ -210,7 +257,7 @@ class RestoreOp : public TableKernel {
       if (!with_removed && std::string(field) == "removed_keys") continue;
       DataType type;
       TensorShape shape;
-      TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupDtypeAndShape(entry(field), &type, &shape)));
+      TF_RETURN_IF_ERROR(Named(t, prefix, reader.TypeAndShape(entry(field), &type, &shape)));
       if (type != want)
         return TableError(t, entry(field) + " in '" + prefix + "' holds " +
                                  ::tensorflow::DataTypeString(type) + ", not " +
@@ -223,17 +270,19 @@ class RestoreOp : public TableKernel {
   // slices of `<entry>-keys`; an error unless every row field has the shape
   // the table needs and its stored slices cover its rows exactly once.
   static Status Pieces(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
-                       BundleReader& reader, std::vector<std::pair<int64_t, int64_t>>* pieces) {
+                       Checkpoint& reader, std::vector<std::pair<int64_t, int64_t>>* pieces) {
     const int64_t d = t.config().dim, k = t.config().num_slots;
     TensorShape keys;
-    TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorShape(entry("keys"), &keys)));
+    ::tensorflow::DataType type;
+    TF_RETURN_IF_ERROR(Named(t, prefix, reader.TypeAndShape(entry("keys"), &type, &keys)));
     if (keys.dims() != 1)
       return TableError(t, entry("keys") + " has shape " + keys.DebugString() + " in '" + prefix +
                                "', not a vector");
     const int64_t n = keys.dim_size(0);
     for (int f = 1; f < 6; ++f) {
       TensorShape shape;
-      TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorShape(entry(kRowFields[f]), &shape)));
+      TF_RETURN_IF_ERROR(
+          Named(t, prefix, reader.TypeAndShape(entry(kRowFields[f]), &type, &shape)));
       const bool fits = f == 1   ? shape == TensorShape({n, d})
                         : f == 2 ? shape.dims() == 3 && shape.dim_size(0) == n &&
                                        (k == 0 || shape.dim_size(1) == k) && shape.dim_size(2) == d
@@ -257,10 +306,10 @@ class RestoreOp : public TableKernel {
   // order (one range for an entry stored whole, none for no rows); an error
   // unless they cover the rows exactly once, each whole in its other dims.
   static Status Ranges(const EmbeddingTable& t, const std::string& key, const std::string& prefix,
-                       BundleReader& reader, int64_t n,
+                       Checkpoint& reader, int64_t n,
                        std::vector<std::pair<int64_t, int64_t>>* ranges) {
     std::vector<TensorSlice> slices;
-    TF_RETURN_IF_ERROR(Named(t, prefix, reader.LookupTensorSlices(key, &slices)));
+    TF_RETURN_IF_ERROR(Named(t, prefix, reader.Slices(key, &slices)));
     if (slices.empty()) {
       if (n > 0) ranges->emplace_back(0, n);
       return ::tensorflow::OkStatus();
@@ -299,28 +348,19 @@ class RestoreOp : public TableKernel {
     return ::tensorflow::OkStatus();
   }
 
-  // The whole entry `key`, stored whole or in slices (BundleReader::Lookup
-  // assembles slices only into a tensor of the entry's type and shape).
-  static Status Whole(BundleReader& reader, const std::string& key, Tensor* out) {
+  // Rows [start, start + length) of row field f.
+  static Status Read(Checkpoint& reader, const Entry& entry, int f, int64_t start,
+                     int64_t length, Tensor* out) {
     ::tensorflow::DataType type;
     TensorShape shape;
-    TF_RETURN_IF_ERROR(reader.LookupDtypeAndShape(key, &type, &shape));
-    *out = Tensor(type, shape);
-    return reader.Lookup(key, out);
-  }
-
-  // Rows [start, start + length) of row field f.
-  static Status Read(BundleReader& reader, const Entry& entry, int f, int64_t start,
-                     int64_t length, Tensor* out) {
-    TensorShape shape;
-    TF_RETURN_IF_ERROR(reader.LookupTensorShape(entry(kRowFields[f]), &shape));
-    if (start == 0 && length == shape.dim_size(0)) return Whole(reader, entry(kRowFields[f]), out);
+    TF_RETURN_IF_ERROR(reader.TypeAndShape(entry(kRowFields[f]), &type, &shape));
+    if (start == 0 && length == shape.dim_size(0)) return reader.Whole(entry(kRowFields[f]), out);
     TensorSlice slice(shape.dims());
     slice.set_start(0, start);
     slice.set_length(0, length);
     shape.set_dim(0, length);
-    *out = Tensor(f == 1 || f == 2 ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64, shape);
-    return reader.LookupSlice(entry(kRowFields[f]), slice, out);
+    *out = Tensor(type, shape);
+    return reader.Slice(entry(kRowFields[f]), slice, out);
   }
 
   int64_t format_;

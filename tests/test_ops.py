@@ -347,7 +347,7 @@ def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpo
     whoever wrote them, and refuses, naming the table and before any row
     changes, slices that leave rows out or overlap (of any entry), a newer
     format, a shape or a type the table cannot take, a negative count; a V1
-    checkpoint is read by RestoreV2 as before."""
+    checkpoint (no bundle) is read too, each entry whole."""
     def build():
         ids = tf1.placeholder(tf.int64, [None])
         opt = graphmod.optimizers.Adagrad(0.1)
@@ -414,7 +414,7 @@ def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpo
                 assert sess.run(table.export())["keys"].tolist() == [10**9]  # unchanged
             saver.restore(sess, write("sliced", [(0, 13), (13, 40), (40, 50)]))
             after = sess.run(table.export())
-            # A V1 checkpoint has no bundle: RestoreV2 reads it, as before.
+            # A V1 checkpoint has no bundle: the kernel reads it as RestoreV2 does.
             sess.run(train, {ids: [10**9]})
             v1 = tf1.train.Saver(write_version=tf1.train.SaverDef.V1).save(
                 sess, str(tmp_path / "v1"), write_meta_graph=False)

@@ -103,13 +103,8 @@ class _PartsBuilder(saver_lib.BulkSaverBuilder):
                                           reshape, preferred_shard, name)
         restores = []
         for s in tables:
-            def whole(s=s):  # a V1 checkpoint: RestoreV2 reads it, whole
-                tensors = self.bulk_restore(filename_tensor, [s], preferred_shard,
-                                            restore_sequentially)
-                with tf.control_dependencies([s.restore(tensors, None)]):
-                    return tf.no_op()
             with tf.device(s.table.handle.device):
-                restores.append(s.restore_from(filename_tensor, whole))
+                restores.append(s.restore_from(filename_tensor))
         others = [s for s in saveables if not _writes_itself(s)]
         if others:
             restores.append(super()._AddRestoreOps(filename_tensor, others, restore_sequentially,

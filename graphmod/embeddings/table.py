@@ -173,13 +173,12 @@ class _TableSaveable(saveable_object.SaveableObject):
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
             return _import(self.table, restored_tensors, replace=True)
 
-    def restore_from(self, prefix: tf.Tensor,
-                     otherwise: Optional[Callable[[], tf.Operation]] = None) -> tf.Operation:
+    def restore_from(self, prefix: tf.Tensor) -> tf.Operation:
         """Restores from the checkpoint at `prefix` itself, one stored slice
         of rows at a time (graphmod's TableSaver): no Saver reads the
-        entries whole first. A V1 checkpoint runs `otherwise` instead."""
+        entries whole first."""
         with tf1.name_scope(f"graphmod/{self.table.name}/restore"):
-            return _restore_from(self.table, prefix, replace=True, otherwise=otherwise)
+            return _restore_from(self.table, prefix, replace=True)
 
 
 class _TableDeltaSaveable(saveable_object.SaveableObject):
@@ -212,11 +211,9 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
             return _import(self.table, restored_tensors[:-1], replace=False,
                            removed=restored_tensors[-1])
 
-    def restore_from(self, prefix: tf.Tensor,
-                     otherwise: Optional[Callable[[], tf.Operation]] = None) -> tf.Operation:
+    def restore_from(self, prefix: tf.Tensor) -> tf.Operation:
         with tf1.name_scope(f"graphmod/{self.table.name}/restore_delta"):
-            return _restore_from(self.table, prefix, replace=False, with_removed=True,
-                                 otherwise=otherwise)
+            return _restore_from(self.table, prefix, replace=False, with_removed=True)
 
 
 def write_tables(saveables: List[saveable_object.SaveableObject],
@@ -319,25 +316,19 @@ def _import(table: Table, restored: List[tf.Tensor], replace: bool,
 
 
 def _restore_from(table: Table, prefix: tf.Tensor, replace: bool, with_removed: bool = False,
-                  part: bool = False, owner: Tuple[int, int] = (0, 1),
-                  otherwise: Optional[Callable[[], tf.Operation]] = None) -> tf.Operation:
+                  part: bool = False, owner: Tuple[int, int] = (0, 1)) -> tf.Operation:
     """The table's entries read from the checkpoint at `prefix` and imported
     one stored slice at a time (a restore of a table larger than memory);
     the kernel checks the format and every type and shape first. part: the
     entries are a sharded table's part of a checkpoint
     (graphmod.distributed.checkpoints); then only the rows and pending ids
     whose keys rank owner[0] of owner[1] owns are imported, and with more
-    than one owner not the admission sketch. A V1 checkpoint (no bundle
-    index) runs `otherwise` (a RestoreV2 reads V1 too), or fails without it."""
+    than one owner not the admission sketch."""
     with tf.control_dependencies([] if part else _unless_sharded(table)):
-        _, found = ops.graphmod_table_restore(table.handle, prefix, table.name,
-                                              checkpoint_format=CHECKPOINT_FORMAT,
-                                              replace=replace, with_removed=with_removed,
-                                              owner_rank=owner[0], owner_size=owner[1])
-    if otherwise is not None:
-        return tf.cond(found, tf.no_op, otherwise)
-    return tf.debugging.Assert(found, [f"graphmod table '{table.name}': no V2 checkpoint "
-                                       "(tensor bundle) at", prefix])
+        return ops.graphmod_table_restore(table.handle, prefix, table.name,
+                                          checkpoint_format=CHECKPOINT_FORMAT, replace=replace,
+                                          with_removed=with_removed, owner_rank=owner[0],
+                                          owner_size=owner[1]).op
 
 
 def _check_format(table: Table, checkpoint_format: tf.Tensor) -> tf.Operation:
