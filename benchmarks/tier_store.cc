@@ -91,14 +91,8 @@ class Store {
  public:
   virtual ~Store() = default;
   virtual void Put(const char* records, size_t n) = 0;
-  // Reads keys into out and forgets them.
-  virtual void Take(const int64_t* keys, size_t n, char* out) = 0;
-  // Put and Take of one step, as the store does them together best.
-  virtual void Step(const char* spill, size_t n_spill, const int64_t* take, size_t n_take,
-                    char* out) {
-    Take(take, n_take, out);
-    Put(spill, n_spill);
-  }
+  // One step: reads `take` into out and forgets them, then puts `spill`.
+  virtual void Step(const char* spill, const int64_t* take, size_t n, char* out) = 0;
 };
 
 class LogStore : public Store {
@@ -115,13 +109,14 @@ class LogStore : public Store {
     const std::string error = tier_->Put(records, n);
     if (!error.empty()) Fail(error);
   }
-  void Take(const int64_t* keys, size_t n, char* out) override {
+  void Step(const char* spill, const int64_t* take, size_t n, char* out) override {
     std::unique_ptr<bool[]> found(new bool[n]());
-    const std::string error = tier_->Read(keys, n, out, found.get());
+    const std::string error = tier_->Read(take, n, out, found.get());
     if (!error.empty()) Fail(error);
     for (size_t i = 0; i < n; ++i)
-      if (!found[i]) Fail("log: key " + std::to_string(keys[i]) + " not found");
-    tier_->Erase(keys, n);
+      if (!found[i]) Fail("log: key " + std::to_string(take[i]) + " not found");
+    tier_->Erase(take, n);
+    Put(spill, n);
   }
 
  private:
@@ -147,18 +142,11 @@ class RocksStore : public Store {
     AddPuts(records, n, &batch);
     Write(&batch);
   }
-  void Take(const int64_t* keys, size_t n, char* out) override {
-    Read(keys, n, out);
-    rocksdb::WriteBatch batch;
-    AddDeletes(keys, n, &batch);
-    Write(&batch);
-  }
-  void Step(const char* spill, size_t n_spill, const int64_t* take, size_t n_take,
-            char* out) override {
-    Read(take, n_take, out);
-    rocksdb::WriteBatch batch;
-    AddDeletes(take, n_take, &batch);
-    AddPuts(spill, n_spill, &batch);
+  void Step(const char* spill, const int64_t* take, size_t n, char* out) override {
+    Read(take, n, out);
+    rocksdb::WriteBatch batch;  // the deletes and puts of a step, written together
+    AddDeletes(take, n, &batch);
+    AddPuts(spill, n, &batch);
     Write(&batch);
   }
 
@@ -253,7 +241,7 @@ int main(int argc, char** argv) {
     }
     for (int64_t i = 0; i < batch; ++i)
       MakeRecord(off_disk[i], static_cast<uint32_t>(s + 1), spill.data() + i * kRecordBytes);
-    store->Step(spill.data(), batch, take.data(), batch, out.data());
+    store->Step(spill.data(), take.data(), batch, out.data());
     for (int64_t i = 0; i < batch; ++i) {  // what was read is what was put
       const graphmod::RecordHeader* h = graphmod::Header(out.data() + i * kRecordBytes);
       if (h->key != take[i] || h->last_seen != (take[i] ^ 0x5bd1e995))

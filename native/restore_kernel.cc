@@ -33,13 +33,13 @@ namespace graphmod {
 
 using ::tensorflow::BundleReader;
 using ::tensorflow::DataType;
-using ::tensorflow::checkpoint::TensorSliceReader;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Status;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::TensorSlice;
+using ::tensorflow::checkpoint::TensorSliceReader;
 
 namespace {
 
