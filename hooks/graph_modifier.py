@@ -277,8 +277,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                          c["admitted"], c["rejected"], c["evicted"], c["pending"])
             if "disk_rows" in c:
                 logging.info("graphmod: table '%s': %d rows in memory, %d on disk (%.1f MiB "
-                             "of files); %.1f%% of looked-up ids were in memory; %d rows read "
-                             "from disk (%.1f MiB), %d ms compacting", name, c["memory_rows"],
-                             c["disk_rows"], c["disk_file_bytes"] / 2**20,
-                             100 * (1 - c["promoted"] / max(c["lookups"], 1)), c["disk_reads"],
-                             c["disk_read_bytes"] / 2**20, c["compaction_ms"])
+                             "of files); %.1f%% of looked-up ids were in memory (%d rows "
+                             "prefetched); %d rows read from disk (%.1f MiB), %d ms compacting",
+                             name, c["memory_rows"], c["disk_rows"], c["disk_file_bytes"] / 2**20,
+                             100 * (1 - c["promoted"] / max(c["lookups"], 1)), c["prefetched"],
+                             c["disk_reads"], c["disk_read_bytes"] / 2**20, c["compaction_ms"])

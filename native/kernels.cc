@@ -274,16 +274,27 @@ class TierInfoOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const TableCounters c = t->counters();
-    const int64_t values[12] = {c.rows - c.cold_rows, c.cold_rows,       c.lookups,
+    const int64_t values[13] = {c.rows - c.cold_rows, c.cold_rows,       c.lookups,
                                 c.promoted,           c.spilled,         c.disk_reads,
                                 c.disk_read_bytes,    c.read_passes,     c.disk_file_bytes,
                                 c.disk_live_bytes,    c.compactions,
-                                static_cast<int64_t>(c.compaction_seconds * 1000)};
-    for (int i = 0; i < 12; ++i) {
+                                static_cast<int64_t>(c.compaction_seconds * 1000),
+                                c.prefetched};
+    for (int i = 0; i < 13; ++i) {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
       out->scalar<int64_t>()() = values[i];
     }
+  }
+};
+
+class PrefetchOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, StorageError(*t, t->Prefetch(keys.flat<int64_t>().data(),
+                                                      keys.NumElements(), IntraOpRunner(ctx))));
   }
 };
 
@@ -391,6 +402,7 @@ REGISTER_KERNEL_BUILDER(Name("GraphmodTableExport").Device(DEVICE_CPU), ExportOp
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableImport").Device(DEVICE_CPU), ImportOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableInfo").Device(DEVICE_CPU), InfoOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableTierInfo").Device(DEVICE_CPU), TierInfoOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodTablePrefetch").Device(DEVICE_CPU), PrefetchOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableRemove").Device(DEVICE_CPU), RemoveOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableClear").Device(DEVICE_CPU), ClearOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableEvict").Device(DEVICE_CPU), EvictOp);

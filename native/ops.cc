@@ -202,15 +202,26 @@ REGISTER_OP("GraphmodTableTierInfo")
     .Output("disk_live_bytes: int64")
     .Output("compactions: int64")
     .Output("compaction_ms: int64")
+    .Output("prefetched: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 12; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 13; ++i) c->set_output(i, c->Scalar());
       return ::tensorflow::OkStatus();
     })
     .Doc("The memory and disk tiers of a table with a memory budget (zeros without): rows "
          "in each, distinct keys looked up in training and how many came up from disk, "
          "rows moved down, records and bytes read, batched read passes, the segment files' "
-         "bytes and their live share, segment compactions and their time.");
+         "bytes and their live share, segment compactions and their time, and the rows "
+         "GraphmodTablePrefetch brought up ahead of their step.");
+
+REGISTER_OP("GraphmodTablePrefetch")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("A hint for a table with a disk tier (nothing without one): brings the cold rows of "
+         "keys the next training step will look up into memory, and keeps them there until "
+         "that step. Rows move whole and none changes, so training is the same without it.");
 
 REGISTER_OP("GraphmodTableInfo")
     .Input("table: resource")

@@ -46,6 +46,7 @@ class TableImpl {
                                    const Runner& run) = 0;
   virtual std::string Find(const int64_t* keys, int64_t n, float* values,
                            const Runner& run) const = 0;
+  virtual std::string Prefetch(const int64_t* keys, int64_t n, const Runner& run) = 0;
   virtual std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                             const float* grads, int64_t n, const Runner& run) = 0;
   virtual std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
@@ -140,6 +141,7 @@ class ShardedTable final : public TableImpl {
                            float* values, int64_t* handles, const Runner& run) override;
   std::string Find(const int64_t* keys, int64_t n, float* values,
                    const Runner& run) const override;
+  std::string Prefetch(const int64_t* keys, int64_t n, const Runner& run) override;
   std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                     const float* grads, int64_t n, const Runner& run) override;
   std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
@@ -223,7 +225,8 @@ class ShardedTable final : public TableImpl {
     if (!shard.tier || shard.spilled == spills[s]) return "";
     const int64_t b = batch.begin[s];
     return ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
-                                       batch.begin[s + 1] - b, version, unreadable));
+                                       batch.begin[s + 1] - b, version, unreadable,
+                                       &shard.promoted));
   }
   // Find's read of the rows of batch positions `misses` that are on disk.
   std::string ReadCold(const Shard& shard, const Batch& batch, const std::vector<int64_t>& misses,
@@ -282,6 +285,7 @@ TableCounters ShardedTable<Rows>::counters() const {
     std::lock_guard<std::mutex> lock(s->mu);
     c.pending += static_cast<int64_t>(s->admission.exact.size());
     c.promoted += s->promoted;
+    c.prefetched += s->prefetched;
     c.spilled += s->spilled;
     if (!s->tier) continue;
     const TierCounters t = s->tier->counters();
@@ -685,6 +689,26 @@ std::vector<uint32_t> ShardedTable<Rows>::PickRows(const Shard& s, int64_t min_v
 }
 
 template <class Rows>
+std::string ShardedTable<Rows>::Prefetch(const int64_t* keys, int64_t n, const Runner& run) {
+  if (!tiered() || n == 0) return "";
+  Distinct distinct;
+  distinct.Build(keys, n);
+  const int64_t u = static_cast<int64_t>(distinct.ids.size());
+  const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
+  FirstError error;
+  run(config_.num_shards, (u / config_.num_shards + 1) * 50, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      Shard& shard = *shards_[s];
+      std::lock_guard<std::mutex> lock(shard.mu);
+      const int64_t b = batch.begin[s];
+      error.Note(ShardError(s, shard.Prefetch(batch.id.data() + b, batch.hash.data() + b,
+                                              batch.begin[s + 1] - b)));
+    }
+  });
+  return error.Take();
+}
+
+template <class Rows>
 std::string ShardedTable<Rows>::PromoteBatch(const Batch& batch, int64_t version,
                                               std::vector<int64_t>* spills, const Runner& run) {
   spills->assign(config_.num_shards, 0);
@@ -697,7 +721,8 @@ std::string ShardedTable<Rows>::PromoteBatch(const Batch& batch, int64_t version
       std::lock_guard<std::mutex> lock(shard.mu);
       const int64_t b = batch.begin[s];
       error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
-                                             batch.begin[s + 1] - b, version, &unreadable)));
+                                             batch.begin[s + 1] - b, version, &unreadable,
+                                             &shard.promoted)));
       (*spills)[s] = shard.spilled;
     }
   });

@@ -197,6 +197,10 @@ std::string EmbeddingTable::Find(const int64_t* keys, int64_t n, float* values,
   return impl_->Find(keys, n, values, run);
 }
 
+std::string EmbeddingTable::Prefetch(const int64_t* keys, int64_t n, const Runner& run) {
+  return impl_->Prefetch(keys, n, run);
+}
+
 std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
                                   bool ids_are_handles, const float* grads, int64_t n,
                                   const Runner& run) {

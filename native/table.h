@@ -100,7 +100,8 @@ struct TableCounters {
   // With a disk tier: rows on disk now, and rows moved to disk / back, ever.
   int64_t cold_rows = 0;
   int64_t spilled = 0;
-  int64_t promoted = 0;
+  int64_t promoted = 0;    // by training steps' lookups and applies
+  int64_t prefetched = 0;  // by Prefetch, ahead of the step
   // Distinct keys of training lookups (per call), so 1 - promoted / lookups
   // is the memory tier's hit ratio; and the disk tier's own counters
   // (log_tier.h TierCounters), summed over the shards.
@@ -172,6 +173,11 @@ class EmbeddingTable {
   // Read-only: keys without a row get the missing value (see TableConfig).
   // Cold rows are read where they are. "" or the disk tier's error.
   std::string Find(const int64_t* keys, int64_t n, float* values, const Runner& run) const;
+  // A hint for a table with a disk tier (else nothing): brings up the cold
+  // rows of keys the next training step will look up, and keeps them in
+  // memory until it has. Rows move whole and none changes, so training is
+  // the same with or without it. "" or the disk tier's read error.
+  std::string Prefetch(const int64_t* keys, int64_t n, const Runner& run);
   // Sparse update. ids are keys, or handles from FindOrInsert when
   // ids_are_handles. Gradients of duplicate ids are summed first; gradients
   // of keys without a row (and of handle -1) are dropped, as are those of

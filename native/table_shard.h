@@ -89,7 +89,18 @@ struct TableShard {
   std::unique_ptr<LogTier> tier;
   size_t budget_rows = 0;
   double budget_fraction = 0;
-  int64_t promoted = 0, spilled = 0;  // rows moved up / down, ever
+  int64_t promoted = 0, spilled = 0;  // rows a step moved up / rows moved down, ever
+  int64_t prefetched = 0;              // rows a prefetch moved up, ever
+
+  // Keys a prefetch brought up (or found in memory) for a coming step, with
+  // the version that step's lookup will stamp: a spill spares them as it
+  // spares the rows steps looked up, so they are still in memory then.
+  struct Staged {
+    int64_t key;
+    uint64_t hash;
+    int64_t version;
+  };
+  std::vector<Staged> staged;
 
   size_t ColdRows() const { return tier ? static_cast<size_t>(tier->counters().rows) : 0; }
   size_t BudgetRows() const {
@@ -160,8 +171,9 @@ struct TableShard {
   // memory, in one batched disk read. Keys whose record could not be read
   // stay on disk and go to *unreadable (the caller must not give them a new
   // row); returns "" or the first read error.
+  // Adds the rows moved to *moved_up (promoted, or prefetched).
   std::string Promote(const int64_t* keys, const uint64_t* h, size_t n, int64_t version,
-                      std::vector<int64_t>* unreadable) {
+                      std::vector<int64_t>* unreadable, int64_t* moved_up) {
     if (!tier || tier->counters().rows == 0) return "";
     std::vector<std::pair<int64_t, uint64_t>> misses;  // (key, hash); an apply's keys repeat
     for (size_t i = 0; i < n; ++i)
@@ -200,8 +212,23 @@ struct TableShard {
       moved.push_back(cold[i]);
     }
     tier->Erase(moved.data(), moved.size());
-    promoted += static_cast<int64_t>(moved.size());
+    *moved_up += static_cast<int64_t>(moved.size());
     return error;
+  }
+
+  // Brings up the cold rows of n keys the next step will look up (its
+  // lookup then finds them in memory) and stages every key for that step:
+  // moves only, no row changes. "" or the first read error (an unreadable
+  // row stays on disk; the step's lookup fails on it as it would have).
+  std::string Prefetch(const int64_t* keys, const uint64_t* h, size_t n) {
+    if (!tier) return "";
+    // The step under way stamps version + 1 (as a lookup would); the next one,
+    // the step these keys are for, version + 2.
+    const int64_t version = table_version->load(std::memory_order_relaxed) + 1;
+    DropStaged(version - kSparedVersions + 1);
+    for (size_t i = 0; i < n; ++i) staged.push_back({keys[i], h[i], version + 1});
+    std::vector<int64_t> unreadable;
+    return Promote(keys, h, n, version, &unreadable, &prefetched);
   }
 
   // Rows a lookup stamped within this many table versions stay in memory:
@@ -224,10 +251,19 @@ struct TableShard {
     if (rows.size() <= budget) return "";
     const size_t keep = budget - budget / 20;
     const int64_t spared_from = step_version - kSparedVersions + 1;
+    DropStaged(spared_from);
+    std::vector<uint32_t> staged_refs;
+    for (const Staged& s : staged) {
+      const uint32_t ref = rows.Find(s.key, s.hash);
+      if (ref != kNoRow) staged_refs.push_back(ref);
+    }
+    std::sort(staged_refs.begin(), staged_refs.end());
     std::vector<std::pair<RecordHeader, uint32_t>> candidates;
     candidates.reserve(rows.size());
     rows.ForEachLive([&](uint32_t ref, const char* rec) {
-      if (Header(rec)->version < spared_from) candidates.emplace_back(*Header(rec), ref);
+      if (Header(rec)->version < spared_from &&
+          !std::binary_search(staged_refs.begin(), staged_refs.end(), ref))
+        candidates.emplace_back(*Header(rec), ref);
     });
     const size_t k = std::min(candidates.size(), rows.size() - keep);
     if (k == 0) return "";
@@ -251,7 +287,15 @@ struct TableShard {
     return "";
   }
 
+  // Forgets staged keys whose step is older than `from`.
+  void DropStaged(int64_t from) {
+    staged.erase(std::remove_if(staged.begin(), staged.end(),
+                                [from](const Staged& s) { return s.version < from; }),
+                 staged.end());
+  }
+
   void Reset() {
+    staged.clear();
     if (changes.tracking()) {
       rows.ForEachLive([&](uint32_t, const char* rec) { NoteRemoved(Header(rec)->key); });
       for (const auto& entry : admission.exact.entries()) NoteRemoved(entry.first);

@@ -261,7 +261,8 @@ def _inspect_text(out: dict) -> str:
                 hits = 1 - c.get("promoted", 0) / max(c.get("lookups", 0), 1)
                 line += (f"; {c['memory_rows']:.0f} rows in memory, {c['disk_rows']:.0f} on "
                          f"disk ({c.get('disk_file_bytes', 0) / 2**20:.1f} MiB of files), "
-                         f"hit ratio {hits:.3f}, {c.get('disk_reads', 0):.0f} rows read from "
+                         f"hit ratio {hits:.3f} ({c.get('prefetched', 0):.0f} rows "
+                         f"prefetched), {c.get('disk_reads', 0):.0f} rows read from "
                          f"disk, {c.get('compaction_ms', 0):.0f} ms compacting")
             lines.append(line)
     lines.append(f"conversion plan: {len(out['plan'])} variable(s)")

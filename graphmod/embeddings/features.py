@@ -165,7 +165,7 @@ def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> 
 
 
 # A tiered table's counters beside the others (Table.tier_info).
-TIER_COUNTERS = ("memory_rows", "disk_rows", "lookups", "promoted", "disk_reads",
+TIER_COUNTERS = ("memory_rows", "disk_rows", "lookups", "promoted", "prefetched", "disk_reads",
                  "disk_read_bytes", "disk_file_bytes", "compaction_ms")
 
 

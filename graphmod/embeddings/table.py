@@ -74,8 +74,18 @@ class Table:
         those, rows brought up from disk: the hit ratio is 1 - promoted /
         lookups), spilled (rows moved to disk), disk_reads and disk_read_bytes,
         read_passes (batched reads), disk_file_bytes and disk_live_bytes (the
-        segment files and their live records), compactions, compaction_ms."""
+        segment files and their live records), compactions, compaction_ms,
+        prefetched (rows prefetch brought up ahead of their step)."""
         return ops.graphmod_table_tier_info(self.handle)._asdict()
+
+    def prefetch(self, keys) -> tf.Operation:
+        """A hint for a table with a memory_budget (nothing without one):
+        brings the on-disk rows of keys (int64, any shape) the next training
+        step will look up into memory, in one batched read, and keeps them
+        there until that step. No row changes, so training is the same with
+        or without it; run it while the step before trains (the hook does
+        that from the input pipeline, see rewrite_rules.tier_prefetch)."""
+        return ops.graphmod_table_prefetch(self.handle, tf.reshape(keys, [-1]))
 
     def size(self) -> tf.Tensor:
         return self.info()["size"]

@@ -28,6 +28,9 @@ class RewriteReport:
     adopted: List[str] = dataclasses.field(default_factory=list)
     # tables and variables graphmod.WarmStartSettings starts from other models
     warm_started: List[str] = dataclasses.field(default_factory=list)
+    # tables with a disk tier -> "" (the input pipeline prefetches their next
+    # step's rows) or why it cannot
+    prefetch: Dict[str, str] = dataclasses.field(default_factory=dict)
     # Horovod ranks the tables are sharded across (1: not sharded)
     sharded_ranks: int = 1
     # {table: {counter: scalar tensor}} of a training graph's tables, for
@@ -65,6 +68,11 @@ class RewriteReport:
         for v in self.adopted:
             logging.info("graphmod: '%s' is adopted: its table restores the trained rows and "
                          "slots the checkpoint holds densely (row i as key i)", v)
+        for table, why_not in sorted(self.prefetch.items()):
+            logging.info("graphmod: table '%s': %s", table,
+                         "the input pipeline prefetches each step's rows from disk while the "
+                         "step before trains" if not why_not else
+                         f"each step reads its rows from disk itself (no prefetch: {why_not})")
         if self.unsqueezed_keys:
             logging.info("graphmod: collision-free keys from %s", ", ".join(self.unsqueezed_keys))
         for k in self.squeezed_keys_kept:

@@ -90,6 +90,8 @@ class Context:
     adopted: List[str] = dataclasses.field(default_factory=list)
     counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)
     warm_started: List[str] = dataclasses.field(default_factory=list)  # warm_start_sources
+    # tiered table -> "" (the input pipeline prefetches its rows) or why not (tier_prefetch)
+    prefetch: Dict[str, str] = dataclasses.field(default_factory=dict)
     # variable -> the approximations rules accepted for it
     approximations: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     _matches: Dict[Tuple[str, str], Any] = dataclasses.field(default_factory=dict)

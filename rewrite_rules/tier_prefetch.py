@@ -1,0 +1,151 @@
+"""Rule: the input pipeline brings up the next step's cold rows while a step trains.
+
+Matches the training lookups of tables with a disk tier (memory_budget)
+whose keys are a pure function of one tf.data iterator's elements: every op
+between the iterator's IteratorGetNext and the keys is stateless, takes no
+resource and is outside control flow, and the iterator is made (MakeIterator)
+from a dataset in this graph, as Estimator.train makes it from an input_fn's
+Dataset. Rewrites that dataset to
+    dataset.map(prefetch the keys of the element).prefetch(1)
+where the map recomputes the keys from the element (the same ops, copied
+into the map's function) and runs Table.prefetch on them, and prefetch(1)
+makes the map run for step t+1 while step t trains. Elements pass through
+unchanged.
+
+Prefetch only moves rows between the tiers (no row changes; a prefetched
+row is spared by spills until its step), so training is exactly as without
+it; it only takes disk reads off the step. Not matched, each with the reason
+in the report: keys computed with state (a vocabulary table, a variable), a
+one-shot iterator or feed_dict input, and tables sharded over Horovod ranks
+or ps tasks (their next keys are known only after the exchange).
+"""
+from typing import Dict, List, Tuple
+
+import tensorflow as tf
+from tensorflow.python.data.ops import dataset_ops
+
+from graphmod.rewrite.rule import Context
+
+NAME = "tier_prefetch"
+AFTER = ("gather_to_lookup",)
+
+
+class _NoPrefetch(Exception):
+    """Why a table's next keys cannot be computed in the input pipeline."""
+
+
+def rewrite(rw, conversions, context: Context) -> None:
+    if not context.training:
+        return
+    wanted = [(lk.table, keys) for lk in (context.built("gather_to_lookup", c)
+                                          for c in conversions if c.training)
+              if lk.table.memory_budget for keys, _ in lk.reads]
+    if not wanted:
+        return
+    plans: Dict[tf.Operation, List[Tuple["graphmod.Table", tf.Tensor, List[tf.Operation]]]] = {}
+    for table, keys in wanted:
+        try:
+            if context.ranks > 1 or context.ps_tasks > 0:
+                raise _NoPrefetch("its table is sharded, and the next step's keys are known "
+                                  "only after the exchange")
+            get_next, ops = _pure_path(keys)
+            plans.setdefault(get_next, []).append((table, keys, ops))
+        except _NoPrefetch as e:
+            context.prefetch.setdefault(table.name, str(e))
+    for get_next, keyed in plans.items():
+        try:
+            make = _make_iterator(get_next)
+        except _NoPrefetch as e:
+            for table, _, _ in keyed:
+                context.prefetch.setdefault(table.name, str(e))
+            continue
+        with rw.rule(NAME):
+            dataset = make.inputs[0]
+            rw.reroute(dataset, _prefetching(dataset, get_next, keyed), consumers=[make])
+        for table, _, _ in keyed:
+            context.prefetch.setdefault(table.name, "")
+
+
+def _pure_path(keys: tf.Tensor) -> Tuple[tf.Operation, List[tf.Operation]]:
+    """The IteratorGetNext keys come from, and the ops computing them from it."""
+    seen, ops, sources = set(), [], set()
+    stack = [keys.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type == "IteratorGetNext":
+            sources.add(op)
+            continue
+        if op.op_def.is_stateful or op.type == "Placeholder":
+            raise _NoPrefetch(f"its keys are computed with {op.type} op '{op.name}', which the "
+                              "input pipeline cannot run")
+        if op._control_flow_context is not None:  # pylint: disable=protected-access
+            raise _NoPrefetch(f"its keys are computed in control flow ('{op.name}')")
+        if any(t.dtype == tf.resource for t in op.inputs) or any(
+                v.HasField("func") or v.list.func for v in op.node_def.attr.values()):
+            raise _NoPrefetch(f"its keys are computed with state or a function ('{op.name}')")
+        ops.append(op)
+        stack.extend(t.op for t in op.inputs)
+    if len(sources) != 1:
+        raise _NoPrefetch("its keys do not come from one tf.data iterator" if not sources else
+                          "its keys come from more than one tf.data iterator")
+    return sources.pop(), ops
+
+
+def _make_iterator(get_next: tf.Operation) -> tf.Operation:
+    """The MakeIterator op that makes get_next's iterator from a dataset."""
+    makes = [op for op in get_next.inputs[0].consumers() if op.type == "MakeIterator"]
+    if len(makes) != 1:
+        raise _NoPrefetch(f"its iterator ('{get_next.inputs[0].op.name}') is not made from a "
+                          "dataset of this graph (a one-shot iterator?)")
+    return makes[0]
+
+
+def _prefetching(dataset: tf.Tensor, get_next: tf.Operation, keyed) -> tf.Tensor:
+    """dataset, with each element's keys prefetched one element ahead."""
+    spec = tuple(tf.TensorSpec(shape, dtype) for shape, dtype in
+                 zip(get_next.get_attr("output_shapes"), get_next.get_attr("output_types")))
+    copies = [(table, _subgraph(keys, ops), keys.name) for table, keys, ops in keyed]
+
+    @tf.autograph.experimental.do_not_convert
+    def prefetch_keys(*element):
+        done = []
+        for table, graph_def, keys_name in copies:
+            used = {f"{get_next.name}:{i}": element[i] for i in _outputs_read(graph_def, get_next)}
+            keys, = tf.graph_util.import_graph_def(graph_def, input_map=used,
+                                                   return_elements=[keys_name], name="keys")
+            done.append(table.prefetch(keys))
+        with tf.control_dependencies(done):
+            return tuple(tf.identity(t) for t in element)
+
+    ahead = dataset_ops._VariantDataset(dataset, spec).map(prefetch_keys).prefetch(1)  # pylint: disable=protected-access
+    return ahead._variant_tensor  # pylint: disable=protected-access
+
+
+def _outputs_read(graph_def: tf.compat.v1.GraphDef, op: tf.Operation) -> List[int]:
+    """Which of op's outputs the nodes of graph_def read."""
+    read = set()
+    for node in graph_def.node:
+        for name in node.input:
+            source, _, index = name.partition(":")
+            if source == op.name:
+                read.add(int(index or 0))
+    return sorted(read)
+
+
+def _subgraph(keys: tf.Tensor, ops: List[tf.Operation]) -> tf.compat.v1.GraphDef:
+    """The ops computing keys, free of devices, colocation and control inputs
+    (they are stateless: nothing they waited for changes what they compute)."""
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(keys.graph.graph_def_versions)
+    for op in ops:
+        node = graph_def.node.add()
+        node.CopyFrom(op.node_def)
+        node.device = ""
+        node.attr.pop("_class", None)
+        kept = [i for i in node.input if not i.startswith("^")]
+        del node.input[:]
+        node.input.extend(kept)
+    return graph_def
