@@ -9,11 +9,16 @@ hook's rewrite runs them. Arms:
   memory  every row in memory (the arena layout)
   tier    memory_budget=0.25 (a quarter of the rows in memory, the rest in
           segment files under --storage, a local disk)
+  prefetch  tier, and the input pipeline prefetches each batch's cold rows
+          while the step before trains (what rule tier_prefetch builds:
+          dataset.map(Table.prefetch).prefetch(1))
+Every arm reads its batches from the same tf.data pipeline (prefetch(1)).
 for Zipf a = 1.05 and 1.2. Printed per arm: examples/s (one id an example),
 process CPU-seconds per 1k examples, the tier's hit ratio (ids found in
-memory), rows and bytes read from disk per step, and peak RSS. Arms run
-interleaved (memory, tier, memory, tier, ...), --rounds rounds; figures are
-medians (min-max), and the tier's examples/s ratio is taken per round.
+memory; with prefetch, of those the step itself had to read), rows and bytes
+read from disk per step (prefetched ones included), and peak RSS. Arms run
+interleaved (memory, tier, prefetch, memory, ...), --rounds rounds; figures
+are medians (min-max), and the tiers' examples/s ratios are taken per round.
 The issue's goal: tier >= 0.5x memory at Zipf 1.2 with the budget at 25%.
 
 Usage: python benchmarks/tiers.py [--keys 1000000] [--rounds 3] [--storage DIR]
@@ -34,6 +39,7 @@ from rounds import machine, ratio_per_round, spread, write_json  # noqa: E402
 
 B, DIM, STEPS = 16384, 16, 40
 ZIPFS = (1.05, 1.2)
+ARMS = ("memory", "tier", "prefetch")
 
 
 def zipf_batches(keys, a, steps, seed):
@@ -51,10 +57,19 @@ def run_arm(arm, a, keys, storage):
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     tf1.logging.set_verbosity(tf1.logging.ERROR)
-    tier = dict(memory_budget=0.25, storage_path=storage) if arm == "tier" else {}
+    tier = dict(memory_budget=0.25, storage_path=storage) if arm != "memory" else {}
     opt = graphmod.optimizers.Adagrad(0.1)
     table = graphmod.create_table("bench", DIM, optimizer=opt, **tier)
-    ids = tf1.placeholder(tf.int64, [None])
+    batches = zipf_batches(keys, a, STEPS + 5, seed=int(a * 100))
+    timed = tf.data.Dataset.from_tensor_slices(batches[5:])
+    if arm == "prefetch":
+        def prefetch(b):
+            with tf.control_dependencies([table.prefetch(b)]):
+                return tf.identity(b)
+        timed = timed.map(prefetch)
+    timed = tf1.data.make_one_shot_iterator(timed.prefetch(1))
+    # Fill and warm-up feed ids; the timed steps read the pipeline.
+    ids = tf1.placeholder_with_default(timed.get_next(), [None])
     rows = graphmod.sparse_lookup(table, ids, is_training=True)
     train = opt.minimize(tf.reduce_sum(rows * rows))  # a lookup, then Adagrad by handle
     tier_info = table.tier_info()
@@ -63,18 +78,18 @@ def run_arm(arm, a, keys, storage):
         # Every key gets its row (the table is 4x the budget), a batch of B at a time.
         for start in range(0, keys, B):
             sess.run(train, {ids: np.arange(start, min(start + B, keys))})
-        batches = zipf_batches(keys, a, STEPS + 5, seed=int(a * 100))
         for b in batches[:5]:  # warm-up: the hot rows come into memory
             sess.run(train, {ids: b})
         before = sess.run(tier_info)
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        for b in batches[5:]:
-            sess.run(train, {ids: b})
+        for _ in batches[5:]:
+            sess.run(train)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         after = sess.run(tier_info)
     delta = {k: int(after[k] - before[k]) for k in after}
     return dict(examples_s=B * STEPS / wall, cpu_per_k=cpu / (B * STEPS / 1e3),
                 hit_ratio=1 - delta["promoted"] / max(delta["lookups"], 1),
+                prefetched_per_step=delta["prefetched"] / STEPS,
                 disk_rows_per_step=delta["disk_reads"] / STEPS,
                 disk_mib_per_step=delta["disk_read_bytes"] / STEPS / 2**20,
                 memory_rows=int(after["memory_rows"]), disk_rows=int(after["disk_rows"]),
@@ -94,11 +109,11 @@ def main():
     if args.arm:
         print(json.dumps(run_arm(args.arm, args.zipf, args.keys, args.storage)))
         return
-    runs = {(a, arm): [] for a in ZIPFS for arm in ("memory", "tier")}
+    runs = {(a, arm): [] for a in ZIPFS for arm in ARMS}
     try:
         for r in range(args.rounds):
             for a in ZIPFS:
-                for arm in ("memory", "tier"):
+                for arm in ARMS:
                     done = subprocess.run(
                         [sys.executable, __file__, "--arm", arm, "--zipf", str(a),
                          "--keys", str(args.keys), "--storage", args.storage],
@@ -107,7 +122,7 @@ def main():
                         sys.exit(f"arm {arm} at Zipf {a} failed:\n{done.stderr[-3000:]}")
                     f = json.loads(done.stdout.strip().splitlines()[-1])
                     runs[(a, arm)].append(f)
-                    print(f"  round {r + 1} zipf {a} {arm:6s} {f['examples_s'] / 1e3:7.1f}k ex/s "
+                    print(f"  round {r + 1} zipf {a} {arm:8s} {f['examples_s'] / 1e3:7.1f}k ex/s "
                           f"hit {f['hit_ratio']:.3f} rss {f['rss_mib']:.0f} MiB", flush=True)
     finally:
         shutil.rmtree(args.storage, ignore_errors=True)
@@ -115,21 +130,23 @@ def main():
           f"interleaved rounds: median (min-max)")
     results = []
     for a in ZIPFS:
-        for arm in ("memory", "tier"):
+        for arm in ARMS:
             col = {k: [x[k] for x in runs[(a, arm)]] for k in runs[(a, arm)][0]}
             results.append(dict(zipf=a, arm=arm, keys=args.keys, dim=DIM, batch=B, runs=col,
                                 **{f"{k}_median": float(np.median(v)) for k, v in col.items()}))
-            print(f"  zipf {a:4} {arm:6s} {spread([x / 1e3 for x in col['examples_s']], '{:.1f}')}k "
+            print(f"  zipf {a:4} {arm:8s} {spread([x / 1e3 for x in col['examples_s']], '{:.1f}')}k "
                   f"ex/s  cpu-s/1k ex {spread(col['cpu_per_k'], '{:.4f}')}  hit "
                   f"{spread(col['hit_ratio'], '{:.3f}')}  disk rows/step "
                   f"{spread(col['disk_rows_per_step'], '{:.0f}')} "
-                  f"({spread(col['disk_mib_per_step'])} MiB)  peak RSS "
+                  f"({spread(col['disk_mib_per_step'])} MiB, prefetched "
+                  f"{spread(col['prefetched_per_step'], '{:.0f}')})  peak RSS "
                   f"{spread(col['rss_mib'], '{:.0f}')} MiB")
-        ratio = ratio_per_round([x["examples_s"] for x in runs[(a, "tier")]],
-                                [x["examples_s"] for x in runs[(a, "memory")]])
-        print(f"  zipf {a:4} tier / memory examples/s: {spread(ratio)}x")
-        results.append(dict(zipf=a, tier_vs_memory=ratio,
-                            tier_vs_memory_median=float(np.median(ratio))))
+        for arm in ARMS[1:]:
+            ratio = ratio_per_round([x["examples_s"] for x in runs[(a, arm)]],
+                                    [x["examples_s"] for x in runs[(a, "memory")]])
+            print(f"  zipf {a:4} {arm} / memory examples/s: {spread(ratio)}x")
+            results.append({"zipf": a, f"{arm}_vs_memory": ratio,
+                            f"{arm}_vs_memory_median": float(np.median(ratio))})
     if args.json:
         for r in results:
             r["machine"], r["date"] = machine(), time.strftime("%Y-%m-%d")

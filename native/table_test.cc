@@ -364,7 +364,8 @@ void TestStaleHandlesAndAllOrNothing() {
 }
 
 void TestConcurrentUse() {
-  // Threads look up and update overlapping keys at once: no crash, no lost row.
+  // Threads look up and update overlapping keys at once, and prefetch their
+  // next step's keys (a tiered table's input pipeline): no crash, no lost row.
   EmbeddingTable t(Config(8, 1));
   std::vector<std::thread> threads;
   for (int w = 0; w < 4; ++w) {
@@ -373,10 +374,13 @@ void TestConcurrentUse() {
       Optimizer adagrad;
       adagrad.kind = OptimizerKind::kAdagrad;
       adagrad.lr = 0.01f;
-      std::vector<int64_t> keys(512), handles(512);
+      std::vector<int64_t> keys(512), next(512), handles(512);
       std::vector<float> values(512 * 8), grads(512 * 8, 0.1f);
+      for (auto& k : next) k = static_cast<int64_t>(rng() % 20000);
       for (int step = 0; step < 200; ++step) {
-        for (auto& k : keys) k = static_cast<int64_t>(rng() % 20000);
+        keys.swap(next);
+        for (auto& k : next) k = static_cast<int64_t>(rng() % 20000);
+        if (!t.Prefetch(next.data(), next.size(), ThreadRunner).empty()) ++failures;
         t.FindOrInsert(keys.data(), keys.size(), step, -1, values.data(), handles.data(),
                        ThreadRunner);
         if (!t.Apply(adagrad, handles.data(), true, grads.data(), keys.size(), ThreadRunner)
