@@ -61,15 +61,15 @@ def run_arm(arm, a, keys, storage):
     opt = graphmod.optimizers.Adagrad(0.1)
     table = graphmod.create_table("bench", DIM, optimizer=opt, **tier)
     batches = zipf_batches(keys, a, STEPS + 5, seed=int(a * 100))
-    timed = tf.data.Dataset.from_tensor_slices(batches[5:])
+    steps = tf.data.Dataset.from_tensor_slices(batches)
     if arm == "prefetch":
         def prefetch(b):
             with tf.control_dependencies([table.prefetch(b)]):
                 return tf.identity(b)
-        timed = timed.map(prefetch)
-    timed = tf1.data.make_one_shot_iterator(timed.prefetch(1))
-    # Fill and warm-up feed ids; the timed steps read the pipeline.
-    ids = tf1.placeholder_with_default(timed.get_next(), [None])
+        steps = steps.map(prefetch)
+    steps = tf1.data.make_initializable_iterator(steps.prefetch(1))
+    # The fill feeds ids; warm-up and timed steps read the pipeline.
+    ids = tf1.placeholder_with_default(steps.get_next(), [None])
     rows = graphmod.sparse_lookup(table, ids, is_training=True)
     train = opt.minimize(tf.reduce_sum(rows * rows))  # a lookup, then Adagrad by handle
     tier_info = table.tier_info()
@@ -78,11 +78,12 @@ def run_arm(arm, a, keys, storage):
         # Every key gets its row (the table is 4x the budget), a batch of B at a time.
         for start in range(0, keys, B):
             sess.run(train, {ids: np.arange(start, min(start + B, keys))})
-        for b in batches[:5]:  # warm-up: the hot rows come into memory
-            sess.run(train, {ids: b})
+        sess.run(steps.initializer)
+        for _ in range(5):  # warm-up: the hot rows come into memory, the pipeline starts
+            sess.run(train)
         before = sess.run(tier_info)
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        for _ in batches[5:]:
+        for _ in range(STEPS):
             sess.run(train)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         after = sess.run(tier_info)

@@ -293,8 +293,10 @@ class PrefetchOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const Tensor& keys = ctx->input(1);
-    OP_REQUIRES_OK(ctx, StorageError(*t, t->Prefetch(keys.flat<int64_t>().data(),
-                                                      keys.NumElements(), IntraOpRunner(ctx))));
+    const std::string error =
+        t->Prefetch(keys.flat<int64_t>().data(), keys.NumElements(), IntraOpRunner(ctx));
+    // (Raised in the input pipeline: say where it comes from.)
+    OP_REQUIRES_OK(ctx, StorageError(*t, error.empty() ? error : "prefetch: " + error));
   }
 };
 

@@ -92,9 +92,12 @@ struct TableShard {
   int64_t promoted = 0, spilled = 0;  // rows a step moved up / rows moved down, ever
   int64_t prefetched = 0;              // rows a prefetch moved up, ever
 
-  // Keys a prefetch brought up (or found in memory) for a coming step, with
-  // the version that step's lookup will stamp: a spill spares them as it
-  // spares the rows steps looked up, so they are still in memory then.
+  // Rows a prefetch brought up for the next step, with the version that
+  // step's lookup will stamp: spills spare them until that step (and one
+  // more, for workers' steps that overlap) has looked them up, so the
+  // step under way cannot send them back to disk first. Keys found in memory
+  // are staged only when no recent step stamped them (spills spare those
+  // anyway, and each staged key costs every spill a probe).
   struct Staged {
     int64_t key;
     uint64_t hash;
@@ -171,13 +174,22 @@ struct TableShard {
   // memory, in one batched disk read. Keys whose record could not be read
   // stay on disk and go to *unreadable (the caller must not give them a new
   // row); returns "" or the first read error.
-  // Adds the rows moved to *moved_up (promoted, or prefetched).
+  // Adds the rows moved to *moved_up (promoted, or prefetched). With
+  // stage_for > 0 (a prefetch), stages the keys for the step stamping
+  // stage_for (see Staged).
   std::string Promote(const int64_t* keys, const uint64_t* h, size_t n, int64_t version,
-                      std::vector<int64_t>* unreadable, int64_t* moved_up) {
+                      std::vector<int64_t>* unreadable, int64_t* moved_up,
+                      int64_t stage_for = 0) {
     if (!tier || tier->counters().rows == 0) return "";
     std::vector<std::pair<int64_t, uint64_t>> misses;  // (key, hash); an apply's keys repeat
-    for (size_t i = 0; i < n; ++i)
-      if (rows.Find(keys[i], h[i]) == kNoRow) misses.emplace_back(keys[i], h[i]);
+    const int64_t spared_then = stage_for - kSparedVersions + 1;  // by that step's spill
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t ref = rows.Find(keys[i], h[i]);
+      if (ref == kNoRow)
+        misses.emplace_back(keys[i], h[i]);
+      else if (stage_for > 0 && HeaderOf(ref)->version < spared_then)
+        staged.push_back({keys[i], h[i], stage_for});
+    }
     std::sort(misses.begin(), misses.end());
     misses.erase(std::unique(misses.begin(), misses.end()), misses.end());
     std::vector<int64_t> cold;
@@ -210,6 +222,7 @@ struct TableShard {
       // Changed since the last full save: a delta must list it (by ref now).
       if (changes.tracking() && Header(rec)->version > changes.mark()) changes.NoteDirty(ref);
       moved.push_back(cold[i]);
+      if (stage_for != 0) staged.push_back({cold[i], cold_h[i], stage_for});
     }
     tier->Erase(moved.data(), moved.size());
     *moved_up += static_cast<int64_t>(moved.size());
@@ -217,18 +230,20 @@ struct TableShard {
   }
 
   // Brings up the cold rows of n keys the next step will look up (its
-  // lookup then finds them in memory) and stages every key for that step:
-  // moves only, no row changes. "" or the first read error (an unreadable
+  // lookup then finds them in memory) and stages them for that step: moves
+  // only, no row changes. "" or the first read error (an unreadable
   // row stays on disk; the step's lookup fails on it as it would have).
   std::string Prefetch(const int64_t* keys, const uint64_t* h, size_t n) {
     if (!tier) return "";
     // The step under way stamps version + 1 (as a lookup would); the next one,
     // the step these keys are for, version + 2.
     const int64_t version = table_version->load(std::memory_order_relaxed) + 1;
-    DropStaged(version - kSparedVersions + 1);
-    for (size_t i = 0; i < n; ++i) staged.push_back({keys[i], h[i], version + 1});
+    DropStaged(version - 1);
+    // Steps that do not advance the version (no apply) would let it grow:
+    // a prefetch keeps at most the last few batches' worth (oldest go first).
+    if (staged.size() > 4 * n) staged.erase(staged.begin(), staged.end() - 4 * n);
     std::vector<int64_t> unreadable;
-    return Promote(keys, h, n, version, &unreadable, &prefetched);
+    return Promote(keys, h, n, version, &unreadable, &prefetched, version + 1);
   }
 
   // Rows a lookup stamped within this many table versions stay in memory:
@@ -236,14 +251,15 @@ struct TableShard {
   // overlap: other workers' applies advance the version between a lookup and
   // its own apply). The buckets layout keeps moved handles as long
   // (RowBuckets::kMovesKeptVersions). A budget smaller than what 16 steps
-  // look up is exceeded by the difference.
+  // look up is exceeded by the difference (and by rows staged for the next
+  // step).
   static constexpr int64_t kSparedVersions = 16;
 
   // Moves rows to disk while memory holds more than the budget, down to 95%
   // of it (so spills come in batches): the least recently used first (least
   // often under when_full "lfu"), never a row looked up by the last
-  // kSparedVersions steps (step_version: the step under way's; larger than
-  // every version spares nothing). Returns "" or the write error; then the
+  // kSparedVersions steps nor one staged for a coming step (step_version:
+  // the step under way's; larger than every version spares nothing). Returns "" or the write error; then the
   // rows stay in memory.
   std::string Spill(int64_t step_version) {
     if (!tier) return "";
@@ -251,7 +267,7 @@ struct TableShard {
     if (rows.size() <= budget) return "";
     const size_t keep = budget - budget / 20;
     const int64_t spared_from = step_version - kSparedVersions + 1;
-    DropStaged(spared_from);
+    DropStaged(step_version - 1);
     std::vector<uint32_t> staged_refs;
     for (const Staged& s : staged) {
       const uint32_t ref = rows.Find(s.key, s.hash);

@@ -188,45 +188,54 @@ void TestTrainsAsInMemory() {
   CHECK(Rows(restored) == rows);
 }
 
-// The input pipeline prefetches step t+1's ids while step t runs (before its
-// lookup on even steps, after its apply on odd ones): the steps then find
-// every row in memory, and training is unchanged, bit for bit.
-void TestPrefetchServesTheNextStep() {
-  EmbeddingTable memory(Config(0)), plain(Config(0.25)), ahead(Config(0.25));
+// The input pipeline prefetches step t+1's ids while step t runs: before
+// its lookup, between its lookup and its apply (the overlap training has:
+// the prefetch's promotions grow the layout under live handles), or after
+// its apply. The steps then find every row in memory, and training is
+// unchanged, bit for bit. Both layouts (buckets moves rows as it grows).
+void TestPrefetchServesTheNextStep(const char* layout) {
+  TableConfig with_tier = Config(0.25);
+  with_tier.layout = layout;
+  EmbeddingTable memory(Config(0)), plain(with_tier), ahead(with_tier);
   Optimizer sgd;
   sgd.lr = 0.1f;
   std::mt19937_64 rng(9);
   const int d = 8;
   std::vector<int64_t> next = Batch(&rng, 20000, 256);
-  for (int step = 1; step <= 80; ++step) {
+  EmbeddingTable* const tables[3] = {&memory, &plain, &ahead};
+  for (int step = 1; step <= 90; ++step) {
     const std::vector<int64_t> ids = next;
     next = Batch(&rng, 20000, 256);
-    if (step % 2 == 0) CHECK(ahead.Prefetch(next.data(), next.size(), SerialRunner).empty());
-    std::vector<float> grads(ids.size() * d);
-    std::vector<float> first;
-    for (EmbeddingTable* t : {&memory, &plain, &ahead}) {
-      std::vector<float> v(ids.size() * d);
-      std::vector<int64_t> h(ids.size());
-      CHECK(t->FindOrInsert(ids.data(), ids.size(), step, -1, v.data(), h.data(),
-                            SerialRunner).empty());
-      if (first.empty()) first = v;
-      CHECK(v == first);
-      for (size_t i = 0; i < grads.size(); ++i) grads[i] = v[i] * 0.1f + 0.01f * (i % 5);
-      CHECK(t->Apply(sgd, h.data(), true, grads.data(), ids.size(), SerialRunner).empty());
+    auto prefetch = [&] { CHECK(ahead.Prefetch(next.data(), next.size(), SerialRunner).empty()); };
+    if (step % 3 == 0) prefetch();
+    std::vector<float> v[3];
+    std::vector<int64_t> h[3];
+    for (int i = 0; i < 3; ++i) {
+      v[i].resize(ids.size() * d);
+      h[i].resize(ids.size());
+      CHECK(tables[i]->FindOrInsert(ids.data(), ids.size(), step, -1, v[i].data(), h[i].data(),
+                                    SerialRunner).empty());
+      CHECK(v[i] == v[0]);
     }
-    if (step % 2 == 1) CHECK(ahead.Prefetch(next.data(), next.size(), SerialRunner).empty());
+    if (step % 3 == 1) prefetch();
+    std::vector<float> grads(ids.size() * d);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = v[0][i] * 0.1f + 0.01f * (i % 5);
+    for (int i = 0; i < 3; ++i)
+      CHECK(tables[i]->Apply(sgd, h[i].data(), true, grads.data(), ids.size(),
+                             SerialRunner).empty());
+    if (step % 3 == 2) prefetch();
   }
   CHECK(Rows(memory) == Rows(ahead));
   const graphmod::TableCounters p = plain.counters(), a = ahead.counters();
-  std::printf("prefetch: steps promoted %lld rows without, %lld with (%lld prefetched)\n",
-              static_cast<long long>(p.promoted), static_cast<long long>(a.promoted),
+  std::printf("prefetch (%s): steps promoted %lld rows without, %lld with (%lld prefetched)\n",
+              layout, static_cast<long long>(p.promoted), static_cast<long long>(a.promoted),
               static_cast<long long>(a.prefetched));
   // Steps of the plain tiered table read from disk; with the prefetch none
   // did: the rows it brought up were still in memory at their step (not
-  // spilled by the step under way).
+  // spilled by the step under way). No handle went stale.
   CHECK(p.promoted > 100 && a.prefetched > 100);
   CHECK(a.promoted == 0 && p.prefetched == 0);
-  CHECK(a.cold_rows > 0);
+  CHECK(a.cold_rows > 0 && a.stale == 0);
   // Without a disk tier the hint does nothing.
   CHECK(memory.Prefetch(next.data(), next.size(), SerialRunner).empty());
   CHECK(memory.counters().prefetched == 0);
@@ -405,7 +414,8 @@ int main() {
   CHECK(std::system(("rm -rf " + StoragePath()).c_str()) == 0);
   TestTrainsAsInMemory();
   TestOverlappingStepsKeepTheirHandles();
-  TestPrefetchServesTheNextStep();
+  TestPrefetchServesTheNextStep("arena");
+  TestPrefetchServesTheNextStep("buckets");
   TestDamagedRecordFailsLoudly();
   TestUnusableStoragePath();
   TestOrphansRemoved();

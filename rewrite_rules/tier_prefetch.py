@@ -37,13 +37,15 @@ class _NoPrefetch(Exception):
 def rewrite(rw, conversions, context: Context) -> None:
     if not context.training:
         return
-    wanted = [(lk.table, keys) for lk in (context.built("gather_to_lookup", c)
-                                          for c in conversions if c.training)
-              if lk.table.memory_budget for keys, _ in lk.reads]
+    wanted = {(lk.table.name, keys.ref()): (lk.table, keys)
+              for lk in (context.built("gather_to_lookup", c) for c in conversions if c.training)
+              if lk.table.memory_budget for keys, _ in lk.reads}
     if not wanted:
         return
     plans: Dict[tf.Operation, List[Tuple["graphmod.Table", tf.Tensor, List[tf.Operation]]]] = {}
-    for table, keys in wanted:
+    why_not: Dict[str, str] = {}  # table -> why (one of) its lookups' keys are not prefetched
+    prefetched = set()
+    for table, keys in wanted.values():
         try:
             if context.ranks > 1 or context.ps_tasks > 0:
                 raise _NoPrefetch("its table is sharded, and the next step's keys are known "
@@ -51,19 +53,24 @@ def rewrite(rw, conversions, context: Context) -> None:
             get_next, ops = _pure_path(keys)
             plans.setdefault(get_next, []).append((table, keys, ops))
         except _NoPrefetch as e:
-            context.prefetch.setdefault(table.name, str(e))
+            why_not.setdefault(table.name, str(e))
     for get_next, keyed in plans.items():
         try:
             make = _make_iterator(get_next)
-        except _NoPrefetch as e:
+            with rw.rule(NAME):
+                # Built before anything is rerouted: a failure leaves the graph as it was.
+                ahead = _prefetching(make.inputs[0], get_next, keyed)
+        except (_NoPrefetch, ValueError, TypeError) as e:
             for table, _, _ in keyed:
-                context.prefetch.setdefault(table.name, str(e))
+                why_not.setdefault(table.name, str(e))
             continue
         with rw.rule(NAME):
-            dataset = make.inputs[0]
-            rw.reroute(dataset, _prefetching(dataset, get_next, keyed), consumers=[make])
-        for table, _, _ in keyed:
-            context.prefetch.setdefault(table.name, "")
+            rw.reroute(make.inputs[0], ahead, consumers=[make])
+        prefetched.update(table.name for table, _, _ in keyed)
+    for name, why in why_not.items():
+        context.prefetch[name] = (f"some of its lookups: {why}" if name in prefetched else why)
+    for name in prefetched - set(why_not):
+        context.prefetch[name] = ""
 
 
 def _pure_path(keys: tf.Tensor) -> Tuple[tf.Operation, List[tf.Operation]]:
@@ -78,7 +85,8 @@ def _pure_path(keys: tf.Tensor) -> Tuple[tf.Operation, List[tf.Operation]]:
         if op.type == "IteratorGetNext":
             sources.add(op)
             continue
-        if op.op_def.is_stateful or op.type == "Placeholder":
+        # (A fed placeholder's default is not what the step reads.)
+        if op.op_def.is_stateful or op.type in ("Placeholder", "PlaceholderWithDefault"):
             raise _NoPrefetch(f"its keys are computed with {op.type} op '{op.name}', which the "
                               "input pipeline cannot run")
         if op._control_flow_context is not None:  # pylint: disable=protected-access
@@ -96,10 +104,16 @@ def _pure_path(keys: tf.Tensor) -> Tuple[tf.Operation, List[tf.Operation]]:
 
 def _make_iterator(get_next: tf.Operation) -> tf.Operation:
     """The MakeIterator op that makes get_next's iterator from a dataset."""
-    makes = [op for op in get_next.inputs[0].consumers() if op.type == "MakeIterator"]
+    iterator = get_next.inputs[0]
+    consumers = {op.type for op in iterator.consumers()}
+    if "SerializeIterator" in consumers:
+        # Its state is saved (CheckpointInputPipelineHook), and a map with a
+        # table's op in it cannot be.
+        raise _NoPrefetch(f"the state of its iterator ('{iterator.op.name}') is checkpointed")
+    makes = [op for op in iterator.consumers() if op.type == "MakeIterator"]
     if len(makes) != 1:
-        raise _NoPrefetch(f"its iterator ('{get_next.inputs[0].op.name}') is not made from a "
-                          "dataset of this graph (a one-shot iterator?)")
+        raise _NoPrefetch(f"its iterator ('{iterator.op.name}') is made from "
+                          f"{len(makes) or 'no'} dataset(s) of this graph, not one")
     return makes[0]
 
 
@@ -107,21 +121,25 @@ def _prefetching(dataset: tf.Tensor, get_next: tf.Operation, keyed) -> tf.Tensor
     """dataset, with each element's keys prefetched one element ahead."""
     spec = tuple(tf.TensorSpec(shape, dtype) for shape, dtype in
                  zip(get_next.get_attr("output_shapes"), get_next.get_attr("output_types")))
-    copies = [(table, _subgraph(keys, ops), keys.name) for table, keys, ops in keyed]
+    copies = [(table, keys, _subgraph(keys, ops)) for table, keys, ops in keyed]
 
     @tf.autograph.experimental.do_not_convert
     def prefetch_keys(*element):
         done = []
-        for table, graph_def, keys_name in copies:
+        for table, keys, graph_def in copies:
+            if keys.op is get_next:  # an element's component itself
+                done.append(table.prefetch(element[keys.value_index]))
+                continue
             used = {f"{get_next.name}:{i}": element[i] for i in _outputs_read(graph_def, get_next)}
-            keys, = tf.graph_util.import_graph_def(graph_def, input_map=used,
-                                                   return_elements=[keys_name], name="keys")
-            done.append(table.prefetch(keys))
+            copy, = tf.graph_util.import_graph_def(graph_def, input_map=used,
+                                                   return_elements=[keys.name], name="keys")
+            done.append(table.prefetch(copy))
         with tf.control_dependencies(done):
             return tuple(tf.identity(t) for t in element)
 
-    ahead = dataset_ops._VariantDataset(dataset, spec).map(prefetch_keys).prefetch(1)  # pylint: disable=protected-access
-    return ahead._variant_tensor  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    ahead = dataset_ops._VariantDataset(dataset, spec).map(prefetch_keys).prefetch(1)
+    return ahead._variant_tensor
 
 
 def _outputs_read(graph_def: tf.compat.v1.GraphDef, op: tf.Operation) -> List[int]:

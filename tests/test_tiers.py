@@ -155,30 +155,48 @@ def _item_model(column_of):
     return model_fn
 
 
-@pytest.mark.parametrize("case", ["tensors", "vocabulary"])
-def test_keys_the_input_pipeline_cannot_compute_are_read_by_the_step_and_reported(tmp_path, case):
+@pytest.mark.parametrize("case", ["tensors", "vocabulary", "component"])
+def test_the_input_pipeline_prefetches_keys_it_can_compute_and_reports_the_rest(tmp_path, case):
     """No prefetch where the next keys cannot be computed from a tf.data
     element: input_fn returns tensors (no iterator), or the keys need a
-    vocabulary table's lookup (state). The report says why; training runs."""
+    vocabulary table's lookup (state); the report says why. Keys that are an
+    element's component itself (int64 ids gathered as they come) are
+    prefetched. Training runs in every case."""
     ids = np.arange(256) % 40
+    labels = (ids % 3 == 0).astype(np.float32)
+    table = TABLE
     if case == "tensors":
         def input_fn():
-            return {"item": tf.constant(ids)}, tf.constant((ids % 3 == 0).astype(np.float32))
+            return {"item": tf.constant(ids)}, tf.constant(labels)
         column = lambda: tf.feature_column.embedding_column(  # noqa: E731
             tf.feature_column.categorical_column_with_identity("item", 40), 4)
     else:
         def input_fn():
-            return tf.data.Dataset.from_tensor_slices(
-                ({"item": ids.astype(str)}, (ids % 3 == 0).astype(np.float32))).repeat().batch(32)
+            items = ids.astype(str) if case == "vocabulary" else ids
+            return tf.data.Dataset.from_tensor_slices(({"item": items}, labels)).repeat().batch(32)
         column = lambda: tf.feature_column.embedding_column(  # noqa: E731
             tf.feature_column.categorical_column_with_vocabulary_list(
                 "item", [str(i) for i in range(40)]), 4)
+    model_fn = _item_model(column)
+    if case == "component":
+        table = "item_emb"
+
+        def model_fn(features, labels, mode):  # noqa: F811
+            emb = tf.nn.embedding_lookup(tf1.get_variable("item_emb", [40, 4]), features["item"])
+            logits = tf.squeeze(tf1.layers.dense(emb, 1), 1)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                          logits=logits))
+            train_op = tf1.train.AdagradOptimizer(0.3).minimize(
+                loss, global_step=tf1.train.get_or_create_global_step())
+            return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
     model_dir = str(tmp_path / "model")
     settings = graphmod.TableSettings(memory_budget=0.25, storage_path=str(tmp_path / "tier"))
-    tf.estimator.Estimator(_item_model(column), model_dir).train(
+    tf.estimator.Estimator(model_fn, model_dir).train(
         input_fn, steps=3,
-        hooks=[graphmod.GraphModifierHook(min_rows=10, tables={TABLE: settings})])
+        hooks=[graphmod.GraphModifierHook(min_rows=10, tables={table: settings})])
     report = json.load(open(os.path.join(model_dir, "graphmod", "rewrite_report_train.json")))
-    why_not = report["prefetch"][TABLE]
-    assert ("do not come from one tf.data iterator" if case == "tensors"
-            else "LookupTableFindV2") in why_not, why_not
+    assert [t["table"] for t in report["tables"]] == [table]
+    why_not = report["prefetch"][table]
+    assert why_not == "" if case == "component" else (
+        "do not come from one tf.data iterator" if case == "tensors"
+        else "LookupTableFindV2") in why_not, why_not

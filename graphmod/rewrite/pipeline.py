@@ -140,7 +140,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
         unsqueezed_keys=context.unsqueezed,
         squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
         replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
-        warm_started=context.warm_started, prefetch=context.prefetch, sharded_ranks=context.ranks if ready else 1,
+        warm_started=context.warm_started, prefetch=context.prefetch,
+        sharded_ranks=context.ranks if ready else 1,
         counters=context.counters, record=rw.record())
     return report
 
