@@ -99,7 +99,11 @@ class TableSettings:
 
     initializer, default_value, max_rows, when_full, num_shards,
     admission_sketch_width, layout, memory_budget and storage_path are those
-    of graphmod.create_table;
+    of graphmod.create_table; prefetch (with a memory_budget): the input
+    pipeline brings up each step's rows from disk while the step before
+    trains, where it can compute the step's keys (rewrite_rules.tier_prefetch;
+    it costs a second pass over the keys, which pays where a core is free or
+    reads wait on the disk); False: each step reads its own;
     access_threshold, eviction_threshold and eviction_unit those of
     graphmod.FeatureSpec; convert=False keeps the variable dense.
     """
@@ -115,6 +119,7 @@ class TableSettings:
     layout: str = "arena"
     memory_budget: Optional[float] = None
     storage_path: Optional[str] = None
+    prefetch: bool = True
     convert: bool = True
 
     def __post_init__(self):

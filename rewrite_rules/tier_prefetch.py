@@ -1,7 +1,7 @@
 """Rule: the input pipeline brings up the next step's cold rows while a step trains.
 
-Matches the training lookups of tables with a disk tier (memory_budget)
-whose keys are a pure function of one tf.data iterator's elements: every op
+Matches the training lookups of tables with a disk tier (memory_budget;
+TableSettings(prefetch=False) turns it off) whose keys are a pure function of one tf.data iterator's elements: every op
 between the iterator's IteratorGetNext and the keys is stateless, takes no
 resource and is outside control flow, and the iterator is made (MakeIterator)
 from a dataset in this graph, as Estimator.train makes it from an input_fn's
@@ -37,13 +37,18 @@ class _NoPrefetch(Exception):
 def rewrite(rw, conversions, context: Context) -> None:
     if not context.training:
         return
-    wanted = {(lk.table.name, keys.ref()): (lk.table, keys)
-              for lk in (context.built("gather_to_lookup", c) for c in conversions if c.training)
-              if lk.table.memory_budget for keys, _ in lk.reads}
-    if not wanted:
-        return
-    plans: Dict[tf.Operation, List[Tuple["graphmod.Table", tf.Tensor, List[tf.Operation]]]] = {}
     why_not: Dict[str, str] = {}  # table -> why (one of) its lookups' keys are not prefetched
+    wanted = {}
+    for c in conversions:
+        lookups = context.built("gather_to_lookup", c)
+        if not c.training or not lookups.table.memory_budget:
+            continue
+        if not c.settings.prefetch:
+            why_not[lookups.table.name] = "TableSettings(prefetch=False)"
+            continue
+        wanted.update({(lookups.table.name, keys.ref()): (lookups.table, keys)
+                       for keys, _ in lookups.reads})
+    plans: Dict[tf.Operation, List[Tuple["graphmod.Table", tf.Tensor, List[tf.Operation]]]] = {}
     prefetched = set()
     for table, keys in wanted.values():
         try:

@@ -155,13 +155,14 @@ def _item_model(column_of):
     return model_fn
 
 
-@pytest.mark.parametrize("case", ["tensors", "vocabulary", "component"])
+@pytest.mark.parametrize("case", ["tensors", "vocabulary", "component", "off"])
 def test_the_input_pipeline_prefetches_keys_it_can_compute_and_reports_the_rest(tmp_path, case):
     """No prefetch where the next keys cannot be computed from a tf.data
     element: input_fn returns tensors (no iterator), or the keys need a
     vocabulary table's lookup (state); the report says why. Keys that are an
     element's component itself (int64 ids gathered as they come) are
-    prefetched. Training runs in every case."""
+    prefetched, unless TableSettings(prefetch=False). Training runs in every
+    case."""
     ids = np.arange(256) % 40
     labels = (ids % 3 == 0).astype(np.float32)
     table = TABLE
@@ -178,7 +179,7 @@ def test_the_input_pipeline_prefetches_keys_it_can_compute_and_reports_the_rest(
             tf.feature_column.categorical_column_with_vocabulary_list(
                 "item", [str(i) for i in range(40)]), 4)
     model_fn = _item_model(column)
-    if case == "component":
+    if case in ("component", "off"):
         table = "item_emb"
 
         def model_fn(features, labels, mode):  # noqa: F811
@@ -190,13 +191,14 @@ def test_the_input_pipeline_prefetches_keys_it_can_compute_and_reports_the_rest(
                 loss, global_step=tf1.train.get_or_create_global_step())
             return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
     model_dir = str(tmp_path / "model")
-    settings = graphmod.TableSettings(memory_budget=0.25, storage_path=str(tmp_path / "tier"))
+    settings = graphmod.TableSettings(memory_budget=0.25, storage_path=str(tmp_path / "tier"),
+                                      prefetch=case != "off")
     tf.estimator.Estimator(model_fn, model_dir).train(
         input_fn, steps=3,
         hooks=[graphmod.GraphModifierHook(min_rows=10, tables={table: settings})])
     report = json.load(open(os.path.join(model_dir, "graphmod", "rewrite_report_train.json")))
     assert [t["table"] for t in report["tables"]] == [table]
     why_not = report["prefetch"][table]
-    assert why_not == "" if case == "component" else (
-        "do not come from one tf.data iterator" if case == "tensors"
-        else "LookupTableFindV2") in why_not, why_not
+    expected = dict(tensors="do not come from one tf.data iterator",
+                    vocabulary="LookupTableFindV2", off="TableSettings(prefetch=False)")
+    assert why_not == "" if case == "component" else expected[case] in why_not, why_not
