@@ -173,10 +173,9 @@ struct TableShard {
   // Brings the cold rows of n keys (memory misses among them; hashes h) into
   // memory, in one batched disk read. Keys whose record could not be read
   // stay on disk and go to *unreadable (the caller must not give them a new
-  // row); returns "" or the first read error.
-  // Adds the rows moved to *moved_up (promoted, or prefetched). With
-  // stage_for > 0 (a prefetch), stages the keys for the step stamping
-  // stage_for (see Staged).
+  // row); returns "" or the first read error. Adds the rows moved to
+  // *moved_up (promoted, or prefetched). With stage_for > 0 (a prefetch),
+  // stages the keys for the step stamping stage_for (see Staged).
   std::string Promote(const int64_t* keys, const uint64_t* h, size_t n, int64_t version,
                       std::vector<int64_t>* unreadable, int64_t* moved_up,
                       int64_t stage_for = 0) {
@@ -222,7 +221,7 @@ struct TableShard {
       // Changed since the last full save: a delta must list it (by ref now).
       if (changes.tracking() && Header(rec)->version > changes.mark()) changes.NoteDirty(ref);
       moved.push_back(cold[i]);
-      if (stage_for != 0) staged.push_back({cold[i], cold_h[i], stage_for});
+      if (stage_for > 0) staged.push_back({cold[i], cold_h[i], stage_for});
     }
     tier->Erase(moved.data(), moved.size());
     *moved_up += static_cast<int64_t>(moved.size());
@@ -259,8 +258,8 @@ struct TableShard {
   // of it (so spills come in batches): the least recently used first (least
   // often under when_full "lfu"), never a row looked up by the last
   // kSparedVersions steps nor one staged for a coming step (step_version:
-  // the step under way's; larger than every version spares nothing). Returns "" or the write error; then the
-  // rows stay in memory.
+  // the step under way's; larger than every version spares nothing).
+  // Returns "" or the write error; then the rows stay in memory.
   std::string Spill(int64_t step_version) {
     if (!tier) return "";
     const size_t budget = BudgetRows();
