@@ -10,15 +10,26 @@ writes into the model_dir and what a portable export reads its state from.
 
 >>> state = latest("/models/ctr")          # which checkpoint, deltas, step
 >>> write(state, "/tmp/merged/model.ckpt")  # one checkpoint of all of it
+
+A table whose rows take more than STAND_IN_BUDGET bytes passes through a
+stand-in table with a disk tier (that much in memory, the rest in a scratch
+directory beside the output); restores and saves stream, so a table larger
+than memory merges.
 """
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
+import uuid
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 tf1 = tf.compat.v1
+
+# Bytes of rows a stand-in table keeps in memory; beyond it rows wait on disk.
+STAND_IN_BUDGET = 256 << 20
 
 
 class StateError(ValueError):
@@ -100,9 +111,11 @@ def dense_entries(checkpoint: str, tables) -> Dict[str, tuple]:
     return out
 
 
-def stand_in(checkpoint: str):
+def stand_in(checkpoint: str, storage: Optional[str] = None):
     """(tables, variables) recreating what `checkpoint` holds, in the default
-    graph: what graphmod's TableSaver restores it into."""
+    graph: what graphmod's TableSaver restores it into. With `storage` (a
+    local directory), tables larger than STAND_IN_BUDGET bytes of rows keep
+    that much in memory and the rest there."""
     import graphmod  # pylint: disable=import-outside-toplevel
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
     from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
@@ -116,7 +129,11 @@ def stand_in(checkpoint: str):
         slots = e["slots"][1] if "slots" in e else 0
         # Only the number of slot rows matters to saving and restoring.
         opt = optimizers.with_slots("", [0.0] * slots) if slots else None
-        tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt))
+        # (Rows of the full checkpoint; its deltas change the count little.)
+        row_bytes = e["values"][1] * 4 * (1 + slots) + 32
+        large = storage and e["keys"][0] * row_bytes > STAND_IN_BUDGET
+        tier = dict(memory_budget=STAND_IN_BUDGET, storage_path=storage) if large else {}
+        tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt, **tier))
     variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
                  for name, (shape, dtype) in sorted(dense_entries(checkpoint, entries).items())]
     return tables, variables
@@ -128,10 +145,30 @@ def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tup
     was read is in it too). recover: the model_dir's checkpoint paths, when
     the checkpoint is written into it (its `checkpoint` state file is
     updated, keeping them); None writes no state file."""
+    scratch = _scratch_beside(prefix)
+    try:
+        return _write(state, prefix, recover, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # the tables removed their files
+
+
+def _scratch_beside(prefix: str) -> str:
+    """A fresh directory for the stand-in tables' disk tiers: beside the
+    output (on its disk, which holds a copy of the rows anyway), or in the
+    temporary directory when the output is not a local path."""
+    folder = os.path.dirname(os.path.abspath(prefix)) if "://" not in prefix else None
+    if folder is None or not os.path.isdir(folder):
+        folder = tempfile.gettempdir()
+    path = os.path.join(folder, f".graphmod-merge-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(path)
+    return path
+
+
+def _write(state: State, prefix: str, recover: Optional[List[str]], scratch: str):
     from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
     with tf.Graph().as_default():
-        _, variables = stand_in(state.checkpoint)
+        _, variables = stand_in(state.checkpoint, storage=scratch)
         saver = TableSaver(sharded=False, max_to_keep=None)
         saver.build()
         with tf1.Session() as sess:
