@@ -19,9 +19,7 @@ than memory merges.
 import dataclasses
 import json
 import os
-import shutil
 import tempfile
-import uuid
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
@@ -149,18 +147,23 @@ def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tup
     try:
         return _write(state, prefix, recover, scratch)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)  # the tables removed their files
+        try:  # the tables removed their own files; a concurrent merge may still use it
+            os.rmdir(scratch)
+        except OSError:
+            pass
 
 
 def _scratch_beside(prefix: str) -> str:
-    """A fresh directory for the stand-in tables' disk tiers: beside the
-    output (on its disk, which holds a copy of the rows anyway), or in the
-    temporary directory when the output is not a local path."""
+    """The directory for the stand-in tables' disk tiers: beside the output
+    (on its disk, which holds a copy of the rows anyway), or in the temporary
+    directory when the output is not a local path. One path for every merge
+    there, so a merge opening its tables removes what a killed one left
+    (the disk tier's orphans)."""
     folder = os.path.dirname(os.path.abspath(prefix)) if "://" not in prefix else None
     if folder is None or not os.path.isdir(folder):
         folder = tempfile.gettempdir()
-    path = os.path.join(folder, f".graphmod-merge-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.makedirs(path)
+    path = os.path.join(folder, ".graphmod-merge")
+    os.makedirs(path, exist_ok=True)
     return path
 
 
