@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -109,11 +109,12 @@ def dense_entries(checkpoint: str, tables) -> Dict[str, tuple]:
     return out
 
 
-def stand_in(checkpoint: str, storage: Optional[str] = None):
+def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[str] = ()):
     """(tables, variables) recreating what `checkpoint` holds, in the default
     graph: what graphmod's TableSaver restores it into. With `storage` (a
-    local directory), tables larger than STAND_IN_BUDGET bytes of rows keep
-    that much in memory and the rest there."""
+    local directory), tables whose rows in the checkpoint and its `deltas`
+    may take more than STAND_IN_BUDGET bytes keep that much in memory and
+    the rest there."""
     import graphmod  # pylint: disable=import-outside-toplevel
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
     from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
@@ -127,14 +128,21 @@ def stand_in(checkpoint: str, storage: Optional[str] = None):
         slots = e["slots"][1] if "slots" in e else 0
         # Only the number of slot rows matters to saving and restoring.
         opt = optimizers.with_slots("", [0.0] * slots) if slots else None
-        # (Rows of the full checkpoint; its deltas change the count little.)
+        # At most: a record is a 24-byte header, values and slots, 8-aligned.
         row_bytes = e["values"][1] * 4 * (1 + slots) + 32
-        large = storage and e["keys"][0] * row_bytes > STAND_IN_BUDGET
+        rows = e["keys"][0] + sum(_delta_rows(d, name) for d in deltas)
+        large = storage and rows * row_bytes > STAND_IN_BUDGET
         tier = dict(memory_budget=STAND_IN_BUDGET, storage_path=storage) if large else {}
         tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt, **tier))
     variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
                  for name, (shape, dtype) in sorted(dense_entries(checkpoint, entries).items())]
     return tables, variables
+
+
+def _delta_rows(delta: str, table: str) -> int:
+    """Rows a delta writes of a table (its index only is read)."""
+    shape = tf.train.load_checkpoint(delta).get_variable_to_shape_map().get(f"{table}-keys")
+    return shape[0] if shape else 0
 
 
 def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tuple[str, State]:
@@ -155,14 +163,14 @@ def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tup
 
 def _scratch_beside(prefix: str) -> str:
     """The directory for the stand-in tables' disk tiers: beside the output
-    (on its disk, which holds a copy of the rows anyway), or in the temporary
-    directory when the output is not a local path. One path for every merge
-    there, so a merge opening its tables removes what a killed one left
-    (the disk tier's orphans)."""
-    folder = os.path.dirname(os.path.abspath(prefix)) if "://" not in prefix else None
-    if folder is None or not os.path.isdir(folder):
-        folder = tempfile.gettempdir()
-    path = os.path.join(folder, ".graphmod-merge")
+    (on its disk, which holds a copy of the rows anyway), or, when the output
+    is not a local path, the user's own in the temporary directory. One path
+    for every merge there, so a merge opening its tables removes what a
+    killed one left (the disk tier's orphans)."""
+    if "://" in prefix:
+        path = os.path.join(tempfile.gettempdir(), f"graphmod-merge-{os.getuid()}")
+    else:
+        path = os.path.join(os.path.dirname(os.path.abspath(prefix)), ".graphmod-merge")
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -171,7 +179,7 @@ def _write(state: State, prefix: str, recover: Optional[List[str]], scratch: str
     from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
     with tf.Graph().as_default():
-        _, variables = stand_in(state.checkpoint, storage=scratch)
+        _, variables = stand_in(state.checkpoint, storage=scratch, deltas=state.deltas)
         saver = TableSaver(sharded=False, max_to_keep=None)
         saver.build()
         with tf1.Session() as sess:
