@@ -123,6 +123,7 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     # exporting while it trains with graphmod.distributed.enable()).
     graph_state().sharded = False
     entries = table_entries(checkpoint)
+    delta_rows = _rows_written(deltas) if storage else {}
     tables = []
     for name, e in sorted(entries.items()):
         slots = e["slots"][1] if "slots" in e else 0
@@ -130,7 +131,7 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
         opt = optimizers.with_slots("", [0.0] * slots) if slots else None
         # At most: a record is a 24-byte header, values and slots, 8-aligned.
         row_bytes = e["values"][1] * 4 * (1 + slots) + 32
-        rows = e["keys"][0] + sum(_delta_rows(d, name) for d in deltas)
+        rows = e["keys"][0] + delta_rows.get(name, 0)
         large = storage and rows * row_bytes > STAND_IN_BUDGET
         tier = dict(memory_budget=STAND_IN_BUDGET, storage_path=storage) if large else {}
         tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt, **tier))
@@ -139,10 +140,23 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     return tables, variables
 
 
-def _delta_rows(delta: str, table: str) -> int:
-    """Rows a delta writes of a table (its index only is read)."""
-    shape = tf.train.load_checkpoint(delta).get_variable_to_shape_map().get(f"{table}-keys")
-    return shape[0] if shape else 0
+def _rows_written(deltas: Sequence[str]) -> Dict[str, int]:
+    """{table: rows} the deltas write, whole or in parts (Horovod ranks, ps
+    tasks: distributed.checkpoints.part_prefix): an estimate from their
+    indexes; an unreadable one counts none (the restore then names it)."""
+    rows: Dict[str, int] = {}
+    for delta in deltas:
+        indexes = tf.io.gfile.glob(delta + ".index") + tf.io.gfile.glob(delta + ".tables-*.index")
+        for index in indexes:
+            try:
+                shapes = tf.train.load_checkpoint(index[:-len(".index")]).get_variable_to_shape_map()
+            except (tf.errors.OpError, ValueError):
+                continue
+            for name, shape in shapes.items():
+                if name.endswith("-keys"):  # (not -removed_keys, -pending_keys)
+                    table = name[:-len("-keys")]
+                    rows[table] = rows.get(table, 0) + shape[0]
+    return rows
 
 
 def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tuple[str, State]:
