@@ -24,6 +24,7 @@ from typing import Dict, List, Tuple
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
+from graphmod.rewrite.index import GraphIndex, walk
 from graphmod.rewrite.rule import Context
 
 NAME = "tier_prefetch"
@@ -55,13 +56,13 @@ def rewrite(rw, conversions, context: Context) -> None:
             if context.ranks > 1 or context.ps_tasks > 0:
                 raise _NoPrefetch("its table is sharded, and the next step's keys are known "
                                   "only after the exchange")
-            get_next, ops = _pure_path(keys)
+            get_next, ops = _pure_path(keys, rw.index)
             plans.setdefault(get_next, []).append((table, keys, ops))
         except _NoPrefetch as e:
             why_not.setdefault(table.name, str(e))
     for get_next, keyed in plans.items():
         try:
-            make = _make_iterator(get_next)
+            make = _make_iterator(get_next, rw.index)
             with rw.rule(NAME):
                 # Built before anything is rerouted: a failure leaves the graph as it was.
                 ahead = _prefetching(make.inputs[0], get_next, keyed)
@@ -78,15 +79,14 @@ def rewrite(rw, conversions, context: Context) -> None:
         context.prefetch[name] = ""
 
 
-def _pure_path(keys: tf.Tensor) -> Tuple[tf.Operation, List[tf.Operation]]:
+def _pure_path(keys: tf.Tensor, index: GraphIndex) -> Tuple[tf.Operation, List[tf.Operation]]:
     """The IteratorGetNext keys come from, and the ops computing them from it."""
-    seen, ops, sources = set(), [], set()
-    stack = [keys.op]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
+    ops, sources = [], set()
+
+    def inputs(op):  # the walk stops at the iterator's outputs
+        return () if op.type == "IteratorGetNext" else [t.op for t in op.inputs]
+
+    for op in walk([keys.op], inputs):
         if op.type == "IteratorGetNext":
             sources.add(op)
             continue
@@ -94,28 +94,27 @@ def _pure_path(keys: tf.Tensor) -> Tuple[tf.Operation, List[tf.Operation]]:
         if op.op_def.is_stateful or op.type in ("Placeholder", "PlaceholderWithDefault"):
             raise _NoPrefetch(f"its keys are computed with {op.type} op '{op.name}', which the "
                               "input pipeline cannot run")
-        if op._control_flow_context is not None:  # pylint: disable=protected-access
+        if index.in_control_flow(op):
             raise _NoPrefetch(f"its keys are computed in control flow ('{op.name}')")
         if any(t.dtype == tf.resource for t in op.inputs) or any(
                 v.HasField("func") or v.list.func for v in op.node_def.attr.values()):
             raise _NoPrefetch(f"its keys are computed with state or a function ('{op.name}')")
         ops.append(op)
-        stack.extend(t.op for t in op.inputs)
     if len(sources) != 1:
         raise _NoPrefetch("its keys do not come from one tf.data iterator" if not sources else
                           "its keys come from more than one tf.data iterator")
     return sources.pop(), ops
 
 
-def _make_iterator(get_next: tf.Operation) -> tf.Operation:
+def _make_iterator(get_next: tf.Operation, index: GraphIndex) -> tf.Operation:
     """The MakeIterator op that makes get_next's iterator from a dataset."""
     iterator = get_next.inputs[0]
-    consumers = {op.type for op in iterator.consumers()}
-    if "SerializeIterator" in consumers:
+    consumers = index.consumers(iterator)
+    if any(op.type == "SerializeIterator" for op in consumers):
         # Its state is saved (CheckpointInputPipelineHook), and a map with a
         # table's op in it cannot be.
         raise _NoPrefetch(f"the state of its iterator ('{iterator.op.name}') is checkpointed")
-    makes = [op for op in iterator.consumers() if op.type == "MakeIterator"]
+    makes = [op for op in consumers if op.type == "MakeIterator"]
     if len(makes) != 1:
         raise _NoPrefetch(f"its iterator ('{iterator.op.name}') is made from "
                           f"{len(makes) or 'no'} dataset(s) of this graph, not one")

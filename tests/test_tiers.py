@@ -168,10 +168,10 @@ def test_a_bad_tier_setting_is_named():
         graphmod.TableSettings(memory_budget=0.5, storage_path="/tmp/x", max_rows=1000)
 
 
-def _item_model(column_of):
-    """examples/tier_train.py's model with the item column column_of() builds."""
+def _item_model(embed):
+    """examples/tier_train.py's model over the rows embed(features) reads."""
     def model_fn(features, labels, mode):
-        emb = tf1.feature_column.input_layer(features, [column_of()])
+        emb = embed(features)
         logits = tf.squeeze(tf1.layers.dense(emb, 1), 1)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
@@ -204,18 +204,13 @@ def test_the_input_pipeline_prefetches_keys_it_can_compute_and_reports_the_rest(
         column = lambda: tf.feature_column.embedding_column(  # noqa: E731
             tf.feature_column.categorical_column_with_vocabulary_list(
                 "item", [str(i) for i in range(40)]), 4)
-    model_fn = _item_model(column)
     if case in ("component", "off"):
         table = "item_emb"
-
-        def model_fn(features, labels, mode):  # noqa: F811
-            emb = tf.nn.embedding_lookup(tf1.get_variable("item_emb", [40, 4]), features["item"])
-            logits = tf.squeeze(tf1.layers.dense(emb, 1), 1)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
-                                                                          logits=logits))
-            train_op = tf1.train.AdagradOptimizer(0.3).minimize(
-                loss, global_step=tf1.train.get_or_create_global_step())
-            return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        model_fn = _item_model(lambda features: tf.nn.embedding_lookup(
+            tf1.get_variable("item_emb", [40, 4]), features["item"]))
+    else:
+        model_fn = _item_model(lambda features: tf1.feature_column.input_layer(
+            features, [column()]))
     model_dir = str(tmp_path / "model")
     settings = graphmod.TableSettings(memory_budget=0.25, storage_path=str(tmp_path / "tier"),
                                       prefetch=case != "off")
