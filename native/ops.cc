@@ -336,6 +336,23 @@ REGISTER_OP("GraphmodTableRestore")
          "sketch. Checks the format, every type and shape before any change. Returns the rows "
          "imported. A V1 checkpoint is read too, each entry whole.");
 
+REGISTER_OP("GraphmodCheckpointRowSlices")
+    .Input("prefix: string")
+    .Input("entry: string")
+    .Output("starts: int64")
+    .Output("lengths: int64")
+    .SetIsStateful()  // reads a file, which may change between runs
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The row ranges [start, start + length) of the stored slices of checkpoint entry "
+         "`entry` at `prefix`, in order: one range for an entry stored whole (or in a V1 "
+         "checkpoint), none for no rows. Fails unless they cover the entry's rows exactly once, "
+         "each cut along rows only. A reader that restores one range at a time (RestoreV2 with "
+         "that slice) reads each stored slice once and never the entry whole.");
+
 REGISTER_OP("GraphmodTableClear")
     .Input("table: resource")
     .SetIsStateful()

@@ -103,6 +103,41 @@ class Checkpoint {
   std::unique_ptr<TensorSliceReader> v1_;
 };
 
+// The row ranges of the stored slices of entry `key` with n rows, in order
+// (one range for an entry stored whole, none for no rows); an
+// InvalidArgument error unless they cover the rows exactly once, each whole
+// in its other dims.
+Status StoredRanges(Checkpoint& reader, const std::string& key, const std::string& prefix,
+                    int64_t n, std::vector<std::pair<int64_t, int64_t>>* ranges) {
+  std::vector<TensorSlice> slices;
+  TF_RETURN_IF_ERROR(reader.Slices(key, &slices));
+  if (slices.empty()) {
+    if (n > 0) ranges->emplace_back(0, n);
+    return ::tensorflow::OkStatus();
+  }
+  for (const TensorSlice& s : slices) {
+    for (int dim = 1; dim < s.dims(); ++dim)
+      if (!s.IsFullAt(dim))
+        return ::tensorflow::errors::InvalidArgument(
+            "a stored slice of ", key, " in '", prefix, "' is cut along dimension ", dim,
+            ", not along its rows only");
+    ranges->emplace_back(s.start(0), s.IsFullAt(0) ? n : s.length(0));
+  }
+  std::sort(ranges->begin(), ranges->end());
+  int64_t end = 0;
+  for (const auto& [start, length] : *ranges) {
+    if (start != end) {
+      end = -1;  // a gap or an overlap
+      break;
+    }
+    end += length;
+  }
+  if (end != n)
+    return ::tensorflow::errors::InvalidArgument("the stored slices of ", key, " in '", prefix,
+                                                 "' do not cover its ", n, " rows once");
+  return ::tensorflow::OkStatus();
+}
+
 class RestoreOp : public TableKernel {
  public:
   explicit RestoreOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
@@ -302,39 +337,13 @@ class RestoreOp : public TableKernel {
     return ::tensorflow::OkStatus();
   }
 
-  // The row ranges of the stored slices of entry `key` with n rows, in
-  // order (one range for an entry stored whole, none for no rows); an error
-  // unless they cover the rows exactly once, each whole in its other dims.
+  // StoredRanges, its errors naming the table.
   static Status Ranges(const EmbeddingTable& t, const std::string& key, const std::string& prefix,
                        Checkpoint& reader, int64_t n,
                        std::vector<std::pair<int64_t, int64_t>>* ranges) {
-    std::vector<TensorSlice> slices;
-    TF_RETURN_IF_ERROR(Named(t, prefix, reader.Slices(key, &slices)));
-    if (slices.empty()) {
-      if (n > 0) ranges->emplace_back(0, n);
-      return ::tensorflow::OkStatus();
-    }
-    for (const TensorSlice& s : slices) {
-      for (int dim = 1; dim < s.dims(); ++dim)
-        if (!s.IsFullAt(dim))
-          return TableError(t, "a stored slice of " + key + " in '" + prefix +
-                                   "' is cut along dimension " + std::to_string(dim) +
-                                   ", not along its rows only");
-      ranges->emplace_back(s.start(0), s.IsFullAt(0) ? n : s.length(0));
-    }
-    std::sort(ranges->begin(), ranges->end());
-    int64_t end = 0;
-    for (const auto& [start, length] : *ranges) {
-      if (start != end) {
-        end = -1;  // a gap or an overlap
-        break;
-      }
-      end += length;
-    }
-    if (end != n)
-      return TableError(t, "the stored slices of " + key + " in '" + prefix +
-                               "' do not cover its " + std::to_string(n) + " rows once");
-    return ::tensorflow::OkStatus();
+    const Status s = StoredRanges(reader, key, prefix, n, ranges);
+    if (s.ok() || s.code() != ::tensorflow::error::INVALID_ARGUMENT) return Named(t, prefix, s);
+    return TableError(t, std::string(s.message()));
   }
 
   // An error naming the first negative count of `counts` (rows from `first`).
@@ -371,6 +380,47 @@ class RestoreOp : public TableKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableRestore").Device(::tensorflow::DEVICE_CPU), RestoreOp);
+
+// GraphmodCheckpointRowSlices: what a reader of one stored slice at a time
+// (graphmod.checkpoint.warm_start) reads, from the bundle's index alone.
+class RowSlicesOp : public ::tensorflow::OpKernel {
+ public:
+  explicit RowSlicesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& prefix_in = ctx->input(0);
+    const Tensor& key_in = ctx->input(1);
+    OP_REQUIRES(ctx, prefix_in.dims() == 0 && key_in.dims() == 0,
+                ::tensorflow::errors::InvalidArgument(
+                    "graphmod: GraphmodCheckpointRowSlices takes a scalar prefix and entry"));
+    const std::string prefix(prefix_in.scalar<::tensorflow::tstring>()());
+    const std::string key(key_in.scalar<::tensorflow::tstring>()());
+    Checkpoint reader(ctx->env(), prefix);
+    DataType type;
+    TensorShape shape;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    Status s = reader.status();
+    if (s.ok()) s = reader.TypeAndShape(key, &type, &shape);
+    if (s.ok() && shape.dims() == 0)
+      s = ::tensorflow::errors::InvalidArgument(key, " in '", prefix, "' is a scalar, not rows");
+    if (s.ok()) s = StoredRanges(reader, key, prefix, shape.dim_size(0), &ranges);
+    OP_REQUIRES(ctx, s.ok(),
+                Status(s.code(), "graphmod: cannot read the stored slices of '" + key +
+                                     "' in '" + prefix + "': " + std::string(s.message())));
+    const int64_t k = static_cast<int64_t>(ranges.size());
+    Tensor* starts = nullptr;
+    Tensor* lengths = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &starts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k}), &lengths));
+    for (int64_t i = 0; i < k; ++i) {
+      starts->vec<int64_t>()(i) = ranges[i].first;
+      lengths->vec<int64_t>()(i) = ranges[i].second;
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("GraphmodCheckpointRowSlices").Device(::tensorflow::DEVICE_CPU),
+                        RowSlicesOp);
 
 }  // namespace
 }  // namespace graphmod

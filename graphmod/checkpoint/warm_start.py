@@ -22,18 +22,21 @@ the sources holds starts from it:
   unmapped targets look for their own name; a mapped source that no source
   holds is an error naming it;
 - `key_filter(target, keys) -> bool mask` keeps only some keys of a table.
+A source table is read a stored slice at a time (then each delta's removals
+and changed rows), so a table larger than memory warm-starts a tiered table
+without being in memory whole.
 It runs as part of the variables' initialization, so before anything saves
 the model; a restart resumes from the model's own checkpoint and warm-starts
 nothing.
 """
 import dataclasses
-import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from graphmod._ops import ops
 from graphmod.checkpoint import deltas
 
 tf1 = tf.compat.v1
@@ -70,40 +73,41 @@ def _checkpoint_of(source: str) -> str:
 
 
 class _Source:
-    """One source checkpoint, with its graphmod tables' deltas applied on read."""
+    """One source checkpoint: its entries' shapes and types, and the committed
+    incremental deltas of its graphmod tables."""
 
     def __init__(self, path: str):
         self.path = path
-        self.reader = tf.train.load_checkpoint(path)
+        reader = tf.train.load_checkpoint(path)
+        self.shapes = reader.get_variable_to_shape_map()
+        self.dtypes = reader.get_variable_to_dtype_map()
         self.chain = deltas.committed(path)
+        self._deltas = {p: tf.train.load_checkpoint(p).get_variable_to_shape_map()
+                        for p in self.chain}
 
     def holds_table(self, name: str) -> bool:
-        return self.reader.has_tensor(f"{name}-keys")
+        return f"{name}-keys" in self.shapes
 
     def holds_variable(self, name: str) -> bool:
-        return self.reader.has_tensor(name)
+        return name in self.shapes
 
-    def table(self, name: str) -> Dict[str, np.ndarray]:
-        """keys, values, counts, last_seen of a table after its deltas."""
-        fields = ("keys", "values", "counts", "last_seen")
-        rows = {f: self.reader.get_tensor(f"{name}-{f}") for f in fields}
-        for prefix in self.chain:
-            delta = tf.train.load_checkpoint(prefix)
-            if not delta.has_tensor(f"{name}-keys"):
-                continue
-            gone = np.isin(rows["keys"], delta.get_tensor(f"{name}-removed_keys"))
-            changed = {f: delta.get_tensor(f"{name}-{f}") for f in fields}
-            stale = gone | np.isin(rows["keys"], changed["keys"])
-            rows = {f: np.concatenate([rows[f][~stale], changed[f]]) for f in fields}
-        return rows
+    def table_deltas(self, name: str) -> List[str]:
+        """The deltas, oldest first, that change table `name`."""
+        return [p for p in self.chain if f"{name}-keys" in self._deltas[p]]
 
-    def variable(self, name: str) -> np.ndarray:
-        value = self.reader.get_tensor(name)
-        for prefix in self.chain:  # deltas hold dense variables whole
-            delta = tf.train.load_checkpoint(prefix)
-            if delta.has_tensor(name):
-                value = delta.get_tensor(name)
-        return value
+    def variable_prefix(self, name: str) -> str:
+        """The checkpoint holding dense variable `name`'s latest value: deltas
+        hold dense variables whole, the newest one wins."""
+        return next((p for p in reversed(self.chain) if name in self._deltas[p]), self.path)
+
+    def row_shapes(self, name: str, is_table: bool) -> List[Tuple[str, List[int]]]:
+        """(checkpoint, shape) of each entry a table's rows come from."""
+        if not is_table:
+            prefix = self.variable_prefix(name)
+            shapes = self.shapes if prefix == self.path else self._deltas[prefix]
+            return [(prefix, shapes[name])]
+        return [(self.path, self.shapes[f"{name}-values"])] + [
+            (p, self._deltas[p][f"{name}-values"]) for p in self.table_deltas(name)]
 
 
 class WarmStarter:
@@ -155,58 +159,111 @@ class WarmStarter:
         return None, name
 
     def _start_table(self, table, source: _Source, name: str) -> tf.Operation:
+        """Imports the source's rows a stored slice at a time (a source table
+        larger than memory never is in memory whole): the checkpoint's rows,
+        then each delta's removals and changed rows, in order."""
         from graphmod.embeddings import features
-        unit = features.policy_of(table).eviction_unit
+        is_table = source.holds_table(name)
+        for prefix, shape in source.row_shapes(name, is_table):
+            if len(shape) != 2 or shape[1] != table.dim:
+                raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {prefix} has rows of "
+                                 f"shape {list(shape[1:])}, table '{table.name}' has dim "
+                                 f"{table.dim}")
+        # Seen now, as far as eviction goes: a fresh start is at step 0, and
+        # at the wall clock in seconds (the source's clock means nothing to
+        # this model's).
+        if features.policy_of(table).eviction_unit == "steps":
+            seen = tf.constant(0, tf.int64)
+        else:
+            seen = tf.cast(tf.timestamp(), tf.int64)
+        parts = source.row_shapes(name, is_table)
+        if not is_table:  # a dense variable: row i is key i
+            prefix, shape = parts[0]
+            done = self._import_slices(table, prefix, shape, name, None, seen,
+                                       source.dtypes[name])
+        else:
+            done = self._import_slices(table, source.path, parts[0][1], f"{name}-values", name,
+                                       seen)
+            for prefix, shape in parts[1:]:  # the deltas: removals, then changed rows
+                with tf.control_dependencies([done]):
+                    gone = table.remove(_restore(prefix, f"{name}-removed_keys", tf.int64))
+                with tf.control_dependencies([gone]):
+                    done = self._import_slices(table, prefix, shape, f"{name}-values", name,
+                                               seen)
+        with tf.control_dependencies([done]):
+            return _logged(table.size(), f"table '{table.name}' from '{name}' in {source.path}")
 
-        def rows():
-            got = self._table_rows(source, name, table.dim, table.name)
-            if self.settings.key_filter is not None:
-                keep = np.asarray(self.settings.key_filter(table.name, got["keys"]), bool)
-                got = {f: v[keep] for f, v in got.items()}
-            # Seen now, as far as eviction goes: a fresh start is at step 0,
-            # and at the wall clock in seconds (the source's clock means
-            # nothing to this model's).
-            seen = np.full(len(got["keys"]), 0 if unit == "steps" else int(time.time()),
-                           np.int64)
-            logging.info("graphmod: warm-started table '%s' from '%s' in %s: %d rows",
-                         table.name, name, source.path, len(got["keys"]))
-            return got["keys"], got["values"].astype(np.float32), got["counts"], seen
+    def _import_slices(self, table, prefix: str, shape: List[int], entry: str,
+                       name: Optional[str], seen: tf.Tensor, dtype=tf.float32) -> tf.Operation:
+        """A loop importing the rows of checkpoint `prefix` one stored slice of
+        `entry` (the values, of `shape`) at a time: with the keys and access
+        counts of table `name`'s entries, or row i as key i (name None). The
+        keys are filtered, and all seen at `seen`."""
+        starts, lengths = ops.graphmod_checkpoint_row_slices(prefix, entry)
+        key_filter = self.settings.key_filter
 
-        keys, values, counts, seen = tf.numpy_function(
-            rows, [], [tf.int64, tf.float32, tf.int64, tf.int64], stateful=True,
-            name=f"{table.name}_rows")
-        keys.set_shape([None])
-        values.set_shape([None, table.dim])
-        return table.import_rows(keys, values, counts=counts, last_seen=seen)
+        def kept(keys):
+            keep = np.asarray(key_filter(table.name, keys), bool)
+            if keep.shape != keys.shape:
+                raise ValueError(f"graphmod.WarmStartSettings: key_filter('{table.name}', keys) "
+                                 f"returned shape {keep.shape} for {keys.shape[0]} keys")
+            return keep
+
+        def body(i):
+            rows = (shape[0], starts[i], lengths[i])
+            values = tf.cast(_restore(prefix, entry, dtype, rows, shape[1:]), tf.float32)
+            if name is None:
+                keys = tf.range(rows[1], rows[1] + rows[2])
+                counts = tf.zeros_like(keys)
+            else:
+                keys = _restore(prefix, f"{name}-keys", tf.int64, rows)
+                counts = _restore(prefix, f"{name}-counts", tf.int64, rows)
+            if key_filter is not None:
+                keep = tf.numpy_function(kept, [keys], tf.bool, stateful=True,
+                                         name=f"{table.name}_key_filter")
+                keep.set_shape([None])
+                keys, values, counts = (tf.boolean_mask(t, keep) for t in (keys, values, counts))
+            values.set_shape([None, table.dim])
+            imported = table.import_rows(keys, values, counts=counts,
+                                         last_seen=tf.fill(tf.shape(keys), seen))
+            with tf.control_dependencies([imported]):
+                return i + 1
+
+        return tf.while_loop(lambda i: i < tf.size(starts), body, [tf.constant(0)],
+                             name=f"{table.name}_slices")[0].op
 
     def _start_variable(self, v: tf.Variable, source: _Source, name: str) -> tf.Operation:
         want = v.shape.as_list()
-        have = source.reader.get_variable_to_shape_map()[name]
+        prefix, have = source.row_shapes(name, is_table=False)[0]
         if list(have) != want:
-            raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {source.path} has "
+            raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {prefix} has "
                              f"shape {list(have)}, '{v.op.name}' has {want}")
-
-        def value():
-            logging.info("graphmod: warm-started '%s' from '%s' in %s", v.op.name, name,
-                         source.path)
-            return source.variable(name).astype(v.dtype.base_dtype.as_numpy_dtype)
-
-        read = tf.numpy_function(value, [], v.dtype.base_dtype, stateful=True,
-                                 name=f"{v.op.name.replace('/', '_')}_value")
+        read = tf.cast(_restore(prefix, name, source.dtypes[name]), v.dtype.base_dtype)
         with tf.control_dependencies([v.initializer]):  # after its own initial value
-            return v.assign(tf.reshape(read, want)).op
+            assign = v.assign(tf.reshape(read, want)).op
+        return _logged(None, f"'{v.op.name}' from '{name}' in {prefix}", after=assign)
 
-    @staticmethod
-    def _table_rows(source: _Source, name: str, dim: int, target: str) -> Dict[str, np.ndarray]:
-        if source.holds_table(name):
-            rows = source.table(name)
-        else:  # a dense variable: row i is key i
-            values = source.variable(name)
-            n = values.shape[0] if values.ndim == 2 else 0
-            rows = dict(keys=np.arange(n, dtype=np.int64), values=values,
-                        counts=np.zeros(n, np.int64), last_seen=np.zeros(n, np.int64))
-        if rows["values"].ndim != 2 or rows["values"].shape[1] != dim:
-            raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {source.path} has rows "
-                             f"of shape {list(rows['values'].shape[1:])}, table '{target}' "
-                             f"has dim {dim}")
-        return {f: rows[f] for f in ("keys", "values", "counts", "last_seen")}
+
+def _logged(rows: Optional[tf.Tensor], what: str, after: Optional[tf.Operation] = None):
+    """An op that logs the warm start of `what` when it runs (with the rows
+    the table then holds)."""
+    def log(*n):
+        logging.info("graphmod: warm-started %s%s", what, f": {n[0]} rows" if n else "")
+        return True
+    with tf.control_dependencies([after] if after is not None else []):
+        return tf.numpy_function(log, [] if rows is None else [rows], tf.bool,
+                                 stateful=True).op
+
+
+def _restore(prefix: str, entry: str, dtype, rows=None, row_shape=()) -> tf.Tensor:
+    """Checkpoint entry `entry` whole, or rows=(n, start, length): its rows
+    [start, start + length) of n, each of row_shape. RestoreV2 then reads only
+    the stored slices holding them."""
+    spec = ""
+    if rows is not None:
+        n, start, length = rows
+        full = " ".join(str(d) for d in (n, *row_shape))
+        spec = tf.strings.join([f"{full} ", tf.strings.as_string(start), ",",
+                                tf.strings.as_string(length), ":-" * len(row_shape)])
+    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[entry], shape_and_slices=[spec],
+                                dtypes=[dtype])[0]

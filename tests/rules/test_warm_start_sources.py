@@ -40,7 +40,9 @@ def test_the_table_and_the_dense_variables_start_from_the_sources(tmp_path):
         assert len(applied.conversions) == 1 and not applied.refused
         assert applied.context.warm_started == ["emb", "w"]
         assert "graphmod_warm_start/done" in [v.op.name for v in tf1.global_variables()]
-        assert "GraphmodTableImport" in applied.built_by("warm_start_sources")
+        # The rows are read a stored slice at a time, in a loop that imports each.
+        built = applied.built_by("warm_start_sources")
+        assert "GraphmodCheckpointRowSlices" in built and {"While", "StatelessWhile"} & set(built)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())  # the fresh start's initialization
             held = exported(sess, the_table(g))
