@@ -322,6 +322,22 @@ def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_pat
                                           b.get_tensor(name)[order_b], err_msg=name)
     for name in ("item-pending_sketch", "item-format", "dense"):
         np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
+    # The stored slices a warm start reads one at a time: chunks of 7 rows
+    # per shard in the parts, one whole entry in the plain checkpoint.
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        def slices(prefix, entry):
+            return sess.run(ops.graphmod_checkpoint_row_slices(prefix, entry))
+        starts, lengths = slices(parts, "item-values")
+        assert lengths.sum() == rows and (lengths <= 7).all() and len(starts) >= rows // 7
+        np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(lengths)[:-1]])
+                                      if rows else [])
+        assert [s.tolist() for s in slices(plain, "item-values")] == (
+            [[0], [rows]] if rows else [[], []])
+        with pytest.raises(tf.errors.NotFoundError, match="cannot read the stored slices of "
+                                                          "'item-nothing' in '.*parts'"):
+            slices(parts, "item-nothing")
+        with pytest.raises(tf.errors.InvalidArgumentError, match="item-format.* is a scalar"):
+            slices(parts, "item-format")
     if kind == "exact_admission":
         assert b.get_tensor("item-pending_keys").size == 100
     if kind == "sketch_admission":
