@@ -36,9 +36,11 @@ $(OPS_LIB): $(VENV)/.installed $(NATIVE) setup.py pyproject.toml
 # The same library and the C++ table test, built offline by Bazel.
 bazel: $(VENV)/.installed .bazelrc.user
 	scripts/install_bazel.sh
-	PYTHON_BIN_PATH=$(PY) bazel build //native:_graphmod_ops.so //native:table_test
+	bazel build //native:_graphmod_ops.so //native:table_test
 
 # Bazel's Python targets run with this checkout's interpreter (.bazelrc),
+# and @local_tf finds TensorFlow with it (PYTHON_BIN_PATH), so a plain
+# `bazel test //...` works after `make bazel`; the interpreter runs
 # through a script: Bazel resolves a symlink like .venv/bin/python to the
 # base interpreter, which is outside the venv.
 .bazelrc.user: $(VENV)/.installed
@@ -46,13 +48,14 @@ bazel: $(VENV)/.installed .bazelrc.user
 	printf '#!/bin/sh\nexec %s "$$@"\n' "$(abspath $(PY))" > build/venv_python
 	chmod +x build/venv_python
 	echo "build --incompatible_use_python_toolchains=false --python_path=$(abspath build/venv_python)" > $@
+	echo "build --action_env=PYTHON_BIN_PATH=$(abspath $(PY))" >> $@
 
 # Every Bazel test: the C++ table test, and the Python tests that start no
 # other process, against the Bazel-built op library (BUILD).
 # Bazel's server is stopped after the tests, passed or failed: a test run
 # leaves no process behind.
 test-bazel: bazel
-	status=0; PYTHON_BIN_PATH=$(PY) bazel test //... || status=$$?; bazel shutdown; exit $$status
+	status=0; bazel test //... || status=$$?; bazel shutdown; exit $$status
 
 # Every C++ test of the table's parts (native/*_test.cc) under AddressSanitizer
 # + UBSan, and the table's concurrency stress under ThreadSanitizer (plain

@@ -1,4 +1,4 @@
 """`python -m graphmod COMMAND ...`: the graphmod command line (graphmod.cli)."""
-from graphmod.cli.main import run
+from graphmod_cli import run
 
 run()

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod.cli.main import main
+from graphmod_cli import main
 
 tf1 = tf.compat.v1
 FEATURES = {"user": 30_000, "item": 20_000}
@@ -215,7 +215,8 @@ def test_crafted_names_are_data_in_html_and_dot(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["truncated", "empty_dir", "no_graphs", "missing",
-                                  "bad_plan_inspect", "bad_plan_convert"])
+                                  "bad_plan_inspect", "bad_plan_convert", "newline_in_name",
+                                  "bad_state_file"])
 def test_bad_inputs_exit_2_with_one_line_naming_the_path(case, capsys, tmp_path, model_dir):
     if case == "truncated":
         data = open(os.path.join(model_dir, "graph.pbtxt"), "rb").read()
@@ -241,12 +242,47 @@ def test_bad_inputs_exit_2_with_one_line_naming_the_path(case, capsys, tmp_path,
         path.write_text(path.read_text()[:50])
         args = ["inspect", copy] if case == "bad_plan_inspect" else \
             ["ckpt", "convert", "--to=dense", copy, tmp_path / "out"]
+    elif case == "newline_in_name":
+        path = tmp_path / "two\nlines"
+        args = ["inspect", path]
+    elif case == "bad_state_file":  # TensorFlow would log its parse error, then say nothing
+        import shutil
+        copy = tmp_path / "model"
+        shutil.copytree(model_dir, copy)
+        path = copy / "checkpoint"
+        path.write_text("model_checkpoint_path: [unterminated")
+        args = ["inspect", copy]
     else:
         path = tmp_path / "nothing.pb"
         args = ["diff", path, path]
     code, out, err = run(capsys, *args)
     assert code == 2 and out == ""
-    assert len(err.strip().splitlines()) == 1 and str(path) in err, err
+    assert len(err.strip().splitlines()) == 1 and str(path).replace("\n", "\\n") in err, err
+    if case == "bad_state_file":
+        assert "cannot be read" in err, err
+
+
+@pytest.mark.parametrize("args", [[], ["nonsense"], ["inspect"], ["diff"], ["rewrite", "m"],
+                                  ["export", "a", "b"], ["export", "--watch", "--keep=0", "a", "b"],
+                                  ["ckpt", "convert", "--to=tables", "a", "b"],
+                                  ["inspect", "--format=xml", "m"], ["inspect", "--nope", "m"],
+                                  ["--help"], ["inspect", "--help"], ["ckpt", "--help"]])
+def test_help_and_usage_errors_answer_without_tensorflow(args):
+    """--help and every usage error: without importing graphmod (so neither
+    TensorFlow), help on stdout with stderr empty, an error in one line."""
+    check = ("import sys, graphmod_cli\n"
+             "code = graphmod_cli.main(['graphmod'] + sys.argv[1:])\n"
+             "loaded = [m for m in ('tensorflow', 'graphmod') if m in sys.modules]\n"
+             "assert not loaded, loaded\n"
+             "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", check] + args, capture_output=True, text=True,
+                          timeout=120)
+    if "--help" in args:
+        assert done.returncode == 0 and done.stderr == "" and "graphmod" in done.stdout, done
+    else:
+        assert done.returncode == 2, done
+        assert len(done.stderr.strip().splitlines()) == 1 or not args, done.stderr
+        assert done.stderr.startswith("graphmod") or not args, done.stderr
 
 
 def test_rewrite_dry_run_of_a_model_dir_reports_and_diffs_without_writing(dense_dir, capsys):
@@ -305,6 +341,11 @@ def test_the_command_runs_as_a_module_and_as_the_installed_script():
     script = os.path.join(os.path.dirname(sys.executable), "graphmod")
     done = subprocess.run([script, "nonsense"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no command 'nonsense'" in done.stderr
+    # A command that runs prints none of TensorFlow's start-up lines.
+    done = subprocess.run([script, "inspect", "/nonexistent/model_dir"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr == (
+        "graphmod inspect: /nonexistent/model_dir: no such directory\n"), done.stderr
 
 
 def table_entries(checkpoint, table):

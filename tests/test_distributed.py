@@ -446,7 +446,7 @@ def assert_the_command_reads_both_parts(model_dir, dense_dir, rows, tmp_path):
     import contextlib
     import io
     import tensorflow as tf
-    from graphmod.cli.main import main
+    from graphmod_cli import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["graphmod", "inspect", str(model_dir)]) == 0

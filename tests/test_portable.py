@@ -17,7 +17,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 import graphmod
 from graphmod.checkpoint import portable as portable_module
 from graphmod.checkpoint.portable import initial_rows, portable_saved_model
-from graphmod.cli.main import main
+from graphmod_cli import main
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.slow

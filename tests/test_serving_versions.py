@@ -17,7 +17,7 @@ import tensorflow as tf
 import graphmod
 from graphmod.checkpoint import deltas
 from graphmod.checkpoint.serving_versions import versions
-from graphmod.cli.main import main
+from graphmod_cli import main
 from test_portable import LOAD, QUERY, QUERY_IDS, WORDS, _run, model_fn, receiver
 
 tf1 = tf.compat.v1

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod.cli.main import main
+from graphmod_cli import main
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense` is deprecated")

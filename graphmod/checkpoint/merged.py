@@ -48,6 +48,23 @@ class State:
     step: int
 
 
+def latest_checkpoint(model_dir: str) -> Optional[str]:
+    """tf.train.latest_checkpoint, except that a `checkpoint` state file that
+    cannot be read is a StateError naming it (TensorFlow logs its parse
+    error and answers None, as if the folder held no checkpoint)."""
+    from google.protobuf import text_format  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=import-outside-toplevel
+    state_file = os.path.join(model_dir, "checkpoint")
+    if tf.io.gfile.exists(state_file):
+        try:
+            with tf.io.gfile.GFile(state_file) as f:
+                text_format.Parse(f.read(), checkpoint_state_pb2.CheckpointState())
+        except (text_format.ParseError, UnicodeDecodeError, tf.errors.OpError) as e:
+            raise StateError(f"{state_file}: cannot be read "
+                             f"({str(e).splitlines()[0][:200]})") from None
+    return tf.train.latest_checkpoint(model_dir)
+
+
 def latest(model_dir: str) -> State:
     """The latest full checkpoint of model_dir and its committed deltas. A
     delta the manifest lists but whose files are torn is an error here (a
@@ -56,7 +73,7 @@ def latest(model_dir: str) -> State:
     from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     if not tf.io.gfile.isdir(model_dir):
         raise NoCheckpoint(f"{model_dir}: no such directory")
-    checkpoint = tf.train.latest_checkpoint(model_dir)
+    checkpoint = latest_checkpoint(model_dir)
     if checkpoint is None:
         raise NoCheckpoint(f"{model_dir}: holds no checkpoint")
     listed = deltas.read_manifest(checkpoint)

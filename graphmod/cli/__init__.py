@@ -1,4 +1,3 @@
-"""The `graphmod` command line (see graphmod.cli.main): diff, rewrite --dry-run, inspect."""
-from graphmod.cli.main import main, run
-
-__all__ = ["main", "run"]
+"""The `graphmod` command line's work: diff, rewrite --dry-run, inspect, ckpt,
+export. Its front (arguments, --help, errors) is the top-level module
+graphmod_cli, which answers without importing TensorFlow."""

@@ -23,6 +23,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import tensorflow as tf
 
+from graphmod.checkpoint import merged
 from graphmod.cli.graphs import InputError, read_plan
 
 tf1 = tf.compat.v1
@@ -30,7 +31,6 @@ tf1 = tf.compat.v1
 
 def _build(checkpoint: str):
     """(tables, variables) recreating what `checkpoint` holds, in the default graph."""
-    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
     try:
         return merged.stand_in(checkpoint)
     except merged.StateError as e:
@@ -40,7 +40,6 @@ def _build(checkpoint: str):
 def compact(model_dir: str) -> str:
     """Writes `model.ckpt-<step of the last delta>` holding the latest full
     checkpoint with its deltas applied; returns its path."""
-    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
     try:
         state = merged.latest(model_dir)
         if not state.deltas:
@@ -77,7 +76,7 @@ def to_dense(model_dir: str, out: str) -> Tuple[str, List[str]]:
     checkpoint's path and what did not convert exactly (findings)."""
     from graphmod.rewrite import plan_file  # pylint: disable=import-outside-toplevel
     from graphmod.checkpoint.saver import TableSaver  # pylint: disable=import-outside-toplevel
-    latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+    latest = merged.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
     _empty_output(out)

@@ -1,4 +1,4 @@
-"""The `graphmod` commands' work (graphmod.cli.main parses their arguments)."""
+"""The `graphmod` commands' work (graphmod_cli parses their arguments)."""
 import contextlib
 import dataclasses
 import json
@@ -12,8 +12,10 @@ from google.protobuf import message
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.framework import meta_graph as meta_graph_lib
 
+from graphmod.checkpoint import merged
 from graphmod.cli import graph_diff, render
 from graphmod.cli.graphs import InputError, dumps, load_file, load_json, read_plan
+from graphmod.settings import MIN_ROWS
 
 tf1 = tf.compat.v1
 OK, FINDINGS = 0, 1
@@ -82,7 +84,7 @@ def _meta_graph(model: str) -> meta_graph_pb2.MetaGraphDef:
                 raise InputError(f"{saved}: holds no MetaGraph")
             serving = [m for m in proto.meta_graphs if "serve" in m.meta_info_def.tags]
             return (serving or list(proto.meta_graphs))[0]
-        latest = tf.train.latest_checkpoint(model)
+        latest = merged.latest_checkpoint(model)
         if latest is None:
             raise InputError(f"{model}: holds no SavedModel and no checkpoint whose MetaGraph "
                              "to rewrite")
@@ -133,9 +135,10 @@ def rewrite(model: str, fv) -> int:
         before = graph.as_graph_def()
         mode = fv.mode or ("train" if trains_anything(graph) else "predict")
         # No model_dir: nothing is read or written (no plan replayed or saved).
+        min_rows = MIN_ROWS if fv.min_rows is None else fv.min_rows
         try:
-            report = run_rewrite(graph, RewriteSettings(fv.min_rows, {}, fv.collision_free,
-                                                        fv.exact), mode, rules=RULES)
+            report = run_rewrite(graph, RewriteSettings(min_rows, {}, fv.collision_free, fv.exact),
+                                 mode, rules=RULES)
         except (InvalidRewrite, PlanMismatch) as e:
             print(f"graphmod rewrite: the hook's rewrite of {model} fails: "
                   f"{render.printable(str(e))}", file=sys.stderr)
@@ -169,7 +172,6 @@ def _report_text(report: dict, model: str) -> str:
 
 def _table_entries(checkpoint: str) -> dict:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
-    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
     try:
         return merged.table_entries(checkpoint)
     except merged.StateError as e:
@@ -181,7 +183,7 @@ def inspect(model_dir: str, fv) -> int:
     from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     if not tf.io.gfile.isdir(model_dir):
         raise InputError(f"{model_dir}: no such directory")
-    latest = tf.train.latest_checkpoint(model_dir)
+    latest = merged.latest_checkpoint(model_dir)
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
     plan = read_plan(model_dir) or {}

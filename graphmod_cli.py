@@ -10,13 +10,15 @@
 ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
 usage or input error (the message names the file).
 """
+# The command's front: it parses and answers --help and usage errors
+# without importing graphmod (whose `import` loads TensorFlow and the op
+# library, seconds), which is why it sits beside the package, not in it.
+# A command imports graphmod.cli's modules once its arguments are good.
+import os
 import sys
 from typing import Callable, Dict, List, Optional
 
 from absl import flags
-
-from graphmod.cli.graphs import InputError
-from graphmod.settings import MIN_ROWS
 
 OK, FINDINGS, USAGE = 0, 1, 2
 
@@ -48,7 +50,8 @@ def _rewrite_flags(fv):
     flags.DEFINE_boolean("dry_run", False, "rewrite without training or writing anything "
                          "(required: the rewrite itself runs in GraphModifierHook)",
                          flag_values=fv)
-    flags.DEFINE_integer("min_rows", MIN_ROWS, "GraphModifierHook's min_rows", flag_values=fv)
+    flags.DEFINE_integer("min_rows", None, "GraphModifierHook's min_rows (default: the "
+                         "hook's)", flag_values=fv)
     flags.DEFINE_boolean("exact", False, "GraphModifierHook's exact", flag_values=fv)
     flags.DEFINE_boolean("collision_free", True, "GraphModifierHook's collision_free",
                          flag_values=fv)
@@ -89,7 +92,6 @@ def _export_flags(fv):
 
 
 def _export(fv, args: List[str]) -> int:
-    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     if fv.portable == fv.watch:
         raise UsageError("export takes --portable SOURCE OUT or --watch MODEL_DIR OUT")
     if len(args) != 2:
@@ -98,59 +100,61 @@ def _export(fv, args: List[str]) -> int:
     if fv.portable:
         if fv.template is not None or fv.until_step is not None:
             raise UsageError("--template and --until-step go with --watch")
+        from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
         return commands.export_portable(args[0], args[1], model_dir=fv.model_dir,
                                         min_count=fv.min_count, seen_since=fv.seen_since)
     if fv.model_dir is not None:
         raise UsageError("--watch MODEL_DIR OUT takes the model_dir as its first argument")
     if fv.keep < 1 or fv.poll_secs <= 0:
         raise UsageError("--keep must be >= 1 and --poll-secs > 0")
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     return commands.export_watch(args[0], args[1], template=fv.template, keep=fv.keep,
                                  poll_secs=fv.poll_secs, until_step=fv.until_step,
                                  min_count=fv.min_count, seen_since=fv.seen_since)
 
 
 def _ckpt(fv, args: List[str]) -> int:
-    from graphmod.cli import ckpt  # pylint: disable=import-outside-toplevel
     if args[:1] == ["compact"] and len(args) == 2:
+        from graphmod.cli import ckpt  # pylint: disable=import-outside-toplevel
         print(ckpt.compact(args[1]))
         return OK
     if args[:1] == ["convert"] and len(args) == 3 and fv.to:
+        if fv.to == "tables" and not fv.variables:
+            raise UsageError("convert --to=tables needs --variables")
+        from graphmod.cli import ckpt  # pylint: disable=import-outside-toplevel
         if fv.to == "dense":
             path, findings = ckpt.to_dense(args[1], args[2])
             for finding in findings:
                 print(f"graphmod ckpt: {finding}", file=sys.stderr)
             print(path)
             return FINDINGS if findings else OK
-        elif not fv.variables:
-            raise UsageError("convert --to=tables needs --variables")
-        else:
-            print(ckpt.to_tables(args[1], args[2], fv.variables))
+        print(ckpt.to_tables(args[1], args[2], fv.variables))
         return OK
     raise UsageError("ckpt takes: compact MODEL_DIR | convert --to=dense MODEL_DIR OUT | "
                      "convert --to=tables --variables=a,b CHECKPOINT OUT")
 
 
 def _diff(fv, args: List[str]) -> int:
-    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     if not 1 <= len(args) <= 2:
         raise UsageError("diff takes BEFORE [AFTER] (AFTER defaults to BEFORE's model_dir dump)")
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     return commands.diff(args, fv)
 
 
 def _rewrite(fv, args: List[str]) -> int:
-    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     if not fv.dry_run:
         raise UsageError("rewrite needs --dry-run (a real rewrite happens inside "
                          "GraphModifierHook, while training)")
     if len(args) != 1:
         raise UsageError("rewrite --dry-run takes one MODEL")
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     return commands.rewrite(args[0], fv)
 
 
 def _inspect(fv, args: List[str]) -> int:
-    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     if len(args) != 1:
         raise UsageError("inspect takes one MODEL_DIR")
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     return commands.inspect(args[0], fv)
 
 
@@ -212,6 +216,16 @@ def _usage() -> str:
     return (__doc__ or "").strip() + "\n"
 
 
+def _one_line(text) -> str:
+    """A message as one line: a file name may hold a newline."""
+    return str(text).strip().replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _fail(name: str, message) -> int:
+    print(f"graphmod {name}: {_one_line(message)}", file=sys.stderr)
+    return USAGE
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -219,29 +233,38 @@ def main(argv: Optional[List[str]] = None) -> int:
         return OK if len(argv) >= 2 else USAGE
     name = argv[1]
     if name not in COMMANDS:
-        print(f"graphmod: no command '{name}' (commands: {', '.join(COMMANDS)})",
+        print(f"graphmod: no command '{_one_line(name)}' (commands: {', '.join(COMMANDS)})",
               file=sys.stderr)
         return USAGE
-    define, run, usage, about = COMMANDS[name]
+    define, run_command, usage, about = COMMANDS[name]
     fv = _flag_values(define)
     try:
         args = fv([f"graphmod {name}"] + [_underscored(a) for a in argv[2:]])[1:]
     except flags.Error as e:
-        print(f"graphmod {name}: {e}", file=sys.stderr)
-        return USAGE
+        return _fail(name, e)
     if fv.help:
         print(f"usage: {usage}\n\n{about}\n\nflags:\n{fv.get_help()}")
         return OK
+    # TensorFlow's start-up lines (CPU features and the like) are not the
+    # command's output; its warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
-        return run(fv, args)
+        return run_command(fv, args)
     except UsageError as e:
-        print(f"graphmod {name}: {e} (see graphmod {name} --help)", file=sys.stderr)
-        return USAGE
-    except InputError as e:
-        print(f"graphmod {name}: {e}", file=sys.stderr)
-        return USAGE
+        return _fail(name, f"{e} (see graphmod {name} --help)")
+    except Exception as e:  # pylint: disable=broad-except
+        # Inputs the command cannot read; graphmod is imported by now.
+        from graphmod.checkpoint.merged import StateError  # pylint: disable=import-outside-toplevel
+        from graphmod.cli.graphs import InputError  # pylint: disable=import-outside-toplevel
+        if isinstance(e, (InputError, StateError)):
+            return _fail(name, e)
+        raise
 
 
 def run() -> None:
     """The console script's entry point."""
     sys.exit(main())
+
+
+if __name__ == "__main__":  # bazel run //:graphmod_cli -- COMMAND ...
+    run()
