@@ -13,7 +13,7 @@ exited, the ps tasks (which serve until stopped) are stopped. Exit status: the
 first non-zero one of the training tasks, else 0.
 
 On a real cluster, set TF_CONFIG on each machine the same way, with the
-machines' host:port pairs (see the README, "Parameter servers").
+machines' host:port pairs (see docs/parameter_servers.md).
 """
 import argparse
 import json
