@@ -27,9 +27,12 @@ from graphmod.rewrite.report import RewriteReport
 from graphmod.settings import TableSettings
 from graphmod.state import Lookup, tables, training_lookups
 
-_HOOKS = {"GraphModifierHook": "graphmod.hooks.graph_modifier",
-          "EvictHook": "graphmod.hooks.evict",
-          "IncrementalSaveHook": "graphmod.hooks.incremental_save"}
+# Names resolved on first use: the hooks, and verify, which runs the hook.
+_LAZY = {"GraphModifierHook": "graphmod.hooks.graph_modifier",
+         "EvictHook": "graphmod.hooks.evict",
+         "IncrementalSaveHook": "graphmod.hooks.incremental_save",
+         "verify": "graphmod.verification",
+         "VerifyResult": "graphmod.verification"}
 
 
 def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: str,
@@ -49,13 +52,14 @@ def export_saved_model(estimator, serving_input_receiver_fn, export_dir_base: st
 
 
 def __getattr__(name: str):
-    if name in _HOOKS:
-        return getattr(importlib.import_module(_HOOKS[name]), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'graphmod' has no attribute {name!r}")
 
 
 __version__ = "0.1.0"
 __all__ = ["GraphModifierHook", "EvictHook", "IncrementalSaveHook", "export_saved_model",
+           "verify", "VerifyResult",
            "ServingExport", "RewriteReport",
            "TableSaver", "TableSettings", "WarmStartSettings", "FeatureSpec", "use_feature_specs",
            "create_table", "sparse_lookup", "fused_lookup", "optimizers", "Table", "Lookup",

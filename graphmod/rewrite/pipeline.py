@@ -158,6 +158,8 @@ def _table_entry(c, context: Context) -> dict:
     keys = context.built("collisionless_keys", c)
     return dict(variable=c.name, table=table.name, rows=c.rows, dim=c.dim,
                 slots=table.num_slots, lookups=len(c.gathers),
+                # The dense slots the table's slots stand for, in its slot order.
+                slot_variables=[s.op.name for s in translation.slot_vars] if translation else [],
                 optimizer=translation.kind if translation else None,
                 initializer=dataclasses.asdict(table.initializer),
                 unsqueezed=keys.names if keys is not None else None,
