@@ -5,6 +5,7 @@
   graphmod inspect MODEL_DIR       tables, plan and checkpoint chain of a model_dir
   graphmod ckpt compact|convert    checkpoint tools: deltas folded in, tables <-> variables
   graphmod export --portable|--watch   SavedModels that serve on stock TensorFlow
+  graphmod verify MODULE:FUNCTION  the hooked model trains as the unmodified one, step by step
 
 `graphmod COMMAND --help` describes a command and its flags. Exit status: 0
 ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
@@ -89,6 +90,23 @@ def _export_flags(fv):
                        flag_values=fv)
     flags.DEFINE_integer("until_step", None, "--watch: stop once a version of this global "
                          "step or later is written (default: never)", flag_values=fv)
+
+
+def _verify_flags(fv):
+    flags.DEFINE_integer("steps", 20, "steps each run trains", flag_values=fv)
+    flags.DEFINE_float("rtol", 1e-4, "relative tolerance", flag_values=fv)
+    flags.DEFINE_float("atol", 1e-6, "absolute tolerance", flag_values=fv)
+    flags.DEFINE_string("html", None, "also write the loss curves and each variable's "
+                        "difference by step to this HTML file", flag_values=fv)
+
+
+def _verify(fv, args: List[str]) -> int:
+    if len(args) != 1 or ":" not in args[0]:
+        raise UsageError("verify takes one MODULE:FUNCTION (a module name or a .py file)")
+    if fv.steps < 1:
+        raise UsageError("--steps must be >= 1")
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
+    return commands.verify(args[0], fv)
 
 
 def _export(fv, args: List[str]) -> int:
@@ -185,6 +203,15 @@ COMMANDS: Dict[str, tuple] = {
              "table fed the full ids of `ids % N` share rows). convert --to=tables: plain\n"
              "[rows, dim] variables (and their optimizer slots) become tables keyed\n"
              "0..N-1. Prints the written checkpoint's path."),
+    "verify": (_verify_flags, _verify, "graphmod verify [flags] MODULE:FUNCTION",
+               "FUNCTION() (in a module name or a .py file) returns (estimator, input_fn) or\n"
+               "(estimator, input_fn, hook): the Estimator as built for training, a seeded\n"
+               "input_fn and the GraphModifierHook to train with (a default one if\n"
+               "absent). graphmod.verify trains the model --steps steps unmodified and\n"
+               "hooked from the same initial rows over the same batches, and compares the\n"
+               "loss and every converted variable's rows and slots after each step.\n"
+               "Prints the verdict. Exit status 1 when something differs over tolerance\n"
+               "that no approximation the hook's report states explains."),
     "export": (_export_flags, _export, "graphmod export --portable [--model-dir=MODEL_DIR] "
                "SOURCE OUT | export --watch [--template=SOURCE] MODEL_DIR OUT",
                "--portable: SOURCE is a SavedModel graphmod.export_saved_model wrote (with\n"

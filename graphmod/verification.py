@@ -23,6 +23,7 @@ hook's report states explains it.
 import dataclasses
 import glob
 import hashlib
+import html as html_lib
 import os
 import shutil
 import tempfile
@@ -56,10 +57,14 @@ class Finding:
     what: str = ""                      # what differs there first
     explained_by: str = ""              # an approximation the report states, if any
     compared: str = ""                  # what was compared, or why rows were not
+    rows_compared: bool = False
+    by_step: List[float] = dataclasses.field(default_factory=list)  # largest, steps 1, 2, ...
 
     @property
     def ok(self) -> bool:
-        return self.first_step is None or bool(self.explained_by)
+        """Within tolerance, or over it where a stated approximation explains
+        it (never the initial rows: no approximation changes those)."""
+        return self.first_step is None or (self.first_step > 0 and bool(self.explained_by))
 
 
 @dataclasses.dataclass
@@ -69,6 +74,8 @@ class VerifyResult:
     loss_first_step: Optional[int]            # first step whose losses differ over tolerance
     findings: Dict[str, Finding]
     skipped: List[dict]                       # variables the hook left dense, with the reason
+    rtol: float = 1e-4                        # the tolerances compared with
+    atol: float = 1e-6
 
     @property
     def loss_explained_by(self) -> str:
@@ -78,8 +85,8 @@ class VerifyResult:
         if self.loss_first_step is None:
             return ""
         return next((f"{f.variable}: {f.explained_by}" for f in self.findings.values()
-                     if f.explained_by and f.first_step is not None
-                     and f.first_step <= self.loss_first_step), "")
+                     if f.explained_by and (not f.rows_compared or f.first_step is not None
+                                            and f.first_step <= self.loss_first_step)), "")
 
     @property
     def ok(self) -> bool:
@@ -107,6 +114,27 @@ class VerifyResult:
         for s in self.skipped:
             lines.append(f"  {s['variable']}: stays dense ({s['reason']})")
         return "\n".join(lines)
+
+    def html(self) -> str:
+        """A self-contained page: the verdict, the loss both ways by step, and
+        each converted variable's largest relative difference by step against
+        the tolerance."""
+        from graphmod import charts  # pylint: disable=import-outside-toplevel
+        e = html_lib.escape
+        verdict = self.summary().splitlines()
+        parts = [f"<p class='{'' if self.ok else 'bad'}'><b>{e(verdict[0])}</b></p>",
+                 "<ul>" + "".join(f"<li>{e(line.strip())}</li>" for line in verdict[1:]) +
+                 "</ul>",
+                 charts.line_chart("loss by step", {
+                     "unmodified": [a for a, _ in self.losses],
+                     "hooked": [b for _, b in self.losses]})]
+        for f in self.findings.values():
+            if f.by_step:
+                parts.append(charts.line_chart(
+                    f"{f.variable}: largest relative difference of rows and slots",
+                    {f.table: f.by_step}, log_y=True, guide=self.rtol,
+                    guide_label=f"tolerance {self.rtol:g}"))
+        return charts.page("graphmod verify", parts)
 
 
 class _Recorder(tf1.train.SessionRunHook):
@@ -186,7 +214,8 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
                            if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
         findings = {t["variable"]: _compare(t, report, plain.after, hooked.after, rtol, atol)
                     for t in report.tables}
-        result = VerifyResult(steps, losses, loss_first, findings, list(report.skipped))
+        result = VerifyResult(steps, losses, loss_first, findings, list(report.skipped), rtol,
+                              atol)
         logging.info("%s", result.summary())
         return result
     finally:
@@ -229,21 +258,28 @@ def _compare(entry: dict, report, plain: List[dict], hooked: List[dict], rtol: f
             f.first_step, f.what, f.largest_difference = 0, problem, float("inf")
     if entry.get("unsqueezed"):
         f.compared = "initializer only: the table's keys are the full ids, not rows"
+        f.explained_by = "; ".join(
+            [f.explained_by] * bool(f.explained_by) +
+            [f"collision-free keys: ids that shared a row of the variable "
+             f"({', '.join(entry['unsqueezed'])}) have rows of their own in the table"])
         return f
     if variable not in report.adopted:
         f.compared = "initializer only: the table did not start from the variable's rows"
         return f
     slots = entry.get("slot_variables") or []
     f.compared = f"rows and {len(slots)} slot(s) at {len(plain) - 1} steps"
+    f.rows_compared = True
     for step in range(1, len(plain)):
         rows = hooked[step][table]
         keys = rows["keys"]
         pairs = [("rows", plain[step][variable][keys], rows["values"])]
         pairs += [(f"slot '{s}'", plain[step][s][keys], rows["slots"][:, k])
                   for k, s in enumerate(slots) if s in plain[step]]
+        f.by_step.append(0.0)
         for what, want, got in pairs:
             diff = np.abs(got - want)
             relative = float(np.max(diff / np.maximum(np.abs(want), atol), initial=0.0))
+            f.by_step[-1] = max(f.by_step[-1], relative)
             f.largest_difference = max(f.largest_difference, relative)
             over = diff > atol + rtol * np.abs(want)
             if over.any() and f.first_step is None:

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import graphmod
 from graphmod_cli import main
+from screenshots import screenshot, share
 
 tf1 = tf.compat.v1
 FEATURES = {"user": 30_000, "item": 20_000}
@@ -542,31 +543,13 @@ def test_graphviz_parses_the_dot_of_a_real_and_a_crafted_graph(model_dir, capsys
         assert done.returncode == 0 and "<svg" in done.stdout, done.stderr[-2000:]
 
 
-def screenshot(page, png):
-    """A headless Chromium screenshot of a local page (flags as this machine
-    needs them: no sandbox as root, no background network)."""
-    profile = png.parent / "chromium-profile"
-    done = subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={profile}", "--hide-scrollbars",
-         "--window-size=1400,1000", f"--screenshot={png}", f"file://{page}"],
-        capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and png.exists(), done.stderr[-2000:]
-    return tf.io.decode_png(png.read_bytes()).numpy()[:, :, :3].astype(int)
-
-
 def test_the_html_page_renders_in_headless_chromium_with_the_changes_drawn(
         model_dir, capsys, tmp_path):
     page = tmp_path / "diff.html"
     code, _, _ = run(capsys, "diff", "--format=html", f"--output={page}", model_dir)
     assert code == 0
     pixels = screenshot(page, tmp_path / "diff.png")
-
-    def share(color):  # of the screenshot's pixels, those of one fill colour
-        rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
-        return (np.abs(pixels - rgb).sum(-1) <= 6).mean()
     from graphmod.cli.render import FILLS
-    assert share(FILLS["added"]) > 0.002, "no added op drawn"
-    assert share(FILLS["rerouted"]) > 0.002, "no rerouted op drawn"
-    assert share("#ffffff") > 0.3  # a page, not a blank or an error screen
+    assert share(pixels, FILLS["added"]) > 0.002, "no added op drawn"
+    assert share(pixels, FILLS["rerouted"]) > 0.002, "no rerouted op drawn"
+    assert share(pixels, "#ffffff") > 0.3  # a page, not a blank or an error screen

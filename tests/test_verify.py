@@ -1,14 +1,19 @@
 """graphmod.verify on an ordinary Estimator: it passes the faithful rewrite,
 and catches, naming the variable and the step, a gradient doubled in the
-table's update, a wrong initializer and an optimizer hyper-parameter the
-table ignores (each fault injected into graphmod for the test)."""
+table's update, a wrong initializer, an optimizer hyper-parameter the table
+ignores and lazy Adam without its stated approximation (each fault injected
+into graphmod for the test); its picture renders in headless Chromium."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphmod
 from graphmod._ops import ops
+from graphmod import charts
 from graphmod.embeddings import initializers
+from screenshots import screenshot, share
 
 tf1 = tf.compat.v1
 VOCAB, DIM = 300, 4
@@ -93,6 +98,14 @@ def test_a_doubled_gradient_is_caught_at_the_first_step(tmp_path, monkeypatch):
     finding = result.findings["emb"]
     assert finding.first_step == 1 and finding.what.startswith("rows of key"), finding
     assert "emb" in result.summary() and "DIFFERS" in result.summary()
+    # The picture: both loss curves and the rows' difference over the tolerance.
+    assert len(finding.by_step) == 6 and min(finding.by_step) > result.rtol
+    page = tmp_path / "verify.html"
+    page.write_text(result.html())
+    pixels = screenshot(page, tmp_path / "verify.png")
+    for color in charts.COLORS[:2]:  # unmodified and hooked losses; the table's line
+        assert share(pixels, color) > 0.0005, color
+    assert share(pixels, "#ffffff") > 0.3  # a page, not a blank or an error screen
 
 
 def test_a_wrong_initializer_is_caught_before_the_first_step(tmp_path, monkeypatch):
@@ -134,3 +147,20 @@ def test_different_batches_are_refused(tmp_path):
     with pytest.raises(ValueError, match="different batches"):
         graphmod.verify(estimator, unseeded, steps=2,
                         hook=graphmod.GraphModifierHook(min_rows=100))
+
+
+def test_the_command_verifies_the_example_model(tmp_path, capsys):
+    """`graphmod verify` on examples/verify_model.py:model passes (exit 0) and
+    writes its picture; a target it cannot use is one line, exit 2."""
+    from graphmod_cli import main
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "verify_model.py")
+    page = tmp_path / "verify.html"
+    assert main(["graphmod", "verify", "--steps=4", f"--html={page}", f"{example}:model"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graphmod.verify: PASS over 4 steps"), out
+    assert "user_embedding -> table" in out and "item_embedding -> table" in out
+    assert "rows and 1 slot(s) at 4 steps" in out and "<svg" in page.read_text()
+    for target in (f"{example}:nothing", "no_such_module:model", f"{tmp_path}/x.py:model"):
+        assert main(["graphmod", "verify", target]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("graphmod verify:"), err

@@ -344,3 +344,47 @@ def _export_errors(out: str):
         raise InputError(render.printable(str(e))) from None
     except OSError as e:
         raise InputError(f"{e.filename or out}: cannot be written ({e.strerror})") from None
+
+
+def verify(target: str, fv) -> int:
+    """graphmod.verify of the model FUNCTION() in MODULE builds (target
+    'MODULE:FUNCTION'); exit status 1 when it fails."""
+    import graphmod  # pylint: disable=import-outside-toplevel
+    made = _call(target)
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise InputError(f"{target}: returned {type(made).__name__}, not (estimator, input_fn) "
+                         "or (estimator, input_fn, hook)")
+    estimator, input_fn, hook = (made + (None,))[:3]
+    result = graphmod.verify(estimator, input_fn, steps=fv.steps, hook=hook, rtol=fv.rtol,
+                             atol=fv.atol)
+    print(result.summary())
+    if fv.html:
+        try:
+            with open(fv.html, "w") as f:
+                f.write(result.html())
+        except OSError as e:
+            raise InputError(f"{fv.html}: cannot be written ({e.strerror})") from None
+    return OK if result.ok else FINDINGS
+
+
+def _call(target: str):
+    """FUNCTION() of MODULE (an importable name or a .py file, whose folder
+    its own imports are found in)."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    module_name, _, function = target.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise InputError(f"{module_name}: no such file")
+            sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
+            spec = importlib.util.spec_from_file_location("graphmod_verified_model", module_name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InputError(f"{module_name}: cannot be imported ({e})") from None
+    if not callable(getattr(module, function, None)):
+        raise InputError(f"{target}: {module_name} has no function '{function}'")
+    return getattr(module, function)()
