@@ -6,6 +6,7 @@
   graphmod ckpt compact|convert    checkpoint tools: deltas folded in, tables <-> variables
   graphmod export --portable|--watch   SavedModels that serve on stock TensorFlow
   graphmod verify MODULE:FUNCTION  the hooked model trains as the unmodified one, step by step
+  graphmod profile MODEL_DIR       where the traced training steps' time went, per table
 
 `graphmod COMMAND --help` describes a command and its flags. Exit status: 0
 ok, 1 findings (a variable the rewrite would leave dense, a torn delta), 2
@@ -107,6 +108,22 @@ def _verify(fv, args: List[str]) -> int:
         raise UsageError("--steps must be >= 1")
     from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
     return commands.verify(args[0], fv)
+
+
+def _profile_flags(fv):
+    flags.DEFINE_enum("format", "text", ["text", "json", "html"], "output format",
+                      flag_values=fv)
+    flags.DEFINE_string("output", None, "write to this file instead of stdout", flag_values=fv)
+    flags.DEFINE_integer("top", 15, "slowest ops listed", flag_values=fv)
+
+
+def _profile(fv, args: List[str]) -> int:
+    if len(args) != 1:
+        raise UsageError("profile takes one MODEL_DIR")
+    if fv.top < 1:
+        raise UsageError("--top must be >= 1")
+    from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
+    return commands.profile(args[0], fv)
 
 
 def _export(fv, args: List[str]) -> int:
@@ -212,6 +229,13 @@ COMMANDS: Dict[str, tuple] = {
                "loss and every converted variable's rows and slots after each step.\n"
                "Prints the verdict. Exit status 1 when something differs over tolerance\n"
                "that no approximation the hook's report states explains."),
+    "profile": (_profile_flags, _profile, "graphmod profile [flags] MODEL_DIR",
+                "What GraphModifierHook(profile_every_steps=N) traced: per training process,\n"
+                "the traced steps' wall time, their op time split into input, model,\n"
+                "tables (lookup, apply, prefetch), communication and saves, the slowest\n"
+                "ops, and each table's rows, bytes, growth per step, admissions,\n"
+                "rejections, evictions and memory hit ratio. --format=html draws the\n"
+                "split and the tables' growth."),
     "export": (_export_flags, _export, "graphmod export --portable [--model-dir=MODEL_DIR] "
                "SOURCE OUT | export --watch [--template=SOURCE] MODEL_DIR OUT",
                "--portable: SOURCE is a SavedModel graphmod.export_saved_model wrote (with\n"

@@ -9,7 +9,8 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e3
           "#17becf")
 WIDTH, HEIGHT, MARGIN = 640, 260, 48
 _STYLE = ("body{font-family:Helvetica,Arial,sans-serif;margin:16px} "
-          "h2{font-size:15px;margin:18px 0 4px} td{padding:1px 8px} .bad{color:#c62828}")
+          "h2{font-size:15px;margin:18px 0 4px} td{padding:1px 8px} .bad{color:#c62828} "
+          "svg{vertical-align:top;margin:4px}")
 
 
 def line_chart(title: str, series: Dict[str, Sequence[float]], x_label: str = "step",
@@ -69,6 +70,29 @@ def line_chart(title: str, series: Dict[str, Sequence[float]], x_label: str = "s
                    "stroke-width='2.5'/>")
         out.append(f"<text x='{WIDTH - MARGIN}' y='{MARGIN + 12 * k}' font-size='11' "
                    f"text-anchor='end' fill='{color}'>{e(name)}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def bar_chart(title: str, values: Dict[str, float]) -> str:
+    """An SVG chart of one horizontal bar per name, its value written beside it."""
+    e = html.escape
+    top = max(values.values(), default=0.0) or 1.0
+    row, label_w = 26, 120
+    height = 40 + row * len(values)
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{height}' "
+           f"role='img' aria-label='{e(title)}' style='border:1px solid #ddd;background:#fff'>",
+           f"<text x='10' y='20' font-size='13' font-weight='bold'>{e(title)}</text>"]
+    span = WIDTH - label_w - 90
+    for k, (name, value) in enumerate(values.items()):
+        y = 32 + row * k
+        width = max(span * value / top, 0.0)
+        out.append(f"<text x='{label_w - 6}' y='{y + 15}' font-size='11' "
+                   f"text-anchor='end'>{e(name)}</text>"
+                   f"<rect x='{label_w}' y='{y}' width='{width:.1f}' height='{row - 8}' "
+                   f"fill='{COLORS[k % len(COLORS)]}'/>"
+                   f"<text x='{label_w + width + 6:.1f}' y='{y + 15}' font-size='11'>"
+                   f"{value:.4g}</text>")
     out.append("</svg>")
     return "".join(out)
 

@@ -35,11 +35,12 @@ from typing import Any, Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod import tf_private
+from graphmod import profiles, tf_private
 from graphmod.distributed import ps
 from graphmod.embeddings import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
+from graphmod.hooks.profile import ProfileHook
 from graphmod.checkpoint.serving_versions import ServingExport
 from graphmod.checkpoint.warm_start import WarmStartSettings
 from graphmod.rewrite.mode import graph_mode
@@ -82,6 +83,17 @@ def _chief(estimator) -> bool:
     return estimator.config.is_chief and rank == 0
 
 
+def _process(estimator, report: RewriteReport) -> str:
+    """This process's name among those training the model (its profile's
+    file): its Horovod rank, its cluster task, or "train"."""
+    if report.sharded_ranks > 1 or (sys.modules.get("horovod.tensorflow") is not None
+                                    and sys.modules["horovod.tensorflow"].is_initialized()):
+        return f"rank{sys.modules['horovod.tensorflow'].rank()}"
+    if estimator is not None and estimator.config.cluster_spec.jobs:
+        return f"{estimator.config.task_type}{estimator.config.task_id}"
+    return "train"
+
+
 class GraphModifierHook(tf1.train.SessionRunHook):
     """Rewrites embedding variables into dynamic tables when the session starts.
 
@@ -120,6 +132,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         an Estimator, a thread writes a portable SavedModel (stock TensorFlow
         ops only) as a new TF Serving version after each full checkpoint or
         committed delta (graphmod.checkpoint.serving_versions).
+      profile_every_steps: every Nth training step of each process is traced
+        and its op times and the tables' counters written to
+        <model_dir>/graphmod/profile/ (graphmod.profiles), for `graphmod
+        profile MODEL_DIR`.
 
     Only training decides what converts: evaluate, predict, export and resumes
     replay the plan training saved in model_dir (settings given to a later
@@ -134,7 +150,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  incremental_every_steps: Optional[int] = None,
                  incremental_every_secs: Optional[float] = None,
                  warm_start: Optional[WarmStartSettings] = None,
-                 serving_export: Optional[ServingExport] = None):
+                 serving_export: Optional[ServingExport] = None,
+                 profile_every_steps: Optional[int] = None):
         # (validates min_rows and the tables' settings, naming the hook)
         self.settings = RewriteSettings(min_rows, tables, collision_free, exact, warm_start)
         self.dump_graph = dump_graph
@@ -160,6 +177,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
             raise TypeError("GraphModifierHook: serving_export must be a graphmod.ServingExport, "
                             f"got {type(serving_export).__name__}")
         self.serving_export = serving_export
+        self.profile_hook = (ProfileHook(profile_every_steps)
+                             if profile_every_steps is not None else None)
         # Per graph: whether its session exports for serving, and its
         # tables' counters (a training graph with tables: its session drives
         # the EvictHook and IncrementalSaveHook). Kept by graph because one
@@ -169,6 +188,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self._counters: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
         # Per graph too: a training graph's graphmod.distributed.save_schedule.SaveSchedule
         self._schedules: "weakref.WeakKeyDictionary[tf.Graph, Any]" = weakref.WeakKeyDictionary()
+        # And the training graphs this process profiles.
+        self._profiled: "weakref.WeakKeyDictionary[tf.Graph, bool]" = weakref.WeakKeyDictionary()
         self.report: Optional[RewriteReport] = None
 
     def begin(self) -> None:
@@ -225,6 +246,11 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # saves); Horovod ranks each run them on the keys they own.
         drives = (estimator is None or estimator.config.is_chief
                   or self.report.sharded_ranks > 1)
+        self._profiled[graph] = (self.profile_hook is not None and mode == "train"
+                                 and out_dir is not None)
+        if self._profiled[graph]:  # every process its own steps
+            self.profile_hook.start(profiles.path_for(out_dir, _process(estimator, self.report)),
+                                    self.report.counters or {})
         if self.report.counters and drives:  # a training graph with tables
             self._counters[graph] = self.report.counters
             self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
@@ -243,6 +269,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         driven = [schedule] if schedule is not None else []
         if self._counters.get(session.graph):
             driven += [h for h in (self.evict_hook, self.incremental_hook) if h is not None]
+        if self._profiled.get(session.graph):
+            driven.append(self.profile_hook)
         return driven
 
     def after_create_session(self, session, coord) -> None:
@@ -255,10 +283,14 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         args = [(i, a) for i, a in args if a is not None]
         if not args:
             return None
-        feeds = {}
+        feeds, options = {}, None
         for _, a in args:
             feeds.update(a.feed_dict or {})
-        return tf1.train.SessionRunArgs({i: a.fetches for i, a in args}, feed_dict=feeds or None)
+            if a.options is not None:  # a profiled step's trace level
+                options = options or tf1.RunOptions()
+                options.MergeFrom(a.options)
+        return tf1.train.SessionRunArgs({i: a.fetches for i, a in args}, feed_dict=feeds or None,
+                                        options=options)
 
     def after_run(self, run_context, run_values) -> None:
         results = run_values.results or {}

@@ -359,11 +359,7 @@ def verify(target: str, fv) -> int:
                              atol=fv.atol)
     print(result.summary())
     if fv.html:
-        try:
-            with open(fv.html, "w") as f:
-                f.write(result.html())
-        except OSError as e:
-            raise InputError(f"{fv.html}: cannot be written ({e.strerror})") from None
+        _write(result.html(), fv.html)
     return OK if result.ok else FINDINGS
 
 
@@ -388,3 +384,24 @@ def _call(target: str):
     if not callable(getattr(module, function, None)):
         raise InputError(f"{target}: {module_name} has no function '{function}'")
     return getattr(module, function)()
+
+
+def profile(model_dir: str, fv) -> int:
+    """The profiles GraphModifierHook(profile_every_steps=N) wrote in model_dir."""
+    from graphmod import profiles  # pylint: disable=import-outside-toplevel
+    if not tf.io.gfile.isdir(model_dir):
+        raise InputError(f"{model_dir}: no such directory")
+    by_process = profiles.read(model_dir)
+    if not by_process:
+        raise InputError(f"{model_dir}: holds no profile (train with "
+                         "GraphModifierHook(profile_every_steps=N))")
+    summaries = {p: profiles.summarize(r, top=fv.top) for p, r in by_process.items()}
+    if fv.format == "json":
+        out = json.dumps(summaries, indent=1) + "\n"
+    elif fv.format == "html":
+        process = sorted(by_process)[0]  # one page: the first process (rank0, chief0, train)
+        out = profiles.page(process, summaries[process], by_process[process])
+    else:
+        out = "\n\n".join(profiles.text(p, s, model_dir) for p, s in summaries.items()) + "\n"
+    _write(out, fv.output)
+    return OK

@@ -170,11 +170,11 @@ TIER_COUNTERS = ("memory_rows", "disk_rows", "lookups", "promoted", "prefetched"
 
 
 def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
-    """Scalars: rows, admitted, rejected (lookups given no row), evicted,
-    pending, and with a memory budget TIER_COUNTERS; summed over its shards
+    """Scalars: rows, bytes in memory, admitted, rejected (lookups given no
+    row), evicted, pending, and with a memory budget TIER_COUNTERS; summed over its shards
     where it is sharded over ps tasks."""
     infos = [s.info() for s in shards(table)]
-    names = ("size", "admitted", "rejected", "evicted", "pending")
+    names = ("size", "memory_bytes", "admitted", "rejected", "evicted", "pending")
     if table.memory_budget:
         infos = [dict(i, **s.tier_info()) for i, s in zip(infos, shards(table))]
         names += TIER_COUNTERS
