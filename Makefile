@@ -43,7 +43,7 @@ bazel: $(VENV)/.installed .bazelrc.user
 # `bazel test //...` works after `make bazel`; the interpreter runs
 # through a script: Bazel resolves a symlink like .venv/bin/python to the
 # base interpreter, which is outside the venv.
-.bazelrc.user: $(VENV)/.installed
+.bazelrc.user: $(VENV)/.installed Makefile
 	mkdir -p build
 	printf '#!/bin/sh\nexec %s "$$@"\n' "$(abspath $(PY))" > build/venv_python
 	chmod +x build/venv_python

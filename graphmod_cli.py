@@ -280,7 +280,7 @@ def _fail(name: str, message) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-        print(_usage())
+        print(_usage(), file=sys.stdout if len(argv) >= 2 else sys.stderr)
         return OK if len(argv) >= 2 else USAGE
     name = argv[1]
     if name not in COMMANDS:
@@ -303,11 +303,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_command(fv, args)
     except UsageError as e:
         return _fail(name, f"{e} (see graphmod {name} --help)")
+    except ImportError as e:  # graphmod itself cannot load (e.g. another TensorFlow)
+        if "graphmod.cli.graphs" in sys.modules:
+            raise
+        return _fail(name, f"cannot load graphmod: {e}")
     except Exception as e:  # pylint: disable=broad-except
-        # Inputs the command cannot read; graphmod is imported by now.
-        from graphmod.checkpoint.merged import StateError  # pylint: disable=import-outside-toplevel
-        from graphmod.cli.graphs import InputError  # pylint: disable=import-outside-toplevel
-        if isinstance(e, (InputError, StateError)):
+        # Inputs the command cannot read (graphmod is imported by now).
+        graphs = sys.modules.get("graphmod.cli.graphs")
+        merged = sys.modules.get("graphmod.checkpoint.merged")
+        if graphs is not None and isinstance(e, graphs.InputError) or \
+                merged is not None and isinstance(e, merged.StateError):
             return _fail(name, e)
         raise
 

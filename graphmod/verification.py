@@ -8,17 +8,28 @@ It trains the model twice from the same initial state, in temporary
 model_dirs: unmodified, then with GraphModifierHook (the caller's hook, so
 its settings), over the same batches, and compares step by step:
 - the loss;
-- for each converted variable, after every step, the table's rows and
-  optimizer slots against the variable's rows and slot variables at the same
-  keys (rows the table holds; the unmodified model's other rows are
-  compared too once the table holds every row, as after adoption);
+- for each converted variable, after every step, every row and optimizer
+  slot of its table against the variable's rows and slot variables (the
+  table must hold exactly the keys 0..rows-1: adoption gives it every row);
+- each dense variable both runs train, after every step;
 - each table's initializer against the variable's initial rows (their mean
-  and spread, or every value for a constant one).
+  and spread, or every value for a constant one), unless warm-started.
 The same initial state: the unmodified run's first checkpoint (step 0) is
 copied into the hooked run's model_dir, which the hook adopts, so the tables
-start from the variables' very rows. A difference over tolerance names the
-variable, the step and what differs, and says whether an approximation the
-hook's report states explains it.
+start from the variables' very rows.
+
+A difference over tolerance names the variable, the step and the values. An
+approximation the hook's report states for a variable (lazy Adam, L2 over
+looked-up rows, dense FTRL/Momentum updates) explains a difference only where
+it can cause one: a row the step did not look up starting to differ. A row
+the step looked up that starts to differ is a failure whatever the report
+says. The loss and the dense variables may then differ from the step after
+an explained difference on. Tables whose keys are the full ids
+(collision-free keys) or that did not start from the variable's rows cannot
+be compared: the result says so and does not pass.
+
+It holds every variable of each step in memory: verify a few steps of a
+model that fits memory a few times over.
 """
 import dataclasses
 import glob
@@ -49,22 +60,63 @@ _MOMENTS = {
 
 @dataclasses.dataclass
 class Finding:
-    """How one converted variable trained with the hook against without it."""
+    """How one variable trained with the hook against without it: a
+    converted one (its table named) or a dense one (table "")."""
     variable: str
     table: str
     largest_difference: float = 0.0     # relative, over every step compared
     first_step: Optional[int] = None    # the first step over tolerance (0: the initial rows)
     what: str = ""                      # what differs there first
-    explained_by: str = ""              # an approximation the report states, if any
-    compared: str = ""                  # what was compared, or why rows were not
-    rows_compared: bool = False
+    # The first step at which a row starts to differ that the step looked up
+    # (or, step 0, the initial rows or keys), and one it did not look up.
+    looked_up: Optional[int] = None
+    not_looked_up: Optional[int] = None
+    unexplained_step: Optional[int] = None  # set by VerifyResult: the first step nothing explains
+    unexplained: str = ""               # what differs there
+    explained_by: str = ""              # the approximation the report states, if any
+    compared: str = ""                  # what was compared
+    comparable: bool = True             # False: rows could not be compared (compared says why)
     by_step: List[float] = dataclasses.field(default_factory=list)  # largest, steps 1, 2, ...
 
     @property
     def ok(self) -> bool:
-        """Within tolerance, or over it where a stated approximation explains
-        it (never the initial rows: no approximation changes those)."""
-        return self.first_step is None or (self.first_step > 0 and bool(self.explained_by))
+        return self.comparable and self.unexplained_step is None
+
+    def differs(self, step: int, what: str, looked_up: bool = True) -> None:
+        if self.first_step is None:
+            self.first_step, self.what = step, what
+        if looked_up and self.looked_up is None:
+            self.looked_up, self._looked_up_what = step, what
+        if not looked_up and self.not_looked_up is None:
+            self.not_looked_up, self._not_looked_up_what = step, what
+
+    def judge(self, diverged: Optional[int]) -> None:
+        """Sets the first step no approximation explains: a row the step
+        looked up starting to differ, or (without a stated approximation) any
+        row, before the model diverged by an explained difference at step
+        `diverged` (after which every difference may follow from that one)."""
+        candidates = [(self.looked_up, getattr(self, "_looked_up_what", ""))]
+        if not self.explained_by:
+            candidates.append((self.not_looked_up, getattr(self, "_not_looked_up_what", "")))
+        for step, what in sorted((c for c in candidates if c[0] is not None)):
+            if step == 0 or diverged is None or step <= diverged:
+                self.unexplained_step, self.unexplained = step, what
+                return
+
+    def line(self) -> str:
+        name = self.variable + (f" -> table '{self.table}'" if self.table else " (dense)")
+        if not self.comparable:
+            return f"  {name}: NOT COMPARED ({self.compared})"
+        if self.unexplained_step is not None:
+            return (f"  {name}: DIFFERS from step {self.unexplained_step}: {self.unexplained} "
+                    f"(largest relative difference {self.largest_difference:.3g}; "
+                    f"{self.compared})")
+        if self.first_step is not None:
+            return (f"  {name}: explained from step {self.first_step} "
+                    f"({self.explained_by or 'the difference it follows'}): "
+                    f"{self.what} (largest relative difference {self.largest_difference:.3g})")
+        return (f"  {name}: ok, largest relative difference {self.largest_difference:.3g} "
+                f"({self.compared})")
 
 
 @dataclasses.dataclass
@@ -72,27 +124,51 @@ class VerifyResult:
     steps: int
     losses: List[List[float]]                 # per step: [unmodified, hooked]
     loss_first_step: Optional[int]            # first step whose losses differ over tolerance
-    findings: Dict[str, Finding]
+    findings: Dict[str, Finding]              # converted variables, by name
+    dense: Dict[str, Finding]                 # dense variables both runs train, by name
     skipped: List[dict]                       # variables the hook left dense, with the reason
     rtol: float = 1e-4                        # the tolerances compared with
     atol: float = 1e-6
 
+    notes: List[str] = dataclasses.field(default_factory=list)  # what was not verified
+
+    def __post_init__(self):
+        for f in self.findings.values():
+            f.judge(self.diverged_at)
+
+    @property
+    def diverged_at(self) -> Optional[int]:
+        """The first step at which a stated approximation made rows differ
+        (rows the step did not look up): from the step after it, the loss,
+        the dense variables and the rows may all differ in consequence."""
+        steps = [f.not_looked_up for f in self.findings.values()
+                 if f.explained_by and f.not_looked_up is not None
+                 and (f.looked_up is None or f.looked_up > f.not_looked_up)]
+        return min(steps, default=None)
+
+    def _explained_before(self, step: int) -> str:
+        """The approximation that explains a difference first seen at `step`
+        (in the loss, a dense variable or a table), or ""."""
+        d = self.diverged_at
+        if d is None or step <= d:
+            return ""
+        return next(f"{f.variable}: {f.explained_by}" for f in self.findings.values()
+                    if f.explained_by and f.not_looked_up == d)
+
     @property
     def loss_explained_by(self) -> str:
-        """The stated approximation of a variable whose rows differed at or
-        before the step where the losses first differ, if any: the loss
-        difference follows from it."""
         if self.loss_first_step is None:
             return ""
-        return next((f"{f.variable}: {f.explained_by}" for f in self.findings.values()
-                     if f.explained_by and (not f.rows_compared or f.first_step is not None
-                                            and f.first_step <= self.loss_first_step)), "")
+        return self._explained_before(self.loss_first_step)
 
     @property
     def ok(self) -> bool:
-        """No difference over tolerance that no stated approximation explains."""
-        return (self.loss_first_step is None or bool(self.loss_explained_by)) and \
-            all(f.ok for f in self.findings.values())
+        """Everything compared, and no difference over tolerance that no stated
+        approximation explains."""
+        dense_ok = all(f.first_step is None or self._explained_before(f.first_step)
+                       for f in self.dense.values())
+        return ((self.loss_first_step is None or bool(self.loss_explained_by)) and dense_ok
+                and all(f.ok for f in self.findings.values()))
 
     def __bool__(self) -> bool:
         return self.ok
@@ -101,18 +177,21 @@ class VerifyResult:
         lines = [f"graphmod.verify: {'PASS' if self.ok else 'FAIL'} over {self.steps} steps"]
         if self.loss_first_step is not None:
             plain, hooked = self.losses[self.loss_first_step - 1]
-            why = f", explained ({self.loss_explained_by})" if self.loss_explained_by else ""
+            why = (f", explained ({self.loss_explained_by})" if self.loss_explained_by
+                   else ", DIFFERS")
             lines.append(f"  loss differs from step {self.loss_first_step}: {plain:.9g} "
                          f"unmodified, {hooked:.9g} hooked{why}")
-        for f in self.findings.values():
-            state = ("ok" if f.first_step is None else
-                     f"explained ({f.explained_by})" if f.explained_by else "DIFFERS")
-            where = "" if f.first_step is None else \
-                f"; first over tolerance at step {f.first_step}: {f.what}"
-            lines.append(f"  {f.variable} -> table '{f.table}': {state}, largest relative "
-                         f"difference {f.largest_difference:.3g}{where} ({f.compared})")
+        lines += [f.line() for f in self.findings.values()]
+        differing = [f for f in self.dense.values() if f.first_step is not None]
+        for f in differing:
+            why = self._explained_before(f.first_step)
+            lines.append(f"  {f.variable} (dense): differs from step {f.first_step}: {f.what}"
+                         + (f", explained ({why})" if why else ", DIFFERS"))
+        if self.dense and not differing:
+            lines.append(f"  {len(self.dense)} dense variable(s): ok")
         for s in self.skipped:
             lines.append(f"  {s['variable']}: stays dense ({s['reason']})")
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -147,7 +226,8 @@ class _Recorder(tf1.train.SessionRunHook):
 
     def begin(self):
         graph = tf1.get_default_graph()
-        self.loss = graph.get_collection(tf1.GraphKeys.LOSSES)[0]
+        # The Estimator adds the EstimatorSpec's loss last (tf.losses adds parts first).
+        self.loss = graph.get_collection(tf1.GraphKeys.LOSSES)[-1]
         self.inputs = [t for op in graph.get_operations() if op.type == "IteratorGetNext"
                        for t in op.outputs]
         self.fetches = self.states()
@@ -184,23 +264,29 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
     work = tempfile.mkdtemp(prefix="graphmod-verify-") if own else work_dir
     try:
         plain_dir, hooked_dir = os.path.join(work, "unmodified"), os.path.join(work, "hooked")
-        candidates: List[str] = []
+        names: List[str] = []
+
+        def variables():
+            graph = tf1.get_default_graph()
+            return {v.op.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
 
         def dense_state():
-            graph = tf1.get_default_graph()
-            variables = {v.op.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
-            candidates.extend(n for n, v in variables.items() if v.shape.rank == 2)
-            return {n: variables[n] for n in candidates}
+            held = variables()
+            names.extend(held)
+            return held
 
         plain = _Recorder(dense_state)
         _estimator(estimator, plain_dir, steps).train(input_fn, steps=steps, hooks=[plain])
         _copy_first_checkpoint(plain_dir, hooked_dir)
 
-        def table_state():
+        def hooked_state():
             from graphmod.state import tables  # pylint: disable=import-outside-toplevel
-            return {t.name: t.export() for t in tables(tf1.get_default_graph())}
+            graph = tf1.get_default_graph()
+            held = variables()
+            return {"tables": {t.name: t.export() for t in tables(graph)},
+                    "dense": {n: held[n] for n in names if n in held}}
 
-        hooked = _Recorder(table_state)
+        hooked = _Recorder(hooked_state)
         _estimator(estimator, hooked_dir, steps).train(input_fn, steps=steps,
                                                        hooks=[hook, hooked])
         if plain.batches != hooked.batches:
@@ -212,10 +298,17 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
         losses = [[a, b] for a, b in zip(plain.losses, hooked.losses)]
         loss_first = next((i for i, (a, b) in enumerate(losses, 1)
                            if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
-        findings = {t["variable"]: _compare(t, report, plain.after, hooked.after, rtol, atol)
-                    for t in report.tables}
-        result = VerifyResult(steps, losses, loss_first, findings, list(report.skipped), rtol,
-                              atol)
+        findings = {t["variable"]: _compare_table(t, report, plain.after, hooked.after, rtol,
+                                                  atol) for t in report.tables}
+        converted = {n for t in report.tables for n in [t["variable"], *t["slot_variables"]]}
+        shared = [n for n in hooked.after[0]["dense"] if n not in converted
+                  and n != "global_step"]
+        dense = {n: _compare_dense(n, plain.after, hooked.after, rtol, atol) for n in shared}
+        notes = [f"{k['op']} keeps its squeezed keys here ({k['reason']}): a fresh training "
+                 "with collision_free=True keys the full ids, a model this cannot compare"
+                 for k in report.squeezed_keys_kept]
+        result = VerifyResult(steps, losses, loss_first, findings, dense, list(report.skipped),
+                              rtol, atol, notes)
         logging.info("%s", result.summary())
         return result
     finally:
@@ -244,49 +337,94 @@ def _copy_first_checkpoint(plain_dir: str, hooked_dir: str) -> None:
     tf1.train.update_checkpoint_state(hooked_dir, os.path.join(hooked_dir, "model.ckpt-0"))
 
 
-def _compare(entry: dict, report, plain: List[dict], hooked: List[dict], rtol: float,
-             atol: float) -> Finding:
-    variable, table = entry["variable"], entry["table"]
+def _over(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> np.ndarray:
+    """Where got is not within tolerance of want (NaN counts as over)."""
+    return ~(np.abs(got - want) <= atol + rtol * np.abs(want))
+
+
+def _relative(got: np.ndarray, want: np.ndarray, atol: float) -> float:
+    diff = np.abs(got - want) / np.maximum(np.abs(want), atol)
+    return float("inf") if np.isnan(diff).any() else float(np.max(diff, initial=0.0))
+
+
+def _compare_dense(name: str, plain: List[dict], hooked: List[dict], rtol: float,
+                   atol: float) -> Finding:
+    f = Finding(name, "", compared=f"every value at {len(plain) - 1} steps")
+    for step in range(len(plain)):
+        want, got = np.asarray(plain[step][name]), np.asarray(hooked[step]["dense"][name])
+        if want.shape != got.shape or not np.issubdtype(want.dtype, np.number):
+            continue
+        f.largest_difference = max(f.largest_difference, _relative(got, want, atol))
+        over = _over(got, want, rtol, atol)
+        if over.any() and f.first_step is None:
+            i = tuple(np.argwhere(over)[0])
+            f.differs(step, f"value at {list(i)}: {got[i]:.9g} hooked, {want[i]:.9g} "
+                            "unmodified")
+    return f
+
+
+def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], rtol: float,
+                   atol: float) -> Finding:
+    variable, table, rows = entry["variable"], entry["table"], entry["rows"]
     f = Finding(variable, table)
-    approximations = [a["what"] for a in report.approximations if a["variable"] == variable]
-    if approximations:
-        f.explained_by = "; ".join(approximations)
+    f.explained_by = "; ".join(a["what"] for a in report.approximations
+                               if a["variable"] == variable)
     initial = plain[0][variable]
     if not entry["warm_started"]:
         problem = _initializer_differs(entry["initializer"], initial, rtol, atol)
         if problem:
-            f.first_step, f.what, f.largest_difference = 0, problem, float("inf")
+            f.largest_difference = float("inf")
+            f.differs(0, problem)
     if entry.get("unsqueezed"):
-        f.compared = "initializer only: the table's keys are the full ids, not rows"
-        f.explained_by = "; ".join(
-            [f.explained_by] * bool(f.explained_by) +
-            [f"collision-free keys: ids that shared a row of the variable "
-             f"({', '.join(entry['unsqueezed'])}) have rows of their own in the table"])
+        f.comparable = False
+        f.compared = (f"its keys are the full ids ({', '.join(entry['unsqueezed'])}), not the "
+                      "variable's rows; verify with GraphModifierHook(collision_free=False)")
         return f
     if variable not in report.adopted:
-        f.compared = "initializer only: the table did not start from the variable's rows"
+        f.comparable = False
+        f.compared = "the table did not start from the variable's rows (not adopted)"
         return f
     slots = entry.get("slot_variables") or []
-    f.compared = f"rows and {len(slots)} slot(s) at {len(plain) - 1} steps"
-    f.rows_compared = True
-    for step in range(1, len(plain)):
-        rows = hooked[step][table]
-        keys = rows["keys"]
-        pairs = [("rows", plain[step][variable][keys], rows["values"])]
-        pairs += [(f"slot '{s}'", plain[step][s][keys], rows["slots"][:, k])
-                  for k, s in enumerate(slots) if s in plain[step]]
-        f.by_step.append(0.0)
-        for what, want, got in pairs:
-            diff = np.abs(got - want)
-            relative = float(np.max(diff / np.maximum(np.abs(want), atol), initial=0.0))
-            f.by_step[-1] = max(f.by_step[-1], relative)
+    f.compared = f"{rows} rows and {len(slots)} slot(s) at {len(plain) - 1} steps"
+    was_over = np.zeros(rows, bool)
+    for step in range(len(plain)):
+        got = hooked[step]["tables"][table]
+        keys = got["keys"]
+        if keys.size != rows or np.any(np.sort(keys) != np.arange(rows)):
+            outside = keys[(keys < 0) | (keys >= rows)]
+            f.differs(step, f"the table holds {keys.size} keys, not exactly 0..{rows - 1}"
+                            + (f" (outside: {outside[:5].tolist()})" if outside.size else ""))
+            return f
+        order = np.argsort(keys)  # row i: key i
+        keys = keys[order]
+        # Rows this step looked up carry its version, the newest.
+        looked_up = got["versions"][order] == got["versions"].max()
+        pairs = [("rows", plain[step][variable], got["values"][order])]
+        pairs += [(f"slot '{s}'", plain[step][s], got["slots"][order][:, k])
+                  for k, s in enumerate(slots)]
+        over = np.zeros(rows, bool)
+        if step > 0:
+            f.by_step.append(0.0)
+        for what, want, have in pairs:
+            relative = _relative(have, want, atol)
             f.largest_difference = max(f.largest_difference, relative)
-            over = diff > atol + rtol * np.abs(want)
-            if over.any() and f.first_step is None:
-                i = np.argwhere(over)[0]
-                f.first_step = step
-                f.what = (f"{what} of key {keys[i[0]]}: {got[tuple(i)]:.9g} hooked, "
-                          f"{want[tuple(i)]:.9g} unmodified")
+            if step > 0:
+                f.by_step[-1] = max(f.by_step[-1], relative)
+            over_what = _over(have, want, rtol, atol).reshape(rows, -1).any(1)
+            fresh = over_what & ~was_over & ~over
+            if fresh.any():
+                for rows_of, looked in ((fresh & looked_up, True), (fresh & ~looked_up, False)):
+                    if not rows_of.any():
+                        continue
+                    i = int(np.argmax(rows_of))
+                    j = tuple(np.argwhere(_over(have[i], want[i], rtol, atol))[0])
+                    f.differs(step, f"{what} of key {keys[i]}{list(j)}: {have[i][j]:.9g} "
+                                    f"hooked, {want[i][j]:.9g} unmodified"
+                                    + ("" if step == 0 else ", a row the step looked up"
+                                       if looked else ", a row the step did not look up"),
+                              looked_up=looked or step == 0)
+            over |= over_what
+        was_over |= over
     return f
 
 

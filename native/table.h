@@ -64,7 +64,7 @@ struct TableConfig {
   CapacityPolicy when_full = CapacityPolicy::kLru;
   // How sightings of keys without a row are counted for admission: 0 = exactly,
   // per key; else in a count-min sketch of 4 rows of this many counters
-  // (spread over the shards), bounded memory at a stated error (see README).
+  // (spread over the shards), bounded memory at a stated error (see docs/tables.md).
   int64_t sketch_width = 0;
   // Where a shard keeps its rows (shard_storage.h): "buckets" (records
   // inline in hash buckets, one memory miss per key) or "arena" (a key index

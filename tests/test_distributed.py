@@ -173,7 +173,7 @@ def test_ranks_train_as_one_rank_on_the_same_global_batch(tmp_path, ranks):
 
 
 def test_the_example_runs_on_two_ranks():
-    """The README's command: 26 sharded tables in one exchange per step."""
+    """docs/horovod.md's command: 26 sharded tables in one exchange per step."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = launch(2, os.path.join(here, "examples", "horovod_sharded.py"), "--steps", "20")
     ends = [line for line in done.stdout.splitlines() if "all owned by this rank" in line]

@@ -158,6 +158,34 @@ def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys,
     np.testing.assert_array_equal(resumed[0], resumed[1])
     assert_same_state(checkpoint_state(memory_dir), checkpoint_state(disk_dir))
 
+    # A warm start from a checkpoint and its deltas streams too: a new
+    # model's tiered table imports them a stored slice (50 rows) at a time,
+    # spilling as it goes, and starts with the merged rows the filter keeps.
+    from graphmod.checkpoint import deltas, merged
+    source = next(p for p in reversed(tf.train.get_checkpoint_state(
+        disk_dir).all_model_checkpoint_paths) if deltas.committed(p))
+    want = checkpoint_state(disk_dir, merged.State(source, deltas.committed(source), 0))
+    assert sum(tf.train.load_checkpoint(d).get_tensor(f"{TABLE}-keys").size
+               for d in deltas.committed(source)) > 0  # rows the deltas change
+    from graphmod._ops import ops
+    with tf.Graph().as_default(), tf1.Session() as sess:  # several slices to read
+        starts, _ = sess.run(ops.graphmod_checkpoint_row_slices(source, f"{TABLE}-values"))
+    assert len(starts) > 2, starts
+    started = Started()
+    warm = graphmod.GraphModifierHook(
+        min_rows=100, tables={TABLE: graphmod.TableSettings(memory_budget=0.25,
+                                                            storage_path=storage)},
+        warm_start=graphmod.WarmStartSettings([source],
+                                              key_filter=lambda table, keys: keys % 3 != 0))
+    estimator(str(tmp_path / "warm")).train(input_fn(5), steps=1, hooks=[warm, started])
+    assert warm.report.warm_started[0] == TABLE
+    keys, order = started.rows["keys"], np.argsort(started.rows["keys"])
+    kept = want[f"{TABLE}-keys"] % 3 != 0
+    np.testing.assert_array_equal(keys[order], want[f"{TABLE}-keys"][kept])
+    np.testing.assert_array_equal(started.rows["values"][order], want[f"{TABLE}-values"][kept])
+    np.testing.assert_array_equal(started.rows["counts"][order], want[f"{TABLE}-counts"][kept])
+    assert started.tiers["disk_rows"] > 0, started.tiers
+
 
 def test_a_bad_tier_setting_is_named():
     with pytest.raises(ValueError, match="memory_budget and storage_path go together"):
@@ -223,30 +251,6 @@ def test_the_input_pipeline_prefetches_keys_it_can_compute_and_reports_the_rest(
     expected = dict(tensors="do not come from one tf.data iterator",
                     vocabulary="LookupTableFindV2", off="TableSettings(prefetch=False)")
     assert why_not == "" if case == "component" else expected[case] in why_not, why_not
-
-    # A warm start from a checkpoint and its deltas streams too: a new
-    # model's tiered table imports them a stored slice (50 rows) at a time,
-    # spilling as it goes, and starts with the merged rows the filter keeps.
-    from graphmod.checkpoint import deltas, merged
-    source = next(p for p in reversed(tf.train.get_checkpoint_state(
-        disk_dir).all_model_checkpoint_paths) if deltas.committed(p))
-    want = checkpoint_state(disk_dir, merged.State(source, deltas.committed(source), 0))
-    assert sum(tf.train.load_checkpoint(d).get_tensor(f"{TABLE}-keys").size
-               for d in deltas.committed(source)) > 0  # rows the deltas change
-    started = Started()
-    warm = graphmod.GraphModifierHook(
-        min_rows=100, tables={TABLE: graphmod.TableSettings(memory_budget=0.25,
-                                                            storage_path=storage)},
-        warm_start=graphmod.WarmStartSettings([source],
-                                              key_filter=lambda table, keys: keys % 3 != 0))
-    estimator(str(tmp_path / "warm")).train(input_fn(5), steps=1, hooks=[warm, started])
-    assert warm.report.warm_started[0] == TABLE
-    keys, order = started.rows["keys"], np.argsort(started.rows["keys"])
-    kept = want[f"{TABLE}-keys"] % 3 != 0
-    np.testing.assert_array_equal(keys[order], want[f"{TABLE}-keys"][kept])
-    np.testing.assert_array_equal(started.rows["values"][order], want[f"{TABLE}-values"][kept])
-    np.testing.assert_array_equal(started.rows["counts"][order], want[f"{TABLE}-counts"][kept])
-    assert started.tiers["disk_rows"] > 0, started.tiers
 
 
 class Started(tf1.train.SessionRunHook):

@@ -60,8 +60,8 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
             with tf.io.gfile.GFile(state_file) as f:
                 text_format.Parse(f.read(), checkpoint_state_pb2.CheckpointState())
         except (text_format.ParseError, UnicodeDecodeError, tf.errors.OpError) as e:
-            raise StateError(f"{state_file}: cannot be read "
-                             f"({str(e).splitlines()[0][:200]})") from None
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            raise StateError(f"{state_file}: cannot be read ({first[:200]})") from None
     return tf.train.latest_checkpoint(model_dir)
 
 

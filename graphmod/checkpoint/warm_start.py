@@ -21,7 +21,9 @@ the sources holds starts from it:
 - `mapping` renames: {target table or variable name: name in the sources};
   unmapped targets look for their own name; a mapped source that no source
   holds is an error naming it;
-- `key_filter(target, keys) -> bool mask` keeps only some keys of a table.
+- `key_filter(target, keys) -> bool mask` keeps only some keys of a table;
+  it is called once per stored slice of rows (and per delta), so it must
+  decide each key on its own (not, say, by quantiles of all keys).
 A source table is read a stored slice at a time (then each delta's removals
 and changed rows), so a table larger than memory warm-starts a tiered table
 without being in memory whole.
@@ -61,8 +63,12 @@ class WarmStartSettings:
 
 
 def _checkpoint_of(source: str) -> str:
+    from graphmod.checkpoint import merged  # pylint: disable=import-outside-toplevel
     if tf.io.gfile.isdir(source):
-        found = tf.train.latest_checkpoint(source)
+        try:
+            found = merged.latest_checkpoint(source)
+        except merged.StateError as e:
+            raise ValueError(f"graphmod.WarmStartSettings: {e}") from None
         if found is None:
             raise ValueError(f"graphmod.WarmStartSettings: {source} holds no checkpoint")
         return found

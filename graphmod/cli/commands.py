@@ -355,8 +355,11 @@ def verify(target: str, fv) -> int:
         raise InputError(f"{target}: returned {type(made).__name__}, not (estimator, input_fn) "
                          "or (estimator, input_fn, hook)")
     estimator, input_fn, hook = (made + (None,))[:3]
-    result = graphmod.verify(estimator, input_fn, steps=fv.steps, hook=hook, rtol=fv.rtol,
-                             atol=fv.atol)
+    try:
+        result = graphmod.verify(estimator, input_fn, steps=fv.steps, hook=hook, rtol=fv.rtol,
+                                 atol=fv.atol)
+    except (ValueError, RuntimeError) as e:  # different batches, a failed rewrite
+        raise InputError(f"{target}: {str(e).splitlines()[0] if str(e) else e!r}") from None
     print(result.summary())
     if fv.html:
         _write(result.html(), fv.html)
@@ -379,8 +382,10 @@ def _call(target: str):
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InputError(f"{module_name}: cannot be imported ({e})") from None
+    except InputError:
+        raise
+    except Exception as e:  # pylint: disable=broad-except  (ImportError, SyntaxError, ...)
+        raise InputError(f"{module_name}: cannot be imported ({type(e).__name__}: {e})") from None
     if not callable(getattr(module, function, None)):
         raise InputError(f"{target}: {module_name} has no function '{function}'")
     return getattr(module, function)()
