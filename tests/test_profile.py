@@ -6,7 +6,6 @@ import json
 import os
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 import graphmod
