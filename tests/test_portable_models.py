@@ -292,7 +292,9 @@ def train_horovod(root):
         assert f"model.ckpt-{STEPS}.tables-0000{r}-of-00002.index" in names, names
     # One process, no Horovod: graphmod's predict and the export read both parts.
     estimator = tf.estimator.Estimator(horovod_model_fn, model_dir=str(model_dir))
-    return estimator, tables, ranks[0]["squeezed_keys_kept"]
+    # The rank whose rewrite saved the plan first decided (and reported) which
+    # hash buckets stay keys; the other replayed its plan, reporting none.
+    return estimator, tables, ranks[0]["squeezed_keys_kept"] + ranks[1]["squeezed_keys_kept"]
 
 
 def build_horovod(root, trained):
