@@ -84,20 +84,19 @@ def _pure_path(keys: tf.Tensor, index: GraphIndex) -> Tuple[tf.Operation, List[t
     ops, sources = [], set()
 
     def inputs(op):  # the walk stops at the iterator's outputs
-        return () if op.type == "IteratorGetNext" else [t.op for t in op.inputs]
+        return () if op.type == "IteratorGetNext" else index.producers(op)
 
     for op in walk([keys.op], inputs):
         if op.type == "IteratorGetNext":
             sources.add(op)
             continue
         # (A fed placeholder's default is not what the step reads.)
-        if op.op_def.is_stateful or op.type in ("Placeholder", "PlaceholderWithDefault"):
+        if index.stateful(op) or op.type in ("Placeholder", "PlaceholderWithDefault"):
             raise _NoPrefetch(f"its keys are computed with {op.type} op '{op.name}', which the "
                               "input pipeline cannot run")
         if index.in_control_flow(op):
             raise _NoPrefetch(f"its keys are computed in control flow ('{op.name}')")
-        if any(t.dtype == tf.resource for t in op.inputs) or any(
-                v.HasField("func") or v.list.func for v in op.node_def.attr.values()):
+        if index.reads_state(op):
             raise _NoPrefetch(f"its keys are computed with state or a function ('{op.name}')")
         ops.append(op)
     if len(sources) != 1:

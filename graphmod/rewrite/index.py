@@ -109,6 +109,23 @@ class GraphIndex:
         return list(self._waiting.get(op, ()))
 
     @staticmethod
+    def producers(op: tf.Operation) -> List[tf.Operation]:
+        """The ops whose outputs op reads as data inputs (each once)."""
+        return list(dict.fromkeys(t.op for t in op.inputs))
+
+    @staticmethod
+    def stateful(op: tf.Operation) -> bool:
+        """op's kernel keeps or changes state (its op def says so): running it
+        elsewhere (another graph, a tf.data function) is not the same."""
+        return op.op_def.is_stateful
+
+    @staticmethod
+    def reads_state(op: tf.Operation) -> bool:
+        """op takes a resource (a variable, a table) or calls a function."""
+        return any(t.dtype == tf.resource for t in op.inputs) or any(
+            v.HasField("func") or v.list.func for v in op.node_def.attr.values())
+
+    @staticmethod
     def in_control_flow(op: tf.Operation) -> bool:
         """op sits inside a v1 loop or branch (tf.while_loop, tf.cond)."""
         return op._control_flow_context is not None  # pylint: disable=protected-access
@@ -145,7 +162,7 @@ class GraphIndex:
     @staticmethod
     def ancestors(roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
         """roots and every op they depend on (data and control)."""
-        return set(walk(roots, lambda op: [t.op for t in op.inputs] + list(op.control_inputs)))
+        return set(walk(roots, lambda op: GraphIndex.producers(op) + list(op.control_inputs)))
 
     def feeds_only(self, op: tf.Operation, ends: Set[str], limit: int = 64) -> bool:
         """Every data path from op ends in ops named in `ends` (e.g. ops the
