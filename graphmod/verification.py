@@ -70,7 +70,9 @@ class Finding:
     # The first step at which a row starts to differ that the step looked up
     # (or, step 0, the initial rows or keys), and one it did not look up.
     looked_up: Optional[int] = None
+    looked_up_what: str = ""
     not_looked_up: Optional[int] = None
+    not_looked_up_what: str = ""
     unexplained_step: Optional[int] = None  # set by VerifyResult: the first step nothing explains
     unexplained: str = ""               # what differs there
     explained_by: str = ""              # the approximation the report states, if any
@@ -86,18 +88,18 @@ class Finding:
         if self.first_step is None:
             self.first_step, self.what = step, what
         if looked_up and self.looked_up is None:
-            self.looked_up, self._looked_up_what = step, what
+            self.looked_up, self.looked_up_what = step, what
         if not looked_up and self.not_looked_up is None:
-            self.not_looked_up, self._not_looked_up_what = step, what
+            self.not_looked_up, self.not_looked_up_what = step, what
 
     def judge(self, diverged: Optional[int]) -> None:
         """Sets the first step no approximation explains: a row the step
         looked up starting to differ, or (without a stated approximation) any
         row, before the model diverged by an explained difference at step
         `diverged` (after which every difference may follow from that one)."""
-        candidates = [(self.looked_up, getattr(self, "_looked_up_what", ""))]
+        candidates = [(self.looked_up, self.looked_up_what)]
         if not self.explained_by:
-            candidates.append((self.not_looked_up, getattr(self, "_not_looked_up_what", "")))
+            candidates.append((self.not_looked_up, self.not_looked_up_what))
         for step, what in sorted((c for c in candidates if c[0] is not None)):
             if step == 0 or diverged is None or step <= diverged:
                 self.unexplained_step, self.unexplained = step, what
