@@ -72,7 +72,7 @@ def run_arm(arm, a, keys, storage):
     ids = tf1.placeholder_with_default(steps.get_next(), [None])
     rows = graphmod.sparse_lookup(table, ids, is_training=True)
     train = opt.minimize(tf.reduce_sum(rows * rows))  # a lookup, then Adagrad by handle
-    tier_info = table.tier_info()
+    counters = dict(table.info(), **table.tier_info())
     cfg = tf1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
     with tf1.Session(config=cfg) as sess:
         # Every key gets its row (the table is 4x the budget), a batch of B at a time.
@@ -81,12 +81,12 @@ def run_arm(arm, a, keys, storage):
         sess.run(steps.initializer)
         for _ in range(5):  # warm-up: the hot rows come into memory, the pipeline starts
             sess.run(train)
-        before = sess.run(tier_info)
+        before = sess.run(counters)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         for _ in range(STEPS):
             sess.run(train)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        after = sess.run(tier_info)
+        after = sess.run(counters)
     delta = {k: int(after[k] - before[k]) for k in after}
     return dict(examples_s=B * STEPS / wall, cpu_per_k=cpu / (B * STEPS / 1e3),
                 hit_ratio=1 - delta["promoted"] / max(delta["lookups"], 1),

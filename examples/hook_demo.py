@@ -59,8 +59,10 @@ def model_fn(features, labels, mode):
 def run(with_hook: bool) -> dict:
     model_dir = tempfile.mkdtemp(prefix="graphmod_hook_demo_")
     est = tf.estimator.Estimator(model_fn, model_dir=model_dir)
-    # dump_graph: the graphs before and after the rewrite, for `graphmod diff`.
-    hooks = lambda: [graphmod.GraphModifierHook(dump_graph=True)] if with_hook else []  # noqa: E731
+    # dump_graph: the graphs before and after the rewrite, for `graphmod diff`;
+    # profile_every_steps: where a training step's time goes, for `graphmod profile`.
+    hooks = lambda: ([graphmod.GraphModifierHook(dump_graph=True, profile_every_steps=500)]  # noqa: E731
+                     if with_hook else [])
     n = FLAGS.train_steps * FLAGS.batch_size
     start = time.time()
     est.train(data.input_fn(CFG, FLAGS.batch_size, n), hooks=hooks())
@@ -87,6 +89,7 @@ def main(_):
     for name, rows in sorted(hooked["rows"].items()):
         print(f"  {name[:-len('-keys')]:>16}: {rows:>8,} rows (variable had {FLAGS.vocab_guess:,})")
     print(f"what the hook changed: graphmod diff {hooked['model_dir']}")
+    print(f"where its step time went: graphmod profile {hooked['model_dir']}")
     print("=" * 64)
 
 

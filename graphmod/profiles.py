@@ -85,7 +85,9 @@ def read(model_dir: str) -> Dict[str, List[dict]]:
 def summarize(records: List[dict], top: int = 15) -> dict:
     """Averages over traced steps: the step's wall time, each group's op time
     and share, the slowest ops, and each table's counters at the last traced
-    step with their growth per step."""
+    step with their growth per step: rows, new keys (rows admitted), the
+    dedup ratio (ids looked up per distinct id in a call) and, with a disk
+    tier, the memory hit ratio."""
     n = len(records)
     groups: Dict[str, float] = {}
     for r in records:
@@ -108,10 +110,16 @@ def summarize(records: List[dict], top: int = 15) -> dict:
     for name, c in last["tables"].items():
         before = first["tables"].get(name, {})
         t = dict(c)
-        t["rows_per_step"] = (c.get("size", 0) - before.get("size", 0)) / steps
-        t["admitted_per_step"] = (c.get("admitted", 0) - before.get("admitted", 0)) / steps
-        if c.get("lookups"):
-            t["hit_ratio"] = 1 - c.get("promoted", 0) / c["lookups"]
+        grew = {k: c.get(k, 0) - before.get(k, 0) for k in c}
+        t["rows_per_step"] = grew.get("size", 0) / steps
+        t["new_keys_per_step"] = grew.get("admitted", 0) / steps
+        # Over the traced steps' span; since the table was created where the
+        # profile holds one traced step.
+        seen = grew if grew.get("lookups") else c
+        if seen.get("lookups"):
+            t["dedup_ratio"] = seen.get("ids_looked_up", 0) / seen["lookups"]
+            if "promoted" in c:  # a table with a disk tier
+                t["hit_ratio"] = 1 - seen.get("promoted", 0) / seen["lookups"]
         tables[name] = t
     return dict(traced_steps=[r["step"] for r in records],
                 wall_ms=sum(r["wall_ms"] for r in records) / n, op_ms=total,
@@ -141,8 +149,11 @@ def text(process: str, s: dict, model_dir: Optional[str] = None) -> str:
     for name, t in s["tables"].items():
         parts = [f"{int(t.get('size', 0)):,} rows ({t['rows_per_step']:+.1f}/step)",
                  f"{t.get('memory_bytes', 0) / 2**20:.2f} MiB",
+                 f"{t['new_keys_per_step']:.1f} new keys/step",
                  f"{int(t.get('admitted', 0)):,} admitted", f"{int(t.get('rejected', 0)):,} "
                  "lookups given no row", f"{int(t.get('evicted', 0)):,} evicted"]
+        if "dedup_ratio" in t:
+            parts.append(f"dedup ratio {t['dedup_ratio']:.2f}")
         if "hit_ratio" in t:
             parts.append(f"memory hit ratio {t['hit_ratio']:.3f}")
         lines.append(f"table '{name}': " + ", ".join(parts))

@@ -258,10 +258,10 @@ class InfoOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const TableCounters c = t->counters();
-    const int64_t values[9] = {c.rows,     t->memory_bytes(), t->version(), c.admitted,
-                               c.rejected, c.evicted,         c.pending,    c.latest,
-                               c.stale};
-    for (int i = 0; i < 9; ++i) {
+    const int64_t values[11] = {c.rows,     t->memory_bytes(), t->version(), c.admitted,
+                                c.rejected, c.evicted,         c.pending,    c.latest,
+                                c.stale,    c.ids_looked_up,   c.lookups};
+    for (int i = 0; i < 11; ++i) {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
       out->scalar<int64_t>()() = values[i];
@@ -274,13 +274,13 @@ class TierInfoOp : public TableKernel {
   using TableKernel::TableKernel;
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const TableCounters c = t->counters();
-    const int64_t values[13] = {c.rows - c.cold_rows, c.cold_rows,       c.lookups,
-                                c.promoted,           c.spilled,         c.disk_reads,
-                                c.disk_read_bytes,    c.read_passes,     c.disk_file_bytes,
-                                c.disk_live_bytes,    c.compactions,
+    const int64_t values[12] = {c.rows - c.cold_rows, c.cold_rows,       c.promoted,
+                                c.spilled,            c.disk_reads,      c.disk_read_bytes,
+                                c.read_passes,        c.disk_file_bytes, c.disk_live_bytes,
+                                c.compactions,
                                 static_cast<int64_t>(c.compaction_seconds * 1000),
                                 c.prefetched};
-    for (int i = 0; i < 13; ++i) {
+    for (int i = 0; i < 12; ++i) {
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({}), &out));
       out->scalar<int64_t>()() = values[i];

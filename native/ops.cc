@@ -192,7 +192,6 @@ REGISTER_OP("GraphmodTableTierInfo")
     .Input("table: resource")
     .Output("memory_rows: int64")
     .Output("disk_rows: int64")
-    .Output("lookups: int64")
     .Output("promoted: int64")
     .Output("spilled: int64")
     .Output("disk_reads: int64")
@@ -205,11 +204,11 @@ REGISTER_OP("GraphmodTableTierInfo")
     .Output("prefetched: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 13; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 12; ++i) c->set_output(i, c->Scalar());
       return ::tensorflow::OkStatus();
     })
     .Doc("The memory and disk tiers of a table with a memory budget (zeros without): rows "
-         "in each, distinct keys looked up in training and how many came up from disk, "
+         "in each, rows brought up from disk by training steps (of GraphmodTableInfo's lookups), "
          "rows moved down, records and bytes read, batched read passes, the segment files' "
          "bytes and their live share, segment compactions and their time, and the rows "
          "GraphmodTablePrefetch brought up ahead of their step.");
@@ -234,12 +233,15 @@ REGISTER_OP("GraphmodTableInfo")
     .Output("pending: int64")
     .Output("latest: int64")
     .Output("stale: int64")
+    .Output("ids_looked_up: int64")
+    .Output("lookups: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 9; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 11; ++i) c->set_output(i, c->Scalar());
       return ::tensorflow::OkStatus();
     })
-    .Doc("Rows, bytes held, Apply calls so far, and the admission/eviction counters.");
+    .Doc("Rows, bytes held, Apply calls so far, the admission/eviction counters, and the "
+         "ids training lookups were given (every occurrence) and the distinct ones per call.");
 
 REGISTER_OP("GraphmodTableEvict")
     .Input("table: resource")

@@ -247,7 +247,8 @@ class ShardedTable final : public TableImpl {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<int64_t> version_{0};
   std::atomic<int64_t> rows_{0};  // live rows of a bounded table (max_rows >= 0)
-  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0}, lookups_{0};
+  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0}, lookups_{0},
+      ids_looked_up_{0};
   std::atomic<int64_t> latest_{0};
 };
 
@@ -299,6 +300,7 @@ TableCounters ShardedTable<Rows>::counters() const {
     c.compaction_seconds += t.compaction_seconds;
   }
   c.lookups = lookups_.load();
+  c.ids_looked_up = ids_looked_up_.load();
   return c;
 }
 
@@ -340,6 +342,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
   distinct.Build(keys, n);
   const int64_t u = static_cast<int64_t>(distinct.ids.size());
   lookups_ += u;
+  ids_looked_up_ += n;
   const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
   const int d = config_.dim, slots = config_.num_slots;
   // Per distinct id: its row's values and handle, and how many of its first

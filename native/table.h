@@ -97,15 +97,17 @@ struct TableCounters {
   int64_t pending = 0;   // keys counted towards admission that have no row yet
   int64_t latest = 0;    // the largest `now` a training lookup has passed
   int64_t stale = 0;     // by-address gradients dropped: their row was removed (or reused)
+  // Ids training lookups were given, every occurrence, and the distinct ids
+  // among them per call: their ratio is how much a batch repeats its ids.
+  int64_t ids_looked_up = 0;
+  int64_t lookups = 0;
   // With a disk tier: rows on disk now, and rows moved to disk / back, ever.
   int64_t cold_rows = 0;
   int64_t spilled = 0;
   int64_t promoted = 0;    // by training steps' lookups and applies
   int64_t prefetched = 0;  // by Prefetch, ahead of the step
-  // Distinct keys of training lookups (per call), so 1 - promoted / lookups
-  // is the memory tier's hit ratio; and the disk tier's own counters
-  // (log_tier.h TierCounters), summed over the shards.
-  int64_t lookups = 0;
+  // 1 - promoted / lookups is the memory tier's hit ratio. The disk tier's
+  // own counters (log_tier.h TierCounters), summed over the shards:
   int64_t disk_file_bytes = 0;
   int64_t disk_live_bytes = 0;
   int64_t disk_reads = 0;

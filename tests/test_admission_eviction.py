@@ -55,6 +55,8 @@ def test_a_key_gets_its_row_on_exactly_its_threshold_th_sighting():
             np.testing.assert_allclose(row9, 0.5 - 2.0)  # two gradients summed, not four
             info = sess.run(table.info())
             assert (info["admitted"], info["rejected"], info["pending"]) == (2, 2 + 2, 0)
+            # Three lookups of [7], one of [9, 9, 9, 9]: every id, and the distinct ones per call.
+            assert (info["ids_looked_up"], info["lookups"]) == (3 + 4, 3 + 1)
 
 
 def test_eviction_by_timestamp_feature_removes_exactly_the_keys_older_than_the_threshold():

@@ -165,16 +165,18 @@ def _build_clock(graph: tf.Graph, unit: str, timestamp: Optional[tf.Tensor]) -> 
 
 
 # A tiered table's counters beside the others (Table.tier_info).
-TIER_COUNTERS = ("memory_rows", "disk_rows", "lookups", "promoted", "prefetched", "disk_reads",
+TIER_COUNTERS = ("memory_rows", "disk_rows", "promoted", "prefetched", "disk_reads",
                  "disk_read_bytes", "disk_file_bytes", "compaction_ms")
 
 
 def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
     """Scalars: rows, bytes in memory, admitted, rejected (lookups given no
-    row), evicted, pending, and with a memory budget TIER_COUNTERS; summed over its shards
-    where it is sharded over ps tasks."""
+    row), evicted, pending, ids_looked_up and lookups (every id and the
+    distinct ones, of training lookups), and with a memory budget
+    TIER_COUNTERS; summed over its shards where it is sharded over ps tasks."""
     infos = [s.info() for s in shards(table)]
-    names = ("size", "memory_bytes", "admitted", "rejected", "evicted", "pending")
+    names = ("size", "memory_bytes", "admitted", "rejected", "evicted", "pending",
+             "ids_looked_up", "lookups")
     if table.memory_budget:
         infos = [dict(i, **s.tier_info()) for i, s in zip(infos, shards(table))]
         names += TIER_COUNTERS

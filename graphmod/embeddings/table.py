@@ -64,15 +64,17 @@ class Table:
         created), rejected (lookups given no row), evicted, pending (ids counted
         towards admission), latest (the newest clock value a lookup passed),
         stale (by-address gradients dropped because their row had been
-        removed, evicted or reused since the lookup)."""
+        removed, evicted or reused since the lookup), ids_looked_up (the ids
+        training lookups were given, every occurrence) and lookups (the
+        distinct ids among them, per call: ids_looked_up / lookups is how
+        often a batch repeats an id)."""
         return ops.graphmod_table_info(self.handle)._asdict()
 
     def tier_info(self) -> Dict[str, tf.Tensor]:
         """Scalars of the memory and disk tiers (a table with a memory_budget;
         zeros otherwise): memory_rows, disk_rows; since the table was created:
-        lookups (distinct ids of training lookups, per batch), promoted (of
-        those, rows brought up from disk: the hit ratio is 1 - promoted /
-        lookups), spilled (rows moved to disk), disk_reads and disk_read_bytes,
+        promoted (rows brought up from disk by training steps: the hit ratio
+        is 1 - promoted / info()["lookups"]), spilled (rows moved to disk), disk_reads and disk_read_bytes,
         read_passes (batched reads), disk_file_bytes and disk_live_bytes (the
         segment files and their live records), compactions, compaction_ms,
         prefetched (rows prefetch brought up ahead of their step)."""
