@@ -90,8 +90,14 @@ native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/a
 test-tools:
 	scripts/install_test_tools.sh
 
+# Each test module runs once in `make test`: the modules BUILD lists as
+# py_tests run under `bazel test //...` against the Bazel-built op library,
+# every other one (those that start processes: Horovod ranks, ps clusters,
+# serving, Chromium, the wheel) here against the pip-built one.
+BAZEL_PY_TESTS := $(shell sed -n 's/^    "\(\(rules\/\)\{0,1\}test_[a-z0-9_]*\)",$$/\1/p' BUILD)
+
 test-python: build test-tools
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests $(BAZEL_PY_TESTS:%=--ignore=tests/%.py)
 
 # The op tests (which start processes, so not a Bazel py_test) once more,
 # against the Bazel-built library.
