@@ -316,7 +316,7 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
         shared = [n for n in hooked.after[0]["dense"] if n not in converted
                   and n != "global_step"]
         dense = {n: _compare_dense(n, plain.after, hooked.after, rtol, atol) for n in shared}
-        notes = [f"{k['op']} keeps its squeezed keys here ({k['reason']}): a fresh training "
+        notes = [f"'{k['op']}' keeps its squeezed keys here ({k['reason']}): a fresh training "
                  "with collision_free=True keys the full ids, a model this cannot compare"
                  for k in report.squeezed_keys_kept]
         result = VerifyResult(steps, losses, loss_first, findings, dense, list(report.skipped),

@@ -56,6 +56,26 @@ def test_modulo_ids_become_raw_ids():
     assert "full ids" in hook.report.approximations[0]["what"]
 
 
+def test_modulo_ids_of_a_dense_feature_column_become_raw_ids():
+    """An identity column over `ids % N` of a dense feature: the column
+    picks the sparse values out of the ids with GatherNd, which carries them."""
+    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64).reshape(-1, 2)
+
+    def build():
+        ph = tf1.placeholder(tf.int64, [None, 2])
+        column = tf.feature_column.embedding_column(
+            tf.feature_column.categorical_column_with_identity("ids", 1000), 4,
+            initializer=tf1.constant_initializer(0.1))
+        rows = tf1.feature_column.input_layer({"ids": tf.math.floormod(ph, 1000)}, [column])
+        return ph, tf.reduce_sum(rows)
+
+    hook = graphmod.GraphModifierHook()
+    exported = train_once(build, ids, hook)
+    assert sorted(exported["keys"].tolist()) == sorted(ids.ravel().tolist())
+    assert hook.report.unsqueezed_keys and not hook.report.squeezed_keys_kept
+    assert "full ids" in hook.report.approximations[0]["what"]
+
+
 def test_a_small_modulo_is_meaning_not_hashing():
     """`ts % 7` (day of week) or `ids % num_partitions` keep their rows: a
     modulo below MIN_MODULO_BUCKETS is not unsqueezed."""

@@ -27,10 +27,12 @@ def input_fn():
 
 
 def model_fn(features, labels, mode, params):
-    emb = tf1.get_variable("emb", [VOCAB, DIM],
+    fold = params.get("fold")  # ids % fold, into a variable of fold rows
+    emb = tf1.get_variable("emb", [fold or VOCAB, DIM],
                            initializer=tf1.truncated_normal_initializer(stddev=0.5))
     head = tf1.get_variable("head", [3 * DIM, 1])
-    e = tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]), [-1, 3 * DIM])
+    ids = features["ids"] % fold if fold else features["ids"]
+    e = tf.reshape(tf.nn.embedding_lookup(emb, ids), [-1, 3 * DIM])
     logits = tf.squeeze(tf.matmul(e, head), 1)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     optimizer = {"adagrad": lambda: tf1.train.AdagradOptimizer(0.3),
@@ -61,6 +63,20 @@ def test_a_faithful_rewrite_passes(tmp_path):
     np.testing.assert_allclose([b for _, b in result.losses], [a for a, _ in result.losses],
                                rtol=1e-5)
     assert "PASS" in result.summary()
+
+
+def test_folded_ids_are_compared_on_their_adopted_rows_with_a_note(tmp_path):
+    """`ids % 1000`: a fresh training would key the table by the full ids (a
+    different model); verify's hooked run adopts the variable's rows, so the
+    keys stay folded and the rows compare, and the summary says what was not
+    verified."""
+    result = check(tmp_path, fold=1000)
+    assert result.ok, result.summary()
+    assert result.findings["emb"].compared == "1000 rows and 1 slot(s) at 6 steps"
+    (note,) = result.notes
+    assert note.startswith("'mod' keeps its squeezed keys here ('emb' is adopted"), note
+    assert "collision_free=True keys the full ids" in note, note
+    assert f"note: {note}" in result.summary()
 
 
 class SilentHook(graphmod.GraphModifierHook):

@@ -32,6 +32,9 @@ _CARRY = {
     "Select": ((1, 2), None), "SelectV2": ((1, 2), None), "GatherV2": ((0,), None),
     "Gather": ((0,), None), "ResourceGather": ((0,), None), "DynamicPartition": ((0,), None),
     "SparseFillEmptyRows": ((1,), (1,)), "SparseSlice": ((1,), (1,)),
+    # A feature column's dense input becomes sparse values by GatherNd of the
+    # ids (input 0) at the non-missing positions (input 1, positions).
+    "GatherNd": ((0,), None),
 }
 
 
