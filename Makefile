@@ -12,7 +12,7 @@ NATIVE := $(wildcard native/*.cc native/*.h)
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-bazel-ops demo bench bench-store clean
+.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-python-all test-bazel-ops demo bench bench-store clean
 
 setup: $(VENV)/.installed
 
@@ -90,14 +90,19 @@ native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/a
 test-tools:
 	scripts/install_test_tools.sh
 
-# Each test module runs once in `make test`: the modules BUILD lists as
-# py_tests run under `bazel test //...` against the Bazel-built op library,
-# every other one (those that start processes: Horovod ranks, ps clusters,
-# serving, Chromium, the wheel) here against the pip-built one.
+# Each test module runs once in `make test` (test_ops twice, once per build):
+# the modules BUILD lists as py_tests under `bazel test //...` against the
+# Bazel-built op library, every other one (all that start processes: Horovod
+# ranks, ps clusters, serving, Chromium, the wheel) here against the
+# pip-built one. `make test-python-all` runs every module here.
 BAZEL_PY_TESTS := $(shell sed -n 's/^    "\(\(rules\/\)\{0,1\}test_[a-z0-9_]*\)",$$/\1/p' BUILD)
 
 test-python: build test-tools
+	$(if $(BAZEL_PY_TESTS),,$(error BUILD lists no py_test modules: the list's format changed))
 	$(PY) -m pytest -q --durations=15 tests $(BAZEL_PY_TESTS:%=--ignore=tests/%.py)
+
+test-python-all: build test-tools
+	$(PY) -m pytest -q tests
 
 # The op tests (which start processes, so not a Bazel py_test) once more,
 # against the Bazel-built library.

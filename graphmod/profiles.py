@@ -111,13 +111,15 @@ def summarize(records: List[dict], top: int = 15) -> dict:
         before = first["tables"].get(name, {})
         t = dict(c)
         grew = {k: c.get(k, 0) - before.get(k, 0) for k in c}
-        t["rows_per_step"] = grew.get("size", 0) / steps
-        t["new_keys_per_step"] = grew.get("admitted", 0) / steps
+        if n > 1:  # growth needs two traced steps
+            t["rows_per_step"] = grew.get("size", 0) / steps
+            t["new_keys_per_step"] = grew.get("admitted", 0) / steps
         # Over the traced steps' span; since the table was created where the
         # profile holds one traced step.
         seen = grew if grew.get("lookups") else c
         if seen.get("lookups"):
-            t["dedup_ratio"] = seen.get("ids_looked_up", 0) / seen["lookups"]
+            if "ids_looked_up" in c:  # (profiles written before it was counted lack it)
+                t["dedup_ratio"] = seen["ids_looked_up"] / seen["lookups"]
             if "promoted" in c:  # a table with a disk tier
                 t["hit_ratio"] = 1 - seen.get("promoted", 0) / seen["lookups"]
         tables[name] = t
@@ -147,9 +149,10 @@ def text(process: str, s: dict, model_dir: Optional[str] = None) -> str:
         lines.append(f"  {i:2d}. {o['ms']:8.3f} ms {100 * o['share']:5.1f}%  {o['name']} "
                      f"[{o['type']}, {o['group']}]")
     for name, t in s["tables"].items():
-        parts = [f"{int(t.get('size', 0)):,} rows ({t['rows_per_step']:+.1f}/step)",
+        growth = (f" ({t['rows_per_step']:+.1f}/step, {t['new_keys_per_step']:.1f} new keys/step)"
+                  if "rows_per_step" in t else "")
+        parts = [f"{int(t.get('size', 0)):,} rows{growth}",
                  f"{t.get('memory_bytes', 0) / 2**20:.2f} MiB",
-                 f"{t['new_keys_per_step']:.1f} new keys/step",
                  f"{int(t.get('admitted', 0)):,} admitted", f"{int(t.get('rejected', 0)):,} "
                  "lookups given no row", f"{int(t.get('evicted', 0)):,} evicted"]
         if "dedup_ratio" in t:

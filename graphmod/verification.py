@@ -259,7 +259,8 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
     (a GraphModifierHook; a default one if None) from the same initial state
     over input_fn's batches, which must be the same both times (a seeded
     input_fn), and compares them (module docstring). work_dir: where the two
-    model_dirs go (a temporary folder, removed after, if None)."""
+    model_dirs go (a temporary folder, removed after, if None). Under Horovod
+    (hvd.init() called, more than one rank) it refuses: verify on one process."""
     from graphmod.hooks.graph_modifier import GraphModifierHook  # pylint: disable=import-outside-toplevel
     hook = hook if hook is not None else GraphModifierHook()
     if steps < 1:

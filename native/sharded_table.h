@@ -341,8 +341,10 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
   Distinct distinct;
   distinct.Build(keys, n);
   const int64_t u = static_cast<int64_t>(distinct.ids.size());
-  lookups_ += u;
+  // Every id before the distinct ones: counters() reads lookups_ first, so a
+  // read racing this call never sees fewer ids than distinct ones.
   ids_looked_up_ += n;
+  lookups_ += u;
   const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
   const int d = config_.dim, slots = config_.num_slots;
   // Per distinct id: its row's values and handle, and how many of its first

@@ -67,7 +67,9 @@ class Table:
         removed, evicted or reused since the lookup), ids_looked_up (the ids
         training lookups were given, every occurrence) and lookups (the
         distinct ids among them, per call: ids_looked_up / lookups is how
-        often a batch repeats an id)."""
+        often a batch repeats an id). A call is one lookup op's: a fused
+        lookup's covers every feature sharing the table, and under Horovod
+        an owner's the ids every rank sent it."""
         return ops.graphmod_table_info(self.handle)._asdict()
 
     def tier_info(self) -> Dict[str, tf.Tensor]:
