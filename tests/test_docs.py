@@ -650,7 +650,8 @@ def run_on_ranks(block: Block, code: str, ranks: int, folder: Path) -> None:
     done = subprocess.run(
         [str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
          sys.executable, "ranks.py", str(REPO / block.doc), str(block.line), "block.py",
-         str(folder / "model_dir")], capture_output=True, text=True, timeout=600)
+         str(folder / "model_dir")], capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TMPDIR=str(folder)))  # rank 1's temporary model_dir: in folder
     if done.returncode != 0 or done.stdout.count("the block ran") != ranks:
         output = done.stdout + done.stderr
         start = output.find("Traceback (most recent call last)")  # a rank's, before horovodrun's
@@ -670,8 +671,11 @@ def test_command(command, ws, folder):
     text = re.sub(r"\[(--[^\]\s]+)\]", r"\1", text)  # a synopsis' optional flags: given
     argv = shlex.split(text, comments=True)
     if Path(argv[0]).name != "graphmod":
+        # TMPDIR: what the command leaves in temporary folders (ps_cluster.py's
+        # logs) stays in the block's folder.
         done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}"))
+                              env=dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}",
+                                       TMPDIR=str(folder)))
         if done.returncode != 0:
             fail(command.where, f"exit status {done.returncode}: {text}",
                  done.stdout + done.stderr)
