@@ -70,6 +70,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 import graphmod
+from graphmod.checkpoint import serving_versions
 
 pytestmark = pytest.mark.slow
 
@@ -545,8 +546,19 @@ def run_here(block: Block, code: str, context: Context, ws: Workspace, folder: P
                 list(value)
     except Exception:  # pylint: disable=broad-except
         raised = traceback.format_exc()
+    finally:
+        # A ServingExport works in a thread of its own, which outlives
+        # train(): wait for it (also on failure: no thread runs on into
+        # later tests), then it must have exported without an error.
+        exports = [v for v in names.values() if isinstance(v, graphmod.ServingExport)]
+        for export in exports:
+            assert export.join(300), f"{block.where}: the ServingExport thread did not end"
     if raised:
         fail(block.where, "the block raised", raised)
+    for export in exports:
+        if export.error is not None or not serving_versions.versions(export.base):
+            fail(block.where, f"the ServingExport wrote no version into {export.base}",
+                 repr(export.error))
     if context.after:
         context.after(names)
 
@@ -648,7 +660,9 @@ def run_on_ranks(block: Block, code: str, ranks: int, folder: Path) -> None:
     (folder / "ranks.py").write_text(RANK_SCRIPT.format(tests=str(REPO / "tests")))
     (folder / "block.py").write_text(code)
     done = subprocess.run(
+        # (--start-timeout: each rank imports TensorFlow on 2 busy cores.)
         [str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
+         "--start-timeout", "120",
          sys.executable, "ranks.py", str(REPO / block.doc), str(block.line), "block.py",
          str(folder / "model_dir")], capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TMPDIR=str(folder)))  # rank 1's temporary model_dir: in folder
@@ -673,16 +687,34 @@ def test_command(command, ws, folder):
     if Path(argv[0]).name != "graphmod":
         # TMPDIR: what the command leaves in temporary folders (ps_cluster.py's
         # logs) stays in the block's folder.
-        done = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}",
-                                       TMPDIR=str(folder)))
-        if done.returncode != 0:
-            fail(command.where, f"exit status {done.returncode}: {text}",
-                 done.stdout + done.stderr)
+        returncode, output = run_in_bash(text, folder)
+        if returncode != 0:
+            fail(command.where, f"exit status {returncode}: {text}", output)
     elif "--watch" in argv:
         watch_until_a_version(command, argv)
     else:
         run_graphmod(command, argv, text)
+
+
+def run_in_bash(text: str, folder: Path, timeout: float = 600) -> tuple:
+    """(exit status, output) of a command in a process group of its own: on
+    a timeout, SIGINT lets it stop what it started (ps_cluster.py's tasks,
+    in sessions of their own, are stopped by its `finally`), then SIGKILL."""
+    process = subprocess.Popen(["bash", "-eo", "pipefail", "-c", text], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}",
+                                        TMPDIR=str(folder)))
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        return f"timeout after {timeout:.0f} s", output
 
 
 def check_exempt(command: Command) -> None:
