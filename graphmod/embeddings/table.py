@@ -76,8 +76,8 @@ class Table:
         """Scalars of the memory and disk tiers (a table with a memory_budget;
         zeros otherwise): memory_rows, disk_rows; since the table was created:
         promoted (rows brought up from disk by training steps: the hit ratio
-        is 1 - promoted / info()["lookups"]), spilled (rows moved to disk), disk_reads and disk_read_bytes,
-        read_passes (batched reads), disk_file_bytes and disk_live_bytes (the
+        is 1 - promoted / info()["lookups"]), spilled (rows moved to disk),
+        disk_reads and disk_read_bytes, read_passes (batched reads), disk_file_bytes and disk_live_bytes (the
         segment files and their live records), compactions, compaction_ms,
         prefetched (rows prefetch brought up ahead of their step)."""
         return ops.graphmod_table_tier_info(self.handle)._asdict()
