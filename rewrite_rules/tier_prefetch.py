@@ -65,13 +65,13 @@ def rewrite(rw, conversions, context: Context) -> None:
             make = _make_iterator(get_next, rw.index)
             with rw.rule(NAME):
                 # Built before anything is rerouted: a failure leaves the graph as it was.
-                ahead = _prefetching(make.inputs[0], get_next, keyed)
+                ahead = _prefetching(rw.index, get_next, make, keyed)
         except (_NoPrefetch, ValueError, TypeError) as e:
             for table, _, _ in keyed:
                 why_not.setdefault(table.name, str(e))
             continue
         with rw.rule(NAME):
-            rw.reroute(make.inputs[0], ahead, consumers=[make])
+            rw.reroute(rw.index.data_input(make), ahead, consumers=[make])
         prefetched.update(table.name for table, _, _ in keyed)
     for name, why in why_not.items():
         context.prefetch[name] = (f"some of its lookups: {why}" if name in prefetched else why)
@@ -107,7 +107,7 @@ def _pure_path(keys: tf.Tensor, index: GraphIndex) -> Tuple[tf.Operation, List[t
 
 def _make_iterator(get_next: tf.Operation, index: GraphIndex) -> tf.Operation:
     """The MakeIterator op that makes get_next's iterator from a dataset."""
-    iterator = get_next.inputs[0]
+    iterator = index.data_input(get_next)
     consumers = index.consumers(iterator)
     if any(op.type == "SerializeIterator" for op in consumers):
         # Its state is saved (CheckpointInputPipelineHook), and a map with a
@@ -120,20 +120,22 @@ def _make_iterator(get_next: tf.Operation, index: GraphIndex) -> tf.Operation:
     return makes[0]
 
 
-def _prefetching(dataset: tf.Tensor, get_next: tf.Operation, keyed) -> tf.Tensor:
-    """dataset, with each element's keys prefetched one element ahead."""
+def _prefetching(index: GraphIndex, get_next: tf.Operation, make: tf.Operation,
+                 keyed) -> tf.Tensor:
+    """make's dataset, with each element's keys prefetched one element ahead."""
     spec = tuple(tf.TensorSpec(shape, dtype) for shape, dtype in
-                 zip(get_next.get_attr("output_shapes"), get_next.get_attr("output_types")))
-    copies = [(table, keys, _subgraph(keys, ops)) for table, keys, ops in keyed]
+                 zip(index.attr(get_next, "output_shapes"), index.attr(get_next, "output_types")))
+    copies = [(table, keys, index.stateless_copy(ops), index.outputs_read(ops, get_next))
+              for table, keys, ops in keyed]
 
     @tf.autograph.experimental.do_not_convert
     def prefetch_keys(*element):
         done = []
-        for table, keys, graph_def in copies:
+        for table, keys, graph_def, read in copies:
             if keys.op is get_next:  # an element's component itself
                 done.append(table.prefetch(element[keys.value_index]))
                 continue
-            used = {f"{get_next.name}:{i}": element[i] for i in _outputs_read(graph_def, get_next)}
+            used = {f"{get_next.name}:{i}": element[i] for i in read}
             copy, = tf.graph_util.import_graph_def(graph_def, input_map=used,
                                                    return_elements=[keys.name], name="keys")
             done.append(table.prefetch(copy))
@@ -141,32 +143,6 @@ def _prefetching(dataset: tf.Tensor, get_next: tf.Operation, keyed) -> tf.Tensor
             return tuple(tf.identity(t) for t in element)
 
     # pylint: disable=protected-access
+    dataset = index.data_input(make)
     ahead = dataset_ops._VariantDataset(dataset, spec).map(prefetch_keys).prefetch(1)
     return ahead._variant_tensor
-
-
-def _outputs_read(graph_def: tf.compat.v1.GraphDef, op: tf.Operation) -> List[int]:
-    """Which of op's outputs the nodes of graph_def read."""
-    read = set()
-    for node in graph_def.node:
-        for name in node.input:
-            source, _, index = name.partition(":")
-            if source == op.name:
-                read.add(int(index or 0))
-    return sorted(read)
-
-
-def _subgraph(keys: tf.Tensor, ops: List[tf.Operation]) -> tf.compat.v1.GraphDef:
-    """The ops computing keys, free of devices, colocation and control inputs
-    (they are stateless: nothing they waited for changes what they compute)."""
-    graph_def = tf.compat.v1.GraphDef()
-    graph_def.versions.CopyFrom(keys.graph.graph_def_versions)
-    for op in ops:
-        node = graph_def.node.add()
-        node.CopyFrom(op.node_def)
-        node.device = ""
-        node.attr.pop("_class", None)
-        kept = [i for i in node.input if not i.startswith("^")]
-        del node.input[:]
-        node.input.extend(kept)
-    return graph_def

@@ -114,6 +114,40 @@ class GraphIndex:
         return list(dict.fromkeys(t.op for t in op.inputs))
 
     @staticmethod
+    def data_input(op: tf.Operation, i: int = 0) -> tf.Tensor:
+        """The tensor op reads as data input i."""
+        return op.inputs[i]
+
+    @staticmethod
+    def outputs_read(ops: Iterable[tf.Operation], op: tf.Operation) -> List[int]:
+        """Which of op's outputs the ops read, in order."""
+        return sorted({t.value_index for o in ops for t in o.inputs if t.op is op})
+
+    @staticmethod
+    def attr(op: tf.Operation, name: str):
+        """op's attribute `name` (its value as TensorFlow gives it)."""
+        return op.get_attr(name)
+
+    @staticmethod
+    def stateless_copy(ops: Iterable[tf.Operation]) -> tf.compat.v1.GraphDef:
+        """A GraphDef of copies of ops, free of devices, colocation and control
+        inputs, to import elsewhere (a tf.data function). Only for ops that
+        keep no state: nothing they waited for changes what they compute."""
+        ops = list(ops)
+        graph_def = tf.compat.v1.GraphDef()
+        if ops:
+            graph_def.versions.CopyFrom(ops[0].graph.graph_def_versions)
+        for op in ops:
+            node = graph_def.node.add()
+            node.CopyFrom(op.node_def)
+            node.device = ""
+            node.attr.pop("_class", None)
+            kept = [i for i in node.input if not i.startswith("^")]
+            del node.input[:]
+            node.input.extend(kept)
+        return graph_def
+
+    @staticmethod
     def stateful(op: tf.Operation) -> bool:
         """op's kernel keeps or changes state (its op def says so): running it
         elsewhere (another graph, a tf.data function) is not the same."""
