@@ -58,8 +58,10 @@ def test_modulo_ids_become_raw_ids():
 
 def test_modulo_ids_of_a_dense_feature_column_become_raw_ids():
     """An identity column over `ids % N` of a dense feature: the column
-    picks the sparse values out of the ids with GatherNd, which carries them."""
-    ids = np.arange(0, 5_000_000, 10_007, dtype=np.int64).reshape(-1, 2)
+    picks the sparse values out of the ids with GatherNd, which carries them.
+    Ids that do not collide mod N (k * 1001) train each full-id row as the
+    unmodified model trains the id's bucket row."""
+    ids = (np.arange(500, dtype=np.int64) * 1001).reshape(-1, 2)
 
     def build():
         ph = tf1.placeholder(tf.int64, [None, 2])
@@ -67,13 +69,28 @@ def test_modulo_ids_of_a_dense_feature_column_become_raw_ids():
             tf.feature_column.categorical_column_with_identity("ids", 1000), 4,
             initializer=tf1.constant_initializer(0.1))
         rows = tf1.feature_column.input_layer({"ids": tf.math.floormod(ph, 1000)}, [column])
-        return ph, tf.reduce_sum(rows)
+        # Each example weighs differently: each id's row gets a gradient of its own.
+        weights = tf.cast(tf.range(tf.shape(rows)[0]) + 1, tf.float32)[:, None]
+        return ph, tf.reduce_sum(rows * weights)
 
     hook = graphmod.GraphModifierHook()
     exported = train_once(build, ids, hook)
     assert sorted(exported["keys"].tolist()) == sorted(ids.ravel().tolist())
     assert hook.report.unsqueezed_keys and not hook.report.squeezed_keys_kept
     assert "full ids" in hook.report.approximations[0]["what"]
+    with tf.Graph().as_default():  # the model unmodified, one step
+        step = tf1.train.get_or_create_global_step()
+        ph, loss = build()
+        train = tf1.train.AdagradOptimizer(0.1).minimize(loss, step)
+        (variable,) = tf1.trainable_variables()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train, {ph: ids})
+            buckets = sess.run(variable)
+    rows = exported["values"][np.argsort(exported["keys"])]
+    # (to rounding: the table's Adagrad and TensorFlow's kernel round apart)
+    np.testing.assert_allclose(rows, buckets[np.sort(ids.ravel()) % 1000], rtol=1e-5)
+    assert not np.allclose(rows, 0.1)  # the step moved them
 
 
 def test_a_small_modulo_is_meaning_not_hashing():
