@@ -12,7 +12,7 @@ NATIVE := $(wildcard native/*.cc native/*.h)
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-python-all test-bazel-ops demo bench bench-store clean
+.PHONY: setup build bazel test-bazel native-sanitize test test-tools test-python test-python-all test-bazel-ops demo bench bench-native bench-store clean
 
 setup: $(VENV)/.installed
 
@@ -85,6 +85,28 @@ native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/a
 	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/table_test_tsan --concurrency
 	$(CXX) $(SAN_FLAGS) $(TSAN) $(TSAN_PARTS) $(SAN_DIR)/tsan/log_tier_test.o -o $(SAN_DIR)/log_tier_test_tsan
 	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/log_tier_test_tsan --concurrency
+	$(MAKE) $(SAN_DIR)/table_bench_asan $(SAN_DIR)/table_bench_tsan
+	$(SAN_DIR)/table_bench_asan --keys 200000 --batch 16384 --threads 1,3 --timed 2 > /dev/null
+	# Many threads on one batch: every phase of a lookup, an apply and a fill.
+	TSAN_OPTIONS=halt_on_error=1 $(SAN_DIR)/table_bench_tsan --keys 100000 --batch 65536 \
+		--threads 8 --timed 1 --ops train,read,apply > /dev/null
+
+# The table's own many-core benchmark (benchmarks/native/table_bench.cc): one
+# static binary without TensorFlow, so it also runs on a host that has none.
+# `make bench-native THREADS=1,2,4,8,16` on a large machine; its smoke run
+# (ASan/UBSan, small) is part of native-sanitize.
+THREADS ?= 1,2
+build/table_bench: benchmarks/native/table_bench.cc $(TABLE_SOURCES) $(wildcard native/*.h)
+	@mkdir -p build
+	$(CXX) -std=c++17 -O3 -pthread -static -I. $< $(TABLE_SOURCES) -o $@
+$(SAN_DIR)/table_bench_asan: benchmarks/native/table_bench.cc $(ASAN_PARTS)
+	$(CXX) $(SAN_FLAGS) $(ASAN) $< $(ASAN_PARTS) -o $@
+$(SAN_DIR)/table_bench_tsan: benchmarks/native/table_bench.cc $(TSAN_PARTS)
+	$(CXX) $(SAN_FLAGS) $(TSAN) $< $(TSAN_PARTS) -o $@
+
+bench-native: build/table_bench
+	build/table_bench --keys 8000000 --dims 16,64 --threads $(THREADS) --dists uniform,zipf \
+		--json benchmarks/results/native_table.json
 
 # Chromium and Graphviz from Debian, for the command line's tests.
 test-tools:

@@ -328,7 +328,8 @@ class FusedApplyOp : public OpKernel {
                                       " update it with different optimizers or "
                                       "hyper-parameters"));
         const std::string error = t.CheckApply(opts[i], ids[i].flat<int64_t>().data(),
-                                               by_address_, ids[i].NumElements());
+                                               by_address_, ids[i].NumElements(),
+                                               IntraOpRunner(ctx));
         OP_REQUIRES(ctx, error.empty(), TableError(t, error));
       }
     }

@@ -1,21 +1,22 @@
 // GraphmodTableSave: writes tables' checkpoint entries as one TensorFlow
-// tensor bundle, one table shard at a time.
+// tensor bundle, a chunk of rows at a time.
 //
 // A Saver's SaveV2 takes every tensor it writes as an input, so saving a
 // table through it first exports the whole table: a second copy of it in
-// memory. This kernel counts a table's rows shard by shard first (the
-// entries' full shapes), then copies each shard's rows, a chunk of about
-// 64 MiB at a time, into buffers it writes as slices of the entries and
-// frees before the next chunk: peak extra memory is one chunk, and a tiered
-// table's disk rows stream through it. The counts must still hold when each
-// shard is copied, so a save runs between training steps (as the
-// Estimator's saver hooks run it); a step that changed a table's row or
-// admission counts meanwhile fails the save, naming the table. The bundle
-// holds the entries SaveV2s of the tables' saveables would (graphmod/table.py
-// names them), so RestoreV2 reads them whole, and it becomes one part of a
-// sharded checkpoint (graphmod/saver.py merges the parts).
+// memory. This kernel copies a table's rows a chunk of about 64 MiB at a
+// time (EmbeddingTable::Snapshot) into buffers it writes as slices of the
+// entries and frees before the next chunk: peak extra memory is one chunk,
+// and a tiered table's disk rows stream through it. The snapshot holds
+// every shard's lock from the count until the shard is copied, so steps of
+// other workers (asynchronous parameter-server training, where the chief
+// saves while workers train) wait for a shard rather than move it under the
+// save. The bundle holds the entries SaveV2s of the tables' saveables would
+// (graphmod/table.py names them), so RestoreV2 reads them whole, and it
+// becomes one part of a sharded checkpoint (graphmod/saver.py merges the
+// parts). A failed save removes its bundle's files.
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_slice.h"
+#include "tensorflow/core/util/tensor_bundle/naming.h"
 #include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
 
 namespace graphmod {
@@ -93,23 +95,32 @@ class SaveOp : public OpKernel {
                 ::tensorflow::errors::InvalidArgument(
                     "graphmod: a table save's `min_versions` must hold one version per "
                     "table (", n, "), got shape ", min_versions.shape().DebugString()));
-    BundleWriter writer(ctx->env(), prefix.scalar<::tensorflow::tstring>()());
+    const std::string path(prefix.scalar<::tensorflow::tstring>()());
+    BundleWriter writer(ctx->env(), path);
     OP_REQUIRES_OK(ctx, writer.status());
-    for (int i = 0; i < n; ++i) {
+    Status status = ::tensorflow::OkStatus();
+    for (int i = 0; i < n && status.ok(); ++i) {
       TableResource* resource = nullptr;
-      OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, i), &resource));
+      status = LookupResource(ctx, HandleFromInput(ctx, i), &resource);
+      if (!status.ok()) break;
       ::tensorflow::core::ScopedUnref unref(resource);
-      OP_REQUIRES_OK(ctx, WriteTable(ctx, resource->table, min_versions.vec<int64_t>()(i),
-                                     &writer));
+      status = WriteTable(ctx, resource->table, min_versions.vec<int64_t>()(i), &writer);
     }
-    OP_REQUIRES_OK(ctx, writer.Finish());
+    if (status.ok()) status = writer.Finish();
+    if (!status.ok()) {
+      // Nothing half-written stays: Finish closes (or removes) the temporary
+      // data file, then whatever it wrote goes.
+      writer.Finish().IgnoreError();
+      ctx->env()->DeleteFile(::tensorflow::DataFilename(path, 0, 1)).IgnoreError();
+      ctx->env()->DeleteFile(::tensorflow::MetaFilename(path)).IgnoreError();
+    }
+    OP_REQUIRES_OK(ctx, status);
   }
 
  private:
   Status WriteTable(OpKernelContext* ctx, EmbeddingTable& t, int64_t min_version,
                     BundleWriter* writer) const {
-    TF_RETURN_IF_ERROR(WriteRows(ctx, t, min_version, writer));
-    TF_RETURN_IF_ERROR(WritePending(ctx, t, min_version, writer));
+    TF_RETURN_IF_ERROR(WriteRowsAndPending(ctx, t, min_version, writer));
     const std::string& name = t.config().name;
     Tensor format(::tensorflow::DT_INT64, TensorShape({}));
     format.scalar<int64_t>()() = format_;
@@ -127,14 +138,6 @@ class SaveOp : public OpKernel {
     return writer->Add(name + "-removed_keys", removed);
   }
 
-  static Status Changed(const EmbeddingTable& t, const char* what, int shard, int64_t counted,
-                        int64_t found) {
-    return TableError(t, std::string("its ") + what + " changed while it was being saved (shard " +
-                             std::to_string(shard) + " had " + std::to_string(counted) +
-                             " when the save began and " + std::to_string(found) +
-                             " when it was copied): a save must run between training steps");
-  }
-
   // Rows per chunk a save copies and writes: about 64 MiB of buffers
   // (GRAPHMOD_TEST_SAVE_CHUNK_ROWS: fewer, so tests see many chunks).
   static int64_t ChunkRows(const EmbeddingTable& t) {
@@ -145,104 +148,73 @@ class SaveOp : public OpKernel {
     return std::max<int64_t>(4096, (int64_t{64} << 20) / row_bytes);
   }
 
-  static Status WriteRows(OpKernelContext* ctx, const EmbeddingTable& t, int64_t min_version,
-                          BundleWriter* writer) {
-    const int shards = t.config().num_shards;
+  // One snapshot of the table: its pending keys (whole: they are few), then
+  // its rows, chunk by chunk, each written as slices of the entries as soon
+  // as it is full.
+  static Status WriteRowsAndPending(OpKernelContext* ctx, const EmbeddingTable& t,
+                                    int64_t min_version, BundleWriter* writer) {
     const int64_t d = t.config().dim, k = t.config().num_slots;
-    std::vector<int64_t> counted(shards);
-    int64_t total = 0;
-    for (int s = 0; s < shards; ++s) total += counted[s] = t.CountRows(min_version, s);
-    SlicedEntries entries(writer, t.config().name, total);
-    int64_t offset = 0;
-    // Every shard is read, empty ones too: a shard that gained rows since
-    // they were counted fails the save rather than leaving them out. A
-    // shard's rows go out in chunks, each written as slices of the entries
-    // as soon as it is full: the save holds a chunk, not a shard (whose
-    // cold rows are on disk).
-    for (int s = 0; s < shards; ++s) {
-      Tensor keys, values, slots, counts, last_seen, versions;
-      int64_t found = -1;
-      Status status;
-      const std::string error = t.ExportChunks(
-          min_version, s, ChunkRows(t),
-          [&](int64_t shard_rows, int64_t n) {
-            found = shard_rows;
-            ExportBuffers out;
-            if (shard_rows != counted[s]) return out;  // emit fails the save
-            const std::pair<Tensor*, TensorShape> buffers[] = {
-                {&keys, {n}}, {&values, {n, d}}, {&slots, {n, k, d}},
-                {&counts, {n}}, {&last_seen, {n}}, {&versions, {n}}};
-            for (const auto& [tensor, shape] : buffers) {
-              const DataType type = tensor == &values || tensor == &slots
-                                        ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
-              status = ctx->allocate_temp(type, shape, tensor);
-              if (!status.ok()) return out;
-            }
-            out.keys = keys.flat<int64_t>().data();
-            out.values = values.flat<float>().data();
-            out.slots = slots.flat<float>().data();
-            out.counts = counts.flat<int64_t>().data();
-            out.last_seen = last_seen.flat<int64_t>().data();
-            out.versions = versions.flat<int64_t>().data();
-            return out;
-          },
-          [&](int64_t n) -> std::string {
-            if (status.ok() && found != counted[s])
-              status = Changed(t, "row count", s, counted[s], found);
-            for (const auto& [field, part] :
-                 {std::pair<const char*, const Tensor*>{"keys", &keys}, {"values", &values},
-                  {"slots", &slots}, {"counts", &counts}, {"last_seen", &last_seen},
-                  {"versions", &versions}}) {
-              if (status.ok()) status = entries.Add(field, *part, offset);
-            }
-            offset += n;
-            // The kernel reports `status` itself; any text stops the export.
-            return status.ok() ? "" : "stopped";
-          });
-      TF_RETURN_IF_ERROR(status);
-      TF_RETURN_IF_ERROR(StorageError(t, error));
-    }
-    return ::tensorflow::OkStatus();
-  }
-
-  // Pending ids as rows are; the sketch's counters are sliced by shard too.
-  static Status WritePending(OpKernelContext* ctx, const EmbeddingTable& t, int64_t min_version,
-                             BundleWriter* writer) {
-    const int shards = t.config().num_shards;
-    std::vector<int64_t> counted(shards);
-    int64_t total = 0;
-    for (int s = 0; s < shards; ++s) total += counted[s] = t.CountPending(min_version, s);
-    SlicedEntries entries(writer, t.config().name, total);
-    SlicedEntries sketch_entries(writer, t.config().name, t.sketch_size());
-    int64_t offset = 0, sketch_offset = 0;
-    for (int s = 0; s < shards; ++s) {
-      Tensor keys, counts, last_seen, sketch;
-      int64_t found = -1;
-      Status status;
-      t.ExportPending(min_version, [&](int64_t n, int64_t counters) {
-        found = n;
-        PendingBuffers out;
-        if (n != counted[s]) return out;
-        for (Tensor* tensor : {&keys, &counts, &last_seen}) {
-          status = ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), tensor);
-          if (!status.ok()) return out;
-        }
-        status = ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({counters}), &sketch);
+    const std::string& name = t.config().name;
+    Status status;
+    Tensor pending_keys, pending_counts, pending_seen, sketch;
+    auto pending = [&](int64_t n, int64_t counters) {
+      PendingBuffers out;
+      for (Tensor* tensor : {&pending_keys, &pending_counts, &pending_seen}) {
+        status = ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), tensor);
         if (!status.ok()) return out;
-        out.keys = keys.flat<int64_t>().data();
-        out.counts = counts.flat<int64_t>().data();
-        out.last_seen = last_seen.flat<int64_t>().data();
-        out.sketch = sketch.flat<int32_t>().data();
-        return out;
-      }, s);
-      TF_RETURN_IF_ERROR(status);
-      if (found != counted[s]) return Changed(t, "admission count", s, counted[s], found);
-      TF_RETURN_IF_ERROR(entries.Add("pending_keys", keys, offset));
-      TF_RETURN_IF_ERROR(entries.Add("pending_counts", counts, offset));
-      TF_RETURN_IF_ERROR(entries.Add("pending_last_seen", last_seen, offset));
-      TF_RETURN_IF_ERROR(sketch_entries.Add("pending_sketch", sketch, sketch_offset));
-      offset += found;
-      sketch_offset += sketch.NumElements();
+      }
+      status = ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({counters}), &sketch);
+      if (!status.ok()) return out;
+      out.keys = pending_keys.flat<int64_t>().data();
+      out.counts = pending_counts.flat<int64_t>().data();
+      out.last_seen = pending_seen.flat<int64_t>().data();
+      out.sketch = sketch.flat<int32_t>().data();
+      return out;
+    };
+    Tensor keys, values, slots, counts, last_seen, versions;
+    std::unique_ptr<SlicedEntries> entries;
+    int64_t offset = 0;
+    const std::string error = t.Snapshot(
+        min_version, ChunkRows(t), pending,
+        [&](int64_t total, int64_t n) {
+          ExportBuffers out;
+          if (!status.ok()) return out;  // the pending keys' allocation failed: emit stops
+          if (!entries) entries.reset(new SlicedEntries(writer, name, total));
+          const std::pair<Tensor*, TensorShape> buffers[] = {
+              {&keys, {n}}, {&values, {n, d}}, {&slots, {n, k, d}},
+              {&counts, {n}}, {&last_seen, {n}}, {&versions, {n}}};
+          for (const auto& [tensor, shape] : buffers) {
+            const DataType type = tensor == &values || tensor == &slots
+                                      ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
+            status = ctx->allocate_temp(type, shape, tensor);
+            if (!status.ok()) return out;
+          }
+          out.keys = keys.flat<int64_t>().data();
+          out.values = values.flat<float>().data();
+          out.slots = slots.flat<float>().data();
+          out.counts = counts.flat<int64_t>().data();
+          out.last_seen = last_seen.flat<int64_t>().data();
+          out.versions = versions.flat<int64_t>().data();
+          return out;
+        },
+        [&](int64_t n) -> std::string {
+          for (const auto& [field, part] :
+               {std::pair<const char*, const Tensor*>{"keys", &keys}, {"values", &values},
+                {"slots", &slots}, {"counts", &counts}, {"last_seen", &last_seen},
+                {"versions", &versions}}) {
+            if (status.ok()) status = entries->Add(field, *part, offset);
+          }
+          offset += n;
+          // The kernel reports `status` itself; any text stops the export.
+          return status.ok() ? "" : "stopped";
+        });
+    TF_RETURN_IF_ERROR(status);
+    TF_RETURN_IF_ERROR(StorageError(t, error));
+    for (const auto& [field, part] :
+         {std::pair<const char*, const Tensor*>{"pending_keys", &pending_keys},
+          {"pending_counts", &pending_counts}, {"pending_last_seen", &pending_seen},
+          {"pending_sketch", &sketch}}) {
+      TF_RETURN_IF_ERROR(writer->Add(name + "-" + field, *part));
     }
     return ::tensorflow::OkStatus();
   }

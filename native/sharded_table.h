@@ -50,13 +50,16 @@ class TableImpl {
   virtual std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                             const float* grads, int64_t n, const Runner& run) = 0;
   virtual std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
-                                 int64_t n) const = 0;
+                                 int64_t n, const Runner& run) const = 0;
   virtual int64_t Remove(const int64_t* keys, int64_t n) = 0;
   virtual int64_t Evict(int64_t before) = 0;
   virtual void Clear() = 0;
+  // The rows (and, with `pending`, first the pending keys) of shard `shard`
+  // (-1: every shard), all under the locks of the shards read, taken once.
   virtual std::string Export(int64_t min_version, int shard, int64_t chunk_rows,
                              const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
-                             const std::function<std::string(int64_t n)>& emit) const = 0;
+                             const std::function<std::string(int64_t n)>& emit,
+                             const PendingAlloc* pending) const = 0;
   // Opens the shards' disk tiers under dir (TableConfig::memory_budget > 0);
   // "" or the error.
   virtual std::string OpenTiers(const std::string& dir) = 0;
@@ -65,9 +68,7 @@ class TableImpl {
                              const int64_t* counts, const int64_t* last_seen,
                              const int64_t* versions, int64_t n, bool replace,
                              const Runner& run) = 0;
-  virtual void ExportPending(
-      int64_t min_version, const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
-      int shard) const = 0;
+  virtual void ExportPending(int64_t min_version, const PendingAlloc& alloc, int shard) const = 0;
   virtual int64_t CountPending(int64_t min_version, int shard) const = 0;
   virtual int64_t TrackRemovals() = 0;
   virtual void ExportRemoved(int64_t since, const std::function<int64_t*(int64_t n)>& alloc) = 0;
@@ -97,8 +98,9 @@ class FirstError {
 
 // Copies a row of d floats inline, in fixed-size blocks the compiler turns
 // into vector moves (memcpy of a runtime size, which a plain loop also
-// becomes, is a library call per row).
-inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
+// becomes, is a library call per row). Always inlined: called from many
+// places, the compiler outlined it, a call per row (a tenth of a lookup).
+__attribute__((always_inline)) inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
   int k = 0;
   for (; k + 8 <= d; k += 8) std::memcpy(dst + k, src + k, 8 * sizeof(float));
   if (k + 4 <= d) {
@@ -107,6 +109,48 @@ inline void CopyRow(float* __restrict dst, const float* __restrict src, int d) {
   }
   for (; k < d; ++k) std::memcpy(dst + k, src + k, sizeof(float));
 }
+
+// Where a lookup's rows go. Straight out: each distinct id's row to its
+// first position in the caller's batch, its repeats copied from there (the
+// shard's pass does both). Gathered, when a batch repeats its ids (more than
+// one in 8 a repeat): each distinct row once into a compact buffer, then
+// every position reads its row from there in batch order (sequential writes;
+// straight out, a Zipf batch wrote its output at random, a cache line a
+// row, and ran 25% slower).
+struct OutputMode {
+  OutputMode(Batch& batch, int64_t n, int64_t distinct, int d, float* values, int64_t* handles)
+      : gather(distinct < n - n / 8),
+        batch(batch),
+        n(n),
+        d(d),
+        values(values),
+        handles(handles),
+        rows(gather ? batch.Rows(n, d) : nullptr) {}
+  // Where distinct position p's row goes.
+  float* Out(int64_t p) const { return gather ? rows + p * d : values + batch.order[p] * d; }
+  // Distinct position p's handle (-1: no row).
+  void Handle(int64_t p, int64_t handle) const {
+    batch.found[p] = handle;
+    if (!gather && handles != nullptr) handles[batch.order[p]] = handle;
+  }
+  // Gathered: every position's row (and handle) from its id's.
+  void GatherOut(const Runner& run) const {
+    run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const uint32_t j = batch.index[i];
+        CopyRow(values + i * d, rows + j * d, d);
+        if (handles != nullptr) handles[i] = batch.found[j];
+      }
+    });
+  }
+  const bool gather;
+  Batch& batch;
+  const int64_t n;
+  const int d;
+  float* const values;
+  int64_t* const handles;
+  float* const rows;
+};
 
 template <class Rows>
 class ShardedTable final : public TableImpl {
@@ -145,7 +189,7 @@ class ShardedTable final : public TableImpl {
   std::string Apply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                     const float* grads, int64_t n, const Runner& run) override;
   std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
-                         int64_t n) const override;
+                         int64_t n, const Runner& run) const override;
   int64_t Remove(const int64_t* keys, int64_t n) override;
   int64_t Evict(int64_t before) override;
   void Clear() override {
@@ -156,7 +200,8 @@ class ShardedTable final : public TableImpl {
   }
   std::string Export(int64_t min_version, int shard, int64_t chunk_rows,
                      const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
-                     const std::function<std::string(int64_t n)>& emit) const override;
+                     const std::function<std::string(int64_t n)>& emit,
+                     const PendingAlloc* pending) const override;
   std::string OpenTiers(const std::string& dir) override {
     for (size_t s = 0; s < shards_.size(); ++s) {
       const std::string error = shards_[s]->OpenTier(dir + "/shard-" + std::to_string(s));
@@ -168,9 +213,7 @@ class ShardedTable final : public TableImpl {
   std::string Import(const int64_t* keys, const float* values, const float* slots,
                      const int64_t* counts, const int64_t* last_seen, const int64_t* versions,
                      int64_t n, bool replace, const Runner& run) override;
-  void ExportPending(int64_t min_version,
-                     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
-                     int shard) const override;
+  void ExportPending(int64_t min_version, const PendingAlloc& alloc, int shard) const override;
   int64_t CountPending(int64_t min_version, int shard) const override;
   int64_t TrackRemovals() override;
   void ExportRemoved(int64_t since, const std::function<int64_t*(int64_t n)>& alloc) override;
@@ -194,6 +237,21 @@ class ShardedTable final : public TableImpl {
     for (int64_t seen = latest_.load(); now > seen && !latest_.compare_exchange_weak(seen, now);) {
     }
   }
+  // Locks shards [s0, s1), in shard order (as every call that holds several).
+  std::vector<std::unique_lock<std::mutex>> LockShards(size_t s0, size_t s1) const {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (size_t si = s0; si < s1; ++si) locks.emplace_back(shards_[si]->mu);
+    return locks;
+  }
+  // Export's and ExportPending's work on shards [s0, s1), whose locks the
+  // caller holds; ExportRows releases each shard's lock once its rows are
+  // copied (a training step waiting for that shard goes on).
+  std::string ExportRows(int64_t min_version, size_t s0, size_t s1, int64_t chunk_rows,
+                         const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+                         const std::function<std::string(int64_t n)>& emit,
+                         std::vector<std::unique_lock<std::mutex>>* locks) const;
+  void ExportPendingLocked(int64_t min_version, const PendingAlloc& alloc, size_t s0,
+                           size_t s1) const;
   // Shard `shard`, or every shard when it is negative: [first, last).
   std::pair<size_t, size_t> ShardRange(int shard) const {
     if (shard < 0) return {0, shards_.size()};
@@ -207,6 +265,10 @@ class ShardedTable final : public TableImpl {
   uint32_t Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences,
                  int64_t now, int64_t version, int64_t access_threshold, Tally* tally,
                  uint32_t* refused, uint64_t* sightings);
+  // CheckApply's checks; with handles (batch not null), the batch is
+  // grouped by their shards on the way, as Apply then needs it.
+  std::string CheckApplyTo(const Optimizer& opt, Batch* batch, const int64_t* handles, int64_t n,
+                           const Runner& run) const;
   // The rows Export writes of a shard whose lock the caller holds: in
   // memory (refs), and the keys of those on disk.
   std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
@@ -216,28 +278,30 @@ class ShardedTable final : public TableImpl {
   // row). (*spills)[s] is shard s's spill count after: the pass that follows
   // under the shard's lock again promotes anew only if a concurrent step
   // spilled meanwhile. "" or the first error.
-  std::string PromoteBatch(const Batch& batch, int64_t version, std::vector<int64_t>* spills,
-                           const Runner& run);
+  // With dedup, each shard's ids are deduplicated first (Batch::Dedup).
+  std::string PromoteBatch(Batch* batch, bool dedup, int64_t version,
+                           std::vector<int64_t>* spills, const Runner& run);
   // The pass's own promotion of shard s (lock held), if one is needed.
   std::string PromoteAgain(Shard& shard, int64_t s, const Batch& batch, int64_t version,
                            const std::vector<int64_t>& spills,
                            std::vector<int64_t>* unreadable) {
     if (!shard.tier || shard.spilled == spills[s]) return "";
     const int64_t b = batch.begin[s];
-    return ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
-                                       batch.begin[s + 1] - b, version, unreadable,
-                                       &shard.promoted));
+    return ShardError(s, shard.Promote(batch.id + b, batch.hash + b, batch.distinct(s), version,
+                                       unreadable, &shard.promoted));
   }
   // Find's read of the rows of batch positions `misses` that are on disk.
   std::string ReadCold(const Shard& shard, const Batch& batch, const std::vector<int64_t>& misses,
-                       float* rows) const;
+                       const OutputMode& mode) const;
+  // Deduplicates each shard's ids of the batch, side by side.
+  void Dedup(Batch* batch, const Runner& run) const;
   // "shard s: error" (an error of shard s's disk tier; "" stays "").
   static std::string ShardError(int64_t s, const std::string& error) {
     return error.empty() ? error : "shard " + std::to_string(s) + ": " + error;
   }
-  // Calls fn(p, row or kNoRow) for shard s's keys of the batch (p indexes
-  // the batch's partition order; each key is resolved just before its call,
-  // so keys an earlier call inserted are found).
+  // Calls fn(p, row or kNoRow) for shard s's distinct keys of the batch (p
+  // indexes the batch's partition order; each key is resolved just before
+  // its call, so keys an earlier call inserted are found).
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
 
@@ -250,6 +314,7 @@ class ShardedTable final : public TableImpl {
   std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0}, stale_{0}, lookups_{0},
       ids_looked_up_{0};
   std::atomic<int64_t> latest_{0};
+  mutable BatchPool batches_;  // their buffers, kept between calls
 };
 
 // Lookups are pipelined over three stages so a batch of cold keys waits on
@@ -262,8 +327,8 @@ template <typename Fn>
 void ShardedTable<Rows>::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
                                           Fn&& fn) const {
   constexpr int64_t kAhead = 8;
-  const int64_t b = batch.begin[s], e = batch.begin[s + 1];
-  const uint64_t* hash = batch.hash.data();
+  const int64_t b = batch.begin[s], e = batch.distinct_end[s];
+  const uint64_t* hash = batch.hash;
   for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p) shard.rows.PrefetchA(hash[p]);
   for (int64_t p = b; p < std::min(e, b + kAhead); ++p) shard.rows.PrefetchB(hash[p]);
   for (int64_t p = b; p < e; ++p) {
@@ -333,42 +398,43 @@ uint32_t ShardedTable<Rows>::Admit(Shard& shard, int64_t key, uint64_t h, uint32
 }
 
 template <class Rows>
+void ShardedTable<Rows>::Dedup(Batch* batch, const Runner& run) const {
+  const int64_t n = batch->begin[config_.num_shards];
+  run(config_.num_shards, (n / config_.num_shards + 1) * 30, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) batch->Dedup(s);
+  });
+}
+
+template <class Rows>
 std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int64_t now,
                                               int64_t access_threshold, float* values,
                                               int64_t* handles, const Runner& run) {
   if (n == 0) return "";
   AdvanceLatest(now);
-  Distinct distinct;
-  distinct.Build(keys, n);
-  const int64_t u = static_cast<int64_t>(distinct.ids.size());
-  // Every id before the distinct ones: counters() reads lookups_ first, so a
-  // read racing this call never sees fewer ids than distinct ones.
-  ids_looked_up_ += n;
-  lookups_ += u;
-  const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
+  const BatchPool::Lease lease = batches_.Take();
+  Batch& batch = *lease;
+  batch.Partition(keys, n, false, true, config_.num_shards, run);
   const int d = config_.dim, slots = config_.num_slots;
-  // Per distinct id: its row's values and handle, and how many of its first
-  // occurrences were refused a row (not admitted yet, or no room). A batch
-  // without repeats has distinct id j at position j: rows go straight out.
-  const bool direct = u == n;
-  std::unique_ptr<float[]> own_rows(direct ? nullptr : new float[u * d]);
-  std::unique_ptr<int64_t[]> own_found(direct && handles != nullptr ? nullptr : new int64_t[u]);
-  float* const rows = direct ? values : own_rows.get();  // written before read
-  int64_t* const found = own_found ? own_found.get() : handles;
-  std::vector<uint32_t> refused(u, 0);
-  std::atomic<bool> any_refused{false};
   // Rows looked up carry the version the next Apply will stamp: an
   // incremental export of "everything after version v" includes rows
   // inserted (or counted, or stamped) after v, and a full table spares them.
   const int64_t version = version_.load() + 1;
-  const int64_t per_shard = u / config_.num_shards + 1;
   std::vector<int64_t> spills;
-  if (tiered()) {
-    const std::string failed = PromoteBatch(batch, version, &spills, run);
+  if (tiered()) {  // (which deduplicates each shard's ids first)
+    const std::string failed = PromoteBatch(&batch, true, version, &spills, run);
     if (!failed.empty()) return failed;
+  } else {
+    Dedup(&batch, run);
   }
+  const int64_t u = batch.Distinct();
+  // Every id before the distinct ones: counters() reads lookups_ first, so
+  // a read racing this call never sees fewer ids than distinct ones.
+  ids_looked_up_ += n;
+  lookups_ += u;
+  const OutputMode mode(batch, n, u, d, values, handles);
+  std::atomic<bool> any_refused{false};
   FirstError error;
-  run(config_.num_shards, per_shard * 150, [&](int64_t s0, int64_t s1) {
+  run(config_.num_shards, (n / config_.num_shards + 1) * 150, [&](int64_t s0, int64_t s1) {
     Tally tally;
     std::vector<int64_t> unreadable;
     for (int64_t s = s0; s < s1; ++s) {
@@ -380,27 +446,28 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
       // the other keys' rows looked up: unlike the first pass, rarely.)
       if (shard.tier) error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
-        const int64_t j = batch.order[p], key = batch.id[p];
+        const int64_t key = batch.id[p];
+        const uint32_t occurrences = batch.count[p];
+        float* out = mode.Out(p);
         // Sightings the row's access count gets: every occurrence, plus
         // those counted while the key waited for admission.
-        uint64_t sightings = distinct.count[j];
+        uint64_t sightings = occurrences;
+        uint32_t refused = 0;  // of the id's first occurrences, those that got no row
         const bool added = row == kNoRow;
         if (added && !unreadable.empty() &&
             std::find(unreadable.begin(), unreadable.end(), key) != unreadable.end()) {
-          refused[j] = distinct.count[j];  // its row is on disk, unread: the call fails
-          any_refused = true;
-          return;
+          refused = occurrences;  // its row is on disk, unread: the call fails
+        } else if (added) {
+          row = Admit(shard, key, batch.hash[p], occurrences, now, version, access_threshold,
+                      &tally, &refused, &sightings);
+          tally.rejected += refused;
         }
-        if (added) {
-          uint32_t refused_here = 0;
-          row = Admit(shard, key, batch.hash[p], distinct.count[j], now, version,
-                      access_threshold, &tally, &refused_here, &sightings);
-          if (refused_here > 0) {
-            refused[j] = refused_here;
-            tally.rejected += refused_here;
-            any_refused = true;
-          }
-          if (row == kNoRow) return;
+        batch.refused[p] = refused;
+        if (refused > 0) any_refused = true;
+        if (row == kNoRow) {  // every occurrence reads the missing value
+          MissingRow(config_, key, out);
+          mode.Handle(p, -1);
+          return;
         }
         char* rec = shard.rows.Record(row);
         RecordHeader* h = Header(rec);
@@ -416,9 +483,37 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
         h->last_seen = std::max(h->last_seen, now);  // batches may come out of time order
         shard.changes.NoteChanged(row, h->version, added);
         h->version = static_cast<uint32_t>(version);
-        CopyRow(rows + j * d, Values(rec), d);
-        found[j] = ShardHandle(s, shard.rows.HandleBits(row));
+        // Straight out, the first occurrence reads the missing value if it
+        // was refused; gathered, the fix-up below sees to that.
+        if (!mode.gather && refused > 0) {
+          MissingRow(config_, key, out);
+          batch.found[p] = ShardHandle(s, shard.rows.HandleBits(row));
+          if (handles != nullptr) handles[batch.order[p]] = -1;
+          return;
+        }
+        CopyRow(out, Values(rec), d);
+        mode.Handle(p, ShardHandle(s, shard.rows.HandleBits(row)));
       });
+      if (!mode.gather) {
+        // The repeats: an id refused its first occurrences reads the missing
+        // value there and its row from then on (found by handle: a later
+        // insert of this pass may have moved it).
+        for (int64_t q = batch.distinct_end[s]; q < batch.begin[s + 1]; ++q) {
+          const uint32_t f = batch.first[q];
+          float* out = values + batch.order[q] * d;
+          int64_t handle = batch.found[f];
+          uint32_t ref;
+          if (batch.count[q] < batch.refused[f]) {
+            MissingRow(config_, batch.id[q], out);
+            handle = -1;
+          } else if (batch.refused[f] == 0) {
+            CopyRow(out, values + batch.order[f] * d, d);
+          } else if (shard.rows.Resolve(HandleBitsOf(handle), &ref)) {
+            CopyRow(out, Values(shard.rows.Record(ref)), d);
+          }
+          if (handles != nullptr) handles[batch.order[q]] = handle;
+        }
+      }
       // Over its memory budget, the shard moves rows this step did not use to disk.
       if (shard.tier) error.Note(ShardError(s, shard.Spill(version)));
     }
@@ -426,36 +521,20 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
     rejected_ += tally.rejected;
     evicted_ += tally.evicted;
   });
-  // Rows out by position. An id refused its first occurrences reads the
-  // missing value (handle -1) there and its row from then on.
-  if (direct) {  // rows are out already; a refused id (seen once) got none
-    if (!any_refused) return error.Take();
-    for (int64_t i = 0; i < n; ++i) {
-      if (refused[i] == 0) continue;
-      MissingRow(config_, keys[i], values + i * d);
-      if (handles != nullptr) handles[i] = -1;
-    }
-    return error.Take();
-  }
-  if (any_refused) {
-    std::vector<uint32_t> seen(u, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t j = distinct.index[i];
-      if (seen[j]++ < refused[j]) {
-        MissingRow(config_, keys[i], values + i * d);
-        if (handles != nullptr) handles[i] = -1;
-      } else {
-        CopyRow(values + i * d, rows + j * d, d);
-        if (handles != nullptr) handles[i] = found[j];
+  if (!mode.gather) return error.Take();
+  mode.GatherOut(run);
+  if (!any_refused) return error.Take();
+  // An id refused its first occurrences reads the missing value (handle -1)
+  // there and its row from then on.
+  run(config_.num_shards, (n / config_.num_shards + 1) * 10, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      for (int64_t p = batch.begin[s]; p < batch.begin[s + 1]; ++p) {
+        const bool repeat = p >= batch.distinct_end[s];
+        const uint32_t j = repeat ? batch.first[p] : static_cast<uint32_t>(p);
+        if ((repeat ? batch.count[p] : 0) >= batch.refused[j]) continue;
+        MissingRow(config_, batch.id[p], values + batch.order[p] * d);
+        if (handles != nullptr) handles[batch.order[p]] = -1;
       }
-    }
-    return error.Take();
-  }
-  run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const uint32_t j = distinct.index[i];
-      CopyRow(values + i * d, rows + j * d, d);
-      if (handles != nullptr) handles[i] = found[j];
     }
   });
   return error.Take();
@@ -465,24 +544,21 @@ template <class Rows>
 std::string ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* values,
                                       const Runner& run) const {
   if (n == 0) return "";
-  Distinct distinct;
-  distinct.Build(keys, n);
-  const int64_t u = static_cast<int64_t>(distinct.ids.size());
-  const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
+  const BatchPool::Lease lease = batches_.Take();
+  Batch& batch = *lease;
+  batch.Partition(keys, n, false, true, config_.num_shards, run);
+  Dedup(&batch, run);
   const int d = config_.dim;
-  const bool direct = u == n;  // no repeats: distinct id j is position j
-  std::unique_ptr<float[]> own_rows(direct ? nullptr : new float[u * d]);
-  float* const rows = direct ? values : own_rows.get();  // every row is written before read
-  const int64_t per_shard = u / config_.num_shards + 1;
+  const OutputMode mode(batch, n, batch.Distinct(), d, values, nullptr);
   FirstError error;
-  run(config_.num_shards, per_shard * 100, [&](int64_t s0, int64_t s1) {
+  run(config_.num_shards, (n / config_.num_shards + 1) * 100, [&](int64_t s0, int64_t s1) {
     std::vector<int64_t> misses;  // batch positions without a row in memory
     for (int64_t s = s0; s < s1; ++s) {
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       misses.clear();
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
-        float* out = rows + batch.order[p] * d;
+        float* out = mode.Out(p);
         if (row != kNoRow) {
           CopyRow(out, Values(shard.rows.Record(row)), d);
         } else if (shard.tier) {
@@ -491,20 +567,20 @@ std::string ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* valu
           MissingRow(config_, batch.id[p], out);
         }
       });
-      if (!misses.empty()) error.Note(ShardError(s, ReadCold(shard, batch, misses, rows)));
+      if (!misses.empty()) error.Note(ShardError(s, ReadCold(shard, batch, misses, mode)));
+      if (mode.gather) continue;
+      for (int64_t q = batch.distinct_end[s]; q < batch.begin[s + 1]; ++q)
+        CopyRow(values + batch.order[q] * d, values + batch.order[batch.first[q]] * d, d);
     }
   });
-  if (!direct) {
-    run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) CopyRow(values + i * d, rows + distinct.index[i] * d, d);
-    });
-  }
+  if (mode.gather) mode.GatherOut(run);
   return error.Take();
 }
 
 template <class Rows>
 std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
-                                         const std::vector<int64_t>& misses, float* rows) const {
+                                         const std::vector<int64_t>& misses,
+                                         const OutputMode& mode) const {
   // A read-only lookup reads cold rows where they are (nothing moves).
   const int d = config_.dim;
   const size_t stride = layout_.stride;
@@ -515,7 +591,7 @@ std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
   for (size_t i = 0; i < keys.size(); ++i) Header(buf.get() + i * stride)->key = ~keys[i];
   const std::string error = shard.tier->Read(keys.data(), keys.size(), buf.get(), found.get());
   for (size_t i = 0; i < keys.size(); ++i) {
-    float* out = rows + batch.order[misses[i]] * d;
+    float* out = mode.Out(misses[i]);
     const char* rec = buf.get() + i * stride;
     if (found[i] && Header(rec)->key == keys[i]) {
       CopyRow(out, Values(rec), d);
@@ -528,47 +604,67 @@ std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
 
 template <class Rows>
 std::string ShardedTable<Rows>::CheckApply(const Optimizer& opt, const int64_t* ids,
-                                            bool ids_are_handles, int64_t n) const {
+                                            bool ids_are_handles, int64_t n,
+                                            const Runner& run) const {
+  if (!ids_are_handles) return CheckApplyTo(opt, nullptr, nullptr, 0, run);
+  const BatchPool::Lease lease = batches_.Take();
+  return CheckApplyTo(opt, &*lease, ids, n, run);
+}
+
+template <class Rows>
+std::string ShardedTable<Rows>::CheckApplyTo(const Optimizer& opt, Batch* batch,
+                                              const int64_t* handles, int64_t n,
+                                              const Runner& run) const {
   if (SlotsNeeded(opt.kind) > config_.num_slots)
     return "the optimizer needs " + std::to_string(SlotsNeeded(opt.kind)) +
            " slot rows per key but the table was created with " +
            std::to_string(config_.num_slots);
-  if (!ids_are_handles) return "";
+  if (batch == nullptr) return "";
   // A handle the layout cannot have made comes from elsewhere (a reset
-  // shard's old handles are stale instead, and dropped by Apply). Handles
-  // are checked shard by shard, each under its own lock only.
+  // shard's old handles are stale instead, and dropped by Apply). Checked in
+  // parallel, the first wrong position is reported (the smallest).
+  std::atomic<int64_t> first_wrong{n};
   auto wrong = [&](int64_t i) {
-    return "row handle " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-           " does not belong to this table";
+    for (int64_t seen = first_wrong.load(); i < seen && !first_wrong.compare_exchange_weak(seen, i);) {
+    }
   };
-  std::vector<std::vector<int64_t>> by_shard(config_.num_shards);
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < 0) continue;  // a lookup that got no row
-    const uint64_t shard = HandleShard(ids[i]);
-    if (shard >= static_cast<uint64_t>(config_.num_shards)) return wrong(i);
-    by_shard[shard].push_back(i);
+  run(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)  // (a lookup that got no row is -1)
+      if (handles[i] >= 0 && HandleShard(handles[i]) >= static_cast<uint64_t>(config_.num_shards))
+        return wrong(i);
+  });
+  if (first_wrong.load() == n) {
+    batch->Partition(handles, n, true, false, config_.num_shards, run);
+    // Shard by shard, each under its own lock only.
+    run(config_.num_shards, (n / config_.num_shards + 1) * 10, [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s) {
+        std::lock_guard<std::mutex> lock(shards_[s]->mu);
+        for (int64_t p = batch->begin[s]; p < batch->begin[s + 1]; ++p)
+          if (!shards_[s]->rows.MayOwn(HandleBitsOf(batch->id[p]))) wrong(batch->order[p]);
+      }
+    });
   }
-  for (int s = 0; s < config_.num_shards; ++s) {
-    if (by_shard[s].empty()) continue;
-    std::lock_guard<std::mutex> lock(shards_[s]->mu);
-    for (int64_t i : by_shard[s])
-      if (!shards_[s]->rows.MayOwn(HandleBitsOf(ids[i]))) return wrong(i);
-  }
-  return "";
+  const int64_t i = first_wrong.load();
+  if (i == n) return "";
+  return "row handle " + std::to_string(handles[i]) + " at position " + std::to_string(i) +
+         " does not belong to this table";
 }
 
 template <class Rows>
 std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
                                        bool ids_are_handles, const float* grads, int64_t n,
                                        const Runner& run) {
-  // Every id is checked before any row changes, so a bad one updates nothing.
-  const std::string bad = CheckApply(opt, ids, ids_are_handles, n);
+  const BatchPool::Lease lease = batches_.Take();
+  Batch& batch = *lease;
+  // Every id is checked before any row changes, so a bad one updates nothing
+  // (handles are grouped by shard on the way).
+  const std::string bad = CheckApplyTo(opt, ids_are_handles ? &batch : nullptr, ids, n, run);
   if (!bad.empty()) return bad;
-  const Batch batch = Partition(ids, n, ids_are_handles, config_.num_shards, run);
+  if (!ids_are_handles) batch.Partition(ids, n, false, false, config_.num_shards, run);
   // Rows are updated in memory only: the keys' cold rows come up first.
   std::vector<int64_t> spills;
   if (!ids_are_handles && tiered()) {
-    const std::string failed = PromoteBatch(batch, version_.load() + 1, &spills, run);
+    const std::string failed = PromoteBatch(&batch, false, version_.load() + 1, &spills, run);
     if (!failed.empty()) return failed;
   }
   FirstError error;
@@ -578,8 +674,8 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
   std::atomic<int64_t> stale{0};
   const int64_t per_shard = n / config_.num_shards + 1;
   run(config_.num_shards, per_shard * (200 + 10 * d), [&](int64_t s0, int64_t s1) {
-    RowGroups groups;
     for (int64_t s = s0; s < s1; ++s) {
+      RowGroups& groups = batch.groups[s];
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       groups.Reset(batch.begin[s + 1] - batch.begin[s], d);
@@ -696,38 +792,37 @@ std::vector<uint32_t> ShardedTable<Rows>::PickRows(const Shard& s, int64_t min_v
 template <class Rows>
 std::string ShardedTable<Rows>::Prefetch(const int64_t* keys, int64_t n, const Runner& run) {
   if (!tiered() || n == 0) return "";
-  Distinct distinct;
-  distinct.Build(keys, n);
-  const int64_t u = static_cast<int64_t>(distinct.ids.size());
-  const Batch batch = Partition(distinct.ids.data(), u, false, config_.num_shards, run);
+  const BatchPool::Lease lease = batches_.Take();
+  Batch& batch = *lease;
+  batch.Partition(keys, n, false, true, config_.num_shards, run);
   FirstError error;
-  run(config_.num_shards, (u / config_.num_shards + 1) * 50, [&](int64_t s0, int64_t s1) {
+  run(config_.num_shards, (n / config_.num_shards + 1) * 50, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
+      batch.Dedup(s);
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       const int64_t b = batch.begin[s];
-      error.Note(ShardError(s, shard.Prefetch(batch.id.data() + b, batch.hash.data() + b,
-                                              batch.begin[s + 1] - b)));
+      error.Note(ShardError(s, shard.Prefetch(batch.id + b, batch.hash + b, batch.distinct(s))));
     }
   });
   return error.Take();
 }
 
 template <class Rows>
-std::string ShardedTable<Rows>::PromoteBatch(const Batch& batch, int64_t version,
+std::string ShardedTable<Rows>::PromoteBatch(Batch* batch, bool dedup, int64_t version,
                                               std::vector<int64_t>* spills, const Runner& run) {
   spills->assign(config_.num_shards, 0);
   FirstError error;
-  const int64_t per_shard = static_cast<int64_t>(batch.id.size()) / config_.num_shards + 1;
+  const int64_t per_shard = batch->begin[config_.num_shards] / config_.num_shards + 1;
   run(config_.num_shards, per_shard * 50, [&](int64_t s0, int64_t s1) {
     std::vector<int64_t> unreadable;
     for (int64_t s = s0; s < s1; ++s) {
+      if (dedup) batch->Dedup(s);
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      const int64_t b = batch.begin[s];
-      error.Note(ShardError(s, shard.Promote(batch.id.data() + b, batch.hash.data() + b,
-                                             batch.begin[s + 1] - b, version, &unreadable,
-                                             &shard.promoted)));
+      const int64_t b = batch->begin[s];
+      error.Note(ShardError(s, shard.Promote(batch->id + b, batch->hash + b, batch->distinct(s),
+                                             version, &unreadable, &shard.promoted)));
       (*spills)[s] = shard.spilled;
     }
   });
@@ -766,11 +861,22 @@ template <class Rows>
 std::string ShardedTable<Rows>::Export(
     int64_t min_version, int shard, int64_t chunk_rows,
     const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
-    const std::function<std::string(int64_t n)>& emit) const {
-  // The locks of every shard read are held so the count and the rows agree.
+    const std::function<std::string(int64_t n)>& emit, const PendingAlloc* pending) const {
+  // Every shard read is locked before anything is counted, so the counts and
+  // the rows agree although other workers' steps run meanwhile (they wait
+  // for a shard until its rows are copied).
   const auto [s0, s1] = ShardRange(shard);
-  std::vector<std::unique_lock<std::mutex>> locks;
-  for (size_t si = s0; si < s1; ++si) locks.emplace_back(shards_[si]->mu);
+  std::vector<std::unique_lock<std::mutex>> locks = LockShards(s0, s1);
+  if (pending != nullptr) ExportPendingLocked(min_version, *pending, s0, s1);
+  return ExportRows(min_version, s0, s1, chunk_rows, alloc, emit, &locks);
+}
+
+template <class Rows>
+std::string ShardedTable<Rows>::ExportRows(
+    int64_t min_version, size_t s0, size_t s1, int64_t chunk_rows,
+    const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+    const std::function<std::string(int64_t n)>& emit,
+    std::vector<std::unique_lock<std::mutex>>* locks) const {
   std::vector<std::vector<uint32_t>> picked;
   std::vector<std::vector<int64_t>> cold;
   int64_t total = 0;
@@ -836,6 +942,7 @@ std::string ShardedTable<Rows>::Export(
         if (!emitted.empty()) return emitted;
       }
     }
+    (*locks)[si - s0].unlock();  // its rows are in the chunks (copies, not pointers)
   }
   return emit(n);  // the last chunk (empty when there are no rows)
 }
@@ -852,7 +959,9 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
   const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
   std::mutex mu;  // guards the two maxima below
   int64_t max_version = 0, max_seen = 0;
-  const Batch batch = Partition(keys, n, false, config_.num_shards, run);
+  const BatchPool::Lease lease = batches_.Take();
+  Batch& batch = *lease;
+  batch.Partition(keys, n, false, false, config_.num_shards, run);
   // Shards import side by side (a restore of a large table).
   FirstError error;
   run(config_.num_shards, (n / config_.num_shards + 1) * 200, [&](int64_t s0, int64_t s1) {
@@ -872,7 +981,7 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
                            : e;
         shard.Reserve(static_cast<size_t>(c_end - c), version_.load() + 1);
         if (shard.tier) {  // an imported row replaces its cold copy (counted again below)
-          const size_t gone = shard.tier->Erase(batch.id.data() + c, c_end - c);
+          const size_t gone = shard.tier->Erase(batch.id + c, c_end - c);
           if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(gone));
         }
         for (int64_t p = c; p < c_end; ++p) {
@@ -926,14 +1035,18 @@ int64_t ShardedTable<Rows>::CountPending(int64_t min_version, int shard) const {
 }
 
 template <class Rows>
-void ShardedTable<Rows>::ExportPending(
-    int64_t min_version, const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
-    int shard) const {
+void ShardedTable<Rows>::ExportPending(int64_t min_version, const PendingAlloc& alloc,
+                                       int shard) const {
   const auto [s0, s1] = ShardRange(shard);
-  std::vector<std::unique_lock<std::mutex>> locks;  // a consistent count and contents
+  const auto locks = LockShards(s0, s1);  // a consistent count and contents
+  ExportPendingLocked(min_version, alloc, s0, s1);
+}
+
+template <class Rows>
+void ShardedTable<Rows>::ExportPendingLocked(int64_t min_version, const PendingAlloc& alloc,
+                                             size_t s0, size_t s1) const {
   int64_t n = 0;
   for (size_t si = s0; si < s1; ++si) {
-    locks.emplace_back(shards_[si]->mu);
     for (const auto& entry : shards_[si]->admission.exact.entries())
       n += entry.second.version >= min_version;
   }

@@ -208,8 +208,8 @@ std::string EmbeddingTable::Apply(const Optimizer& opt, const int64_t* ids,
 }
 
 std::string EmbeddingTable::CheckApply(const Optimizer& opt, const int64_t* ids,
-                                       bool ids_are_handles, int64_t n) const {
-  return impl_->CheckApply(opt, ids, ids_are_handles, n);
+                                       bool ids_are_handles, int64_t n, const Runner& run) const {
+  return impl_->CheckApply(opt, ids, ids_are_handles, n, run);
 }
 
 int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) { return impl_->Remove(keys, n); }
@@ -222,14 +222,14 @@ std::string EmbeddingTable::Export(int64_t min_version,
   return impl_->Export(
       min_version, shard, std::numeric_limits<int64_t>::max(),
       [&](int64_t total, int64_t) { return alloc(total); },
-      [](int64_t) { return std::string(); });
+      [](int64_t) { return std::string(); }, nullptr);
 }
 
-std::string EmbeddingTable::ExportChunks(
-    int64_t min_version, int shard, int64_t chunk_rows,
+std::string EmbeddingTable::Snapshot(
+    int64_t min_version, int64_t chunk_rows, const PendingAlloc& pending,
     const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
     const std::function<std::string(int64_t n)>& emit) const {
-  return impl_->Export(min_version, shard, chunk_rows, alloc, emit);
+  return impl_->Export(min_version, -1, chunk_rows, alloc, emit, &pending);
 }
 
 int64_t EmbeddingTable::CountRows(int64_t min_version, int shard) const {
@@ -243,9 +243,8 @@ std::string EmbeddingTable::Import(const int64_t* keys, const float* values, con
   return impl_->Import(keys, values, slots, counts, last_seen, versions, n, replace, run);
 }
 
-void EmbeddingTable::ExportPending(
-    int64_t min_version, const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
-    int shard) const {
+void EmbeddingTable::ExportPending(int64_t min_version, const PendingAlloc& alloc,
+                                   int shard) const {
   impl_->ExportPending(min_version, alloc, shard);
 }
 

@@ -125,6 +125,9 @@ struct PendingBuffers {
   int64_t* last_seen = nullptr;
   int32_t* sketch = nullptr;
 };
+// Where pending keys go, given how many and how many sketch counters; a
+// failed allocation returns no buffers (having said why).
+using PendingAlloc = std::function<PendingBuffers(int64_t n, int64_t sketch)>;
 
 // Where Export writes; filled by the caller's allocator once the row count is
 // known. slots holds num_slots*dim floats per row.
@@ -192,7 +195,7 @@ class EmbeddingTable {
   // accept these ids, else the error (a fused apply of many tables checks
   // them all first, so a bad table changes no table).
   std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
-                         int64_t n) const;
+                         int64_t n, const Runner& run = SerialRunner) const;
   // Removes the keys' rows, or the admission counts of keys without one
   // (absent keys are ignored); returns rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
@@ -204,20 +207,26 @@ class EmbeddingTable {
   // under the table's locks, with the number of rows to write. Once removals
   // are tracked (below), a min_version above the last delta's mark reads only
   // the rows changed since that mark. With shard >= 0 (< num_shards), reads
-  // that shard only, holding its lock only (a save copies a large table one
-  // shard at a time).
+  // that shard only, holding its lock only.
   // Cold rows are read from disk in batches. Returns "" or the disk tier's
   // error (the buffers are then incomplete).
   std::string Export(int64_t min_version, const std::function<ExportBuffers(int64_t n)>& alloc,
                      int shard = -1) const;
-  // Export in chunks of at most chunk_rows rows (a save streams a table
-  // larger than memory): for each chunk, alloc(total, n) gives where its n
-  // rows go (total: the rows of the whole export), then emit(n) takes them
-  // ("" or an error that stops the export and is returned). One empty chunk
-  // when there are no rows. The locks are held throughout, emits included.
-  std::string ExportChunks(int64_t min_version, int shard, int64_t chunk_rows,
-                           const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
-                           const std::function<std::string(int64_t n)>& emit) const;
+  // What a save writes (native/save_kernel.cc): the pending keys
+  // ExportPending(min_version) writes (pending(n, counters) as its alloc),
+  // then the rows Export(min_version) writes in chunks of at most chunk_rows
+  // rows: for each chunk, alloc(total, n) gives where its n rows go (total:
+  // the rows of the whole export), then emit(n) takes them ("" or an error
+  // that stops the export and is returned). One empty chunk when there are
+  // no rows. Every shard's lock is taken before anything is counted and
+  // each is released once its rows are copied: a step of another worker
+  // (asynchronous training) waits for the shard rather than change it
+  // between the count and the copy, so each key's values, slots, count and
+  // version are of one moment and a key a concurrent step inserts is in
+  // the snapshot or not, whole.
+  std::string Snapshot(int64_t min_version, int64_t chunk_rows, const PendingAlloc& pending,
+                       const std::function<ExportBuffers(int64_t total, int64_t n)>& alloc,
+                       const std::function<std::string(int64_t n)>& emit) const;
   // How many rows Export would write now.
   int64_t CountRows(int64_t min_version, int shard = -1) const;
   // Inserts or overwrites rows; slots/counts/last_seen/versions may be null
@@ -230,9 +239,7 @@ class EmbeddingTable {
   // Writes every pending key counted at version >= min_version (0: all) and
   // the sketch's counters (shard by shard, each shard's sketch_size() /
   // num_shards of them); alloc(n, counters) as for Export, and `shard` too.
-  void ExportPending(int64_t min_version,
-                     const std::function<PendingBuffers(int64_t n, int64_t sketch)>& alloc,
-                     int shard = -1) const;
+  void ExportPending(int64_t min_version, const PendingAlloc& alloc, int shard = -1) const;
   // How many pending keys ExportPending would write now.
   int64_t CountPending(int64_t min_version, int shard = -1) const;
   // Incremental checkpoints. From TrackRemovals() on (it returns version()),

@@ -798,12 +798,13 @@ void TestShardExport() {
     }
     CHECK(joined.keys == all.keys && joined.values == all.values);
     CHECK(all.keys.size() == (min_version == 0 ? 1500u : 100u));
-    // In chunks of 7 rows (a save streams a shard): the same rows in the
-    // same order, every chunk full but a shard's last.
+    // A save's snapshot, in chunks of 7 rows: the same rows in the same
+    // order, every chunk full but the last, after the pending keys.
     std::vector<int64_t> chunk_keys;
     std::vector<float> chunk_values;
-    int64_t emitted = 0;
+    int64_t emitted = 0, pending_keys = -1;
     auto alloc = [&](int64_t total, int64_t n) {
+      CHECK(total == static_cast<int64_t>(all.keys.size()));
       CHECK(n == std::min<int64_t>(7, total - emitted));
       chunk_keys.assign(n, -1);
       chunk_values.assign(n * 3, -1.0f);
@@ -812,23 +813,28 @@ void TestShardExport() {
       b.values = chunk_values.data();
       return b;
     };
+    std::vector<int64_t> pk, pc, ps;
+    auto pending = [&](int64_t n, int64_t sketch) {
+      CHECK(sketch == 0 && emitted == 0);
+      pending_keys = n;
+      pk.resize(n), pc.resize(n), ps.resize(n);
+      return graphmod::PendingBuffers{pk.data(), pc.data(), ps.data(), nullptr};
+    };
     Exported chunked;
-    for (int s = 0; s < 4; ++s) {
-      emitted = 0;
-      CHECK(t.ExportChunks(min_version, s, 7, alloc, [&](int64_t n) {
-        CHECK(n == static_cast<int64_t>(chunk_keys.size()));
-        chunked.keys.insert(chunked.keys.end(), chunk_keys.begin(), chunk_keys.end());
-        chunked.values.insert(chunked.values.end(), chunk_values.begin(), chunk_values.end());
-        emitted += n;
-        return std::string();
-      }).empty());
-      CHECK(emitted == t.CountRows(min_version, s));
-    }
+    CHECK(t.Snapshot(min_version, 7, pending, alloc, [&](int64_t n) {
+      CHECK(n == static_cast<int64_t>(chunk_keys.size()));
+      chunked.keys.insert(chunked.keys.end(), chunk_keys.begin(), chunk_keys.end());
+      chunked.values.insert(chunked.values.end(), chunk_values.begin(), chunk_values.end());
+      emitted += n;
+      return std::string();
+    }).empty());
+    CHECK(pending_keys == t.CountPending(min_version));
+    CHECK(emitted == t.CountRows(min_version));
     CHECK(chunked.keys == all.keys && chunked.values == all.values);
     // An emit's error stops the export and is what it returns.
     int emits = 0;
     emitted = 0;
-    CHECK(t.ExportChunks(min_version, -1, 7, alloc, [&](int64_t n) {
+    CHECK(t.Snapshot(min_version, 7, pending, alloc, [&](int64_t n) {
       emitted += n;
       return std::string(++emits == 2 ? "disk full" : "");
     }) == "disk full" && emits == 2);
@@ -864,47 +870,81 @@ void TestShardExport() {
   for (int64_t k = 200; k < 250; ++k) CHECK(got.count(keys[k]) == 0);
 }
 
-// A save's shard-by-shard export while other threads look up, update and
-// remove (ThreadSanitizer): each shard's rows are read under its lock.
-void TestConcurrentShardExport() {
+// Saves while other threads look up new keys, update and remove
+// (ThreadSanitizer): a snapshot's count is the rows it copies, each key once
+// with one moment's values (a row's values start equal and every update
+// changes them alike: a copy torn by an update would show two), though the
+// table grows under it. One shard's export, side by side, too.
+void TestConcurrentSaves() {
   TableConfig c = Config(4, 1);
   c.num_shards = 8;
+  c.init = graphmod::Initializer::kConstant;
+  c.init_a = 1.0f;
   EmbeddingTable t(c);
   std::atomic<bool> done{false};
-  std::thread trainer([&] {
-    std::mt19937_64 rng(3);
+  auto train = [&](int64_t base) {
+    std::mt19937_64 rng(base);
     Optimizer sgd;
     sgd.lr = 0.1f;
     std::vector<int64_t> keys(256), handles(256);
     std::vector<float> values(256 * 4), grads(256 * 4, 0.1f);
     for (int step = 0; step < 300; ++step) {
-      for (auto& k : keys) k = static_cast<int64_t>(rng() % 50000);
+      // Hot keys, and fresh ones every step.
+      for (size_t i = 0; i < keys.size(); ++i)
+        keys[i] = i % 2 ? base + step * 128 + static_cast<int64_t>(i / 2)
+                        : static_cast<int64_t>(rng() % 64);
       t.FindOrInsert(keys.data(), keys.size(), step, -1, values.data(), handles.data(),
                      ThreadRunner);
       t.Apply(sgd, handles.data(), true, grads.data(), keys.size(), ThreadRunner);
-      if (step % 20 == 0) t.Remove(keys.data(), 32);
+      if (step % 20 == 0) t.Remove(keys.data() + 1, 32);
     }
-    done = true;
-  });
+  };
+  std::thread a([&] { train(1000000); }), b([&] { train(2000000); });
+  std::thread watcher([&] { a.join(), b.join(), done = true; });
   const int64_t mark = t.TrackRemovals();
-  while (!done) {
-    for (int s = 0; s < 8; ++s) {
-      for (int64_t min_version : {int64_t{0}, mark + 1}) {
-        std::vector<int64_t> keys;
-        std::vector<float> values;
-        t.CountRows(min_version, s);
-        t.Export(min_version, [&](int64_t n) {
-          keys.resize(n), values.resize(n * 4);
-          ExportBuffers b;
-          b.keys = keys.data();
-          b.values = values.data();
-          return b;
-        }, s);
-        for (int64_t k : keys) CHECK(k >= 0 && k < 50000);
-      }
+  int saves = 0;
+  while (!done || saves < 3) {
+    for (int64_t min_version : {int64_t{0}, mark + 1}) {
+      std::vector<int64_t> keys, chunk_keys, pk, pc, ps;
+      std::vector<float> values, chunk_values;
+      int64_t counted = -1;
+      const std::string error = t.Snapshot(
+          min_version, 97,
+          [&](int64_t n, int64_t) {
+            pk.resize(n), pc.resize(n), ps.resize(n);
+            return graphmod::PendingBuffers{pk.data(), pc.data(), ps.data(), nullptr};
+          },
+          [&](int64_t total, int64_t n) {
+            counted = total;
+            chunk_keys.assign(n, -1), chunk_values.assign(n * 4, -1.f);
+            ExportBuffers b;
+            b.keys = chunk_keys.data();
+            b.values = chunk_values.data();
+            return b;
+          },
+          [&](int64_t) {
+            keys.insert(keys.end(), chunk_keys.begin(), chunk_keys.end());
+            values.insert(values.end(), chunk_values.begin(), chunk_values.end());
+            return std::string();
+          });
+      CHECK(error.empty());
+      CHECK(counted == static_cast<int64_t>(keys.size()));
+      CHECK(std::set<int64_t>(keys.begin(), keys.end()).size() == keys.size());
+      for (size_t r = 0; r < keys.size(); ++r)  // one moment: a row's 4 values agree
+        for (int j = 1; j < 4; ++j) CHECK(values[r * 4 + j] == values[r * 4]);
+      // One shard alone, as Export(shard) reads it.
+      std::vector<int64_t> shard_keys;
+      t.Export(min_version, [&](int64_t n) {
+        shard_keys.resize(n);
+        ExportBuffers e;
+        e.keys = shard_keys.data();
+        return e;
+      }, saves % 8);
+      for (int64_t k : shard_keys) CHECK(k < 64 || k >= 1000000);
     }
+    ++saves;
   }
-  trainer.join();
+  watcher.join();
 }
 
 int main(int argc, char** argv) {
@@ -916,7 +956,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "--concurrency") {
       for (int round = 0; round < 3; ++round) TestConcurrentUse();
       TestParallelImport();
-      TestConcurrentShardExport();
+      TestConcurrentSaves();
       continue;
     }
     TestGrowthKeepsRowsAndHandles();
@@ -939,7 +979,7 @@ int main(int argc, char** argv) {
     TestDeltaExport();
     TestShardExport();
     TestParallelImport();
-    TestConcurrentShardExport();
+    TestConcurrentSaves();
   }
   if (failures != 0) {
     std::fprintf(stderr, "%d check(s) failed\n", failures.load());

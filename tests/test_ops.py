@@ -272,11 +272,40 @@ def test_a_checkpoint_format_this_version_cannot_read_is_refused_naming_the_tabl
             assert sess.run(size) == 2
 
 
+def test_a_failed_table_save_leaves_no_files(tmp_path):
+    """A table save that fails midway (here at a disk tier whose segment
+    files were damaged, after another table's rows went out) removes the
+    bundle it was writing: no data, index or temporary file is left."""
+    with tf.Graph().as_default():
+        opt = graphmod.optimizers.SGD(0.1)
+        good = graphmod.create_table("good", 4, optimizer=opt)
+        cold = graphmod.create_table("cold", 4, optimizer=opt, memory_budget=0.25,
+                                     storage_path=str(tmp_path / "tier"))
+        ids = tf1.placeholder(tf.int64, [None])
+        # (Rows move to disk once 16 steps have not used them.)
+        lookups = opt.minimize(tf.add_n([tf.reduce_sum(graphmod.sparse_lookup(t, ids))
+                                         for t in (good, cold)]))
+        prefix = str(tmp_path / "save" / "part")
+        save = ops.graphmod_table_save([good.handle, cold.handle], prefix, [0, 0],
+                                       checkpoint_format=1, with_removed=False)
+        with tf1.Session() as sess:
+            for step in range(24):
+                sess.run(lookups, {ids: np.arange(step * 1000, (step + 1) * 1000)})
+            assert sess.run(cold.tier_info())["disk_rows"] > 1000
+            segments = list((tmp_path / "tier").rglob("*.log"))
+            assert segments
+            for segment in segments:
+                os.truncate(segment, 16)
+            with pytest.raises(tf.errors.InternalError, match="table 'cold': disk tier"):
+                sess.run(save)
+    assert list((tmp_path / "save").iterdir()) == []
+
+
 @pytest.mark.parametrize("kind", ["exact_admission", "sketch_admission", "empty"])
 def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_path, kind,
                                                                         monkeypatch):
-    """graphmod's TableSaver writes each table with GraphmodTableSave, one
-    shard at a time in chunks (here of 7 rows, so a shard takes several), as
+    """graphmod's TableSaver writes each table with GraphmodTableSave in
+    chunks (here of 7 rows, so a table takes many), as
     a part of the checkpoint: the entries (names, types, shapes, contents)
     are those a plain Saver's SaveV2 writes, and restore (GraphmodTableRestore,
     a stored slice at a time)."""
@@ -323,7 +352,7 @@ def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_pat
     for name in ("item-pending_sketch", "item-format", "dense"):
         np.testing.assert_array_equal(a.get_tensor(name), b.get_tensor(name), err_msg=name)
     # The stored slices a warm start reads one at a time: chunks of 7 rows
-    # per shard in the parts, one whole entry in the plain checkpoint.
+    # in the parts, one whole entry in the plain checkpoint.
     with tf.Graph().as_default(), tf1.Session() as sess:
         def slices(prefix, entry):
             return sess.run(ops.graphmod_checkpoint_row_slices(prefix, entry))
