@@ -13,6 +13,7 @@ void SerialRunner(int64_t n, int64_t, const std::function<void(int64_t, int64_t)
 
 void Batch::Partition(const int64_t* ids, int64_t n, bool ids_are_handles, bool dedup,
                       int num_shards, const Runner& run) {
+  dedup = dedup && !ids_are_handles;  // (handles are checked, not looked up)
   const int64_t shards = num_shards;
   int shard_bits = 0;
   while ((1 << shard_bits) < num_shards) ++shard_bits;

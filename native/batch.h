@@ -36,6 +36,12 @@ class Scratch {
     }
     return data_.get();
   }
+  // Frees the buffer if it holds more than max_bytes.
+  void Trim(size_t max_bytes) {
+    if (size_ * sizeof(T) <= max_bytes) return;
+    data_.reset();
+    size_ = 0;
+  }
 
  private:
   std::unique_ptr<T[]> data_;
@@ -141,6 +147,14 @@ class Batch {
   std::vector<RowGroups> groups;  // per shard, for Apply
   // Room for n rows of d floats (a lookup's distinct rows, by position).
   float* Rows(int64_t n, int d) { return rows_.Get(static_cast<size_t>(std::max<int64_t>(n, 1)) * d); }
+  // Frees buffers above max_bytes each (a rare huge batch does not keep
+  // its memory for good; the next one that large allocates again).
+  void Trim(size_t max_bytes) {
+    order_.Trim(max_bytes), id_.Trim(max_bytes), hash_.Trim(max_bytes), raw_.Trim(max_bytes);
+    count_.Trim(max_bytes), first_.Trim(max_bytes), index_.Trim(max_bytes);
+    refused_.Trim(max_bytes), map_.Trim(max_bytes), found_.Trim(max_bytes);
+    rows_.Trim(max_bytes);
+  }
   // Distinct ids of every shard (after Dedup of each).
   int64_t Distinct() const {
     int64_t u = 0;
@@ -164,7 +178,8 @@ class Batch {
 };
 
 // Batches kept between calls, one per call in flight (steps of asynchronous
-// workers running side by side each take their own).
+// workers running side by side each take their own), at most kKeep of them
+// and none of their buffers above kKeepBytes.
 class BatchPool {
  public:
   class Lease {
@@ -191,9 +206,11 @@ class BatchPool {
   }
 
  private:
+  static constexpr size_t kKeep = 4, kKeepBytes = size_t{64} << 20;
   void Return(std::unique_ptr<Batch> batch) {
+    batch->Trim(kKeepBytes);
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(std::move(batch));
+    if (free_.size() < kKeep) free_.push_back(std::move(batch));
   }
   std::mutex mu_;
   std::vector<std::unique_ptr<Batch>> free_;

@@ -102,7 +102,20 @@ void TestDedup() {
     for (int64_t id : ids) ++expected[id];
     std::map<int64_t, int64_t> got;
     std::set<int64_t> positions;
+    for (int64_t i = 0; i < n; ++i) {  // each batch position to its id's entry
+      const int64_t j = b.index[i];
+      CHECK(b.id[j] == ids[i] && b.order[j] <= i);
+    }
     for (int s = 0; s < 16; ++s) {
+      std::map<int64_t, std::set<uint32_t>> occurrences;  // of each repeated id: 1, 2, ...
+      for (int64_t q = b.distinct_end[s]; q < b.begin[s + 1]; ++q) {
+        CHECK(b.first[q] >= b.begin[s] && b.first[q] < b.distinct_end[s]);
+        CHECK(b.id[b.first[q]] == b.id[q] && b.index[b.order[q]] == b.first[q]);
+        occurrences[b.id[q]].insert(b.count[q]);
+      }
+      for (const auto& [id, seen] : occurrences)
+        CHECK(static_cast<int64_t>(seen.size()) == expected[id] - 1 && *seen.begin() == 1 &&
+              *seen.rbegin() == expected[id] - 1);
       for (int64_t p = b.begin[s]; p < b.distinct_end[s]; ++p) {
         CHECK(got.count(b.id[p]) == 0);
         got[b.id[p]] = b.count[p];

@@ -96,28 +96,43 @@ class SaveOp : public OpKernel {
                     "graphmod: a table save's `min_versions` must hold one version per "
                     "table (", n, "), got shape ", min_versions.shape().DebugString()));
     const std::string path(prefix.scalar<::tensorflow::tstring>()());
-    BundleWriter writer(ctx->env(), path);
-    OP_REQUIRES_OK(ctx, writer.status());
-    Status status = ::tensorflow::OkStatus();
-    for (int i = 0; i < n && status.ok(); ++i) {
-      TableResource* resource = nullptr;
-      status = LookupResource(ctx, HandleFromInput(ctx, i), &resource);
-      if (!status.ok()) break;
-      ::tensorflow::core::ScopedUnref unref(resource);
-      status = WriteTable(ctx, resource->table, min_versions.vec<int64_t>()(i), &writer);
-    }
-    if (status.ok()) status = writer.Finish();
-    if (!status.ok()) {
-      // Nothing half-written stays: Finish closes (or removes) the temporary
-      // data file, then whatever it wrote goes.
-      writer.Finish().IgnoreError();
-      ctx->env()->DeleteFile(::tensorflow::DataFilename(path, 0, 1)).IgnoreError();
-      ctx->env()->DeleteFile(::tensorflow::MetaFilename(path)).IgnoreError();
-    }
+    bool finishing = false;
+    const Status status = WriteBundle(ctx, path, n, min_versions.vec<int64_t>(), &finishing);
+    if (!status.ok()) RemoveBundle(ctx->env(), path, finishing);
     OP_REQUIRES_OK(ctx, status);
   }
 
  private:
+  // Writes the tables as the bundle `path`; *finishing is set once the
+  // writer's Finish (which renames its files into place) has begun.
+  Status WriteBundle(OpKernelContext* ctx, const std::string& path, int n,
+                     ::tensorflow::TTypes<int64_t>::ConstVec min_versions,
+                     bool* finishing) const {
+    BundleWriter writer(ctx->env(), path);
+    TF_RETURN_IF_ERROR(writer.status());
+    for (int i = 0; i < n; ++i) {
+      TableResource* resource = nullptr;
+      TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, i), &resource));
+      ::tensorflow::core::ScopedUnref unref(resource);
+      TF_RETURN_IF_ERROR(WriteTable(ctx, resource->table, min_versions(i), &writer));
+    }
+    *finishing = true;
+    return writer.Finish();
+  }
+
+  // What a failed save wrote goes (its writer is closed by now): the
+  // writer's temporary data file, and, if Finish had begun, the files it
+  // renamed into place (whatever was at `path` before was replaced then).
+  static void RemoveBundle(::tensorflow::Env* env, const std::string& path, bool finishing) {
+    const std::string data = ::tensorflow::DataFilename(path, 0, 1);
+    std::vector<std::string> temporary;
+    env->GetMatchingPaths(data + ".tempstate*", &temporary).IgnoreError();
+    for (const std::string& file : temporary) env->DeleteFile(file).IgnoreError();
+    if (!finishing) return;
+    env->DeleteFile(data).IgnoreError();
+    env->DeleteFile(::tensorflow::MetaFilename(path)).IgnoreError();
+  }
+
   Status WriteTable(OpKernelContext* ctx, EmbeddingTable& t, int64_t min_version,
                     BundleWriter* writer) const {
     TF_RETURN_IF_ERROR(WriteRowsAndPending(ctx, t, min_version, writer));

@@ -137,7 +137,7 @@ struct OutputMode {
   void GatherOut(const Runner& run) const {
     run(n, 4 * d + 10, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        const uint32_t j = batch.index[i];
+        const int64_t j = batch.index[i];
         CopyRow(values + i * d, rows + j * d, d);
         if (handles != nullptr) handles[i] = batch.found[j];
       }
@@ -411,6 +411,10 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
                                               int64_t* handles, const Runner& run) {
   if (n == 0) return "";
   AdvanceLatest(now);
+  // Every id before the distinct ones (counted below): counters() reads
+  // lookups_ first, so a read racing this call never sees fewer ids than
+  // distinct ones.
+  ids_looked_up_ += n;
   const BatchPool::Lease lease = batches_.Take();
   Batch& batch = *lease;
   batch.Partition(keys, n, false, true, config_.num_shards, run);
@@ -427,9 +431,6 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
     Dedup(&batch, run);
   }
   const int64_t u = batch.Distinct();
-  // Every id before the distinct ones: counters() reads lookups_ first, so
-  // a read racing this call never sees fewer ids than distinct ones.
-  ids_looked_up_ += n;
   lookups_ += u;
   const OutputMode mode(batch, n, u, d, values, handles);
   std::atomic<bool> any_refused{false};

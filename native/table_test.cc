@@ -438,6 +438,44 @@ void TestMaxRows() {
 // A key gets its row on exactly its threshold-th sighting, counted across
 // calls and within one batch; until then it reads its initial row, gets no
 // handle, and its count survives export/import.
+// A repeated id refused its first occurrences reads the missing value
+// (handle -1) there and its row from then on, whether the batch's rows go
+// straight out (few repeats) or are gathered (many): both ways agree with
+// the rule, on threads.
+void TestRefusedRepeatsInBothOutputModes() {
+  for (int64_t distinct : {int64_t{200}, int64_t{5}}) {  // straight out; gathered
+    TableConfig c = Config(2);
+    c.missing_is_initializer = false;
+    c.default_value = -7.f;
+    EmbeddingTable t(c);
+    // 9 three times (admitted at its third sighting: threshold 3), 8 twice
+    // (refused both times), then `distinct` fresh ids, the first 5 again.
+    std::vector<int64_t> keys = {9, 8, 9, 9, 8};
+    for (int64_t k = 0; k < distinct; ++k) keys.push_back(100 + k);
+    for (int64_t k = 0; k < 5; ++k) keys.push_back(100 + k);
+    if (distinct == 5)
+      for (int r = 0; r < 40; ++r) keys.push_back(100 + r % 5);
+    std::vector<float> values(keys.size() * 2);
+    std::vector<int64_t> handles(keys.size());
+    CHECK(t.FindOrInsert(keys.data(), keys.size(), 1, 3, values.data(), handles.data(),
+                         ThreadRunner).empty());
+    std::vector<float> row(2);
+    t.InitialRow(9, row.data());
+    CHECK(handles[0] == -1 && handles[2] == -1 && values[0] == -7.f && values[4] == -7.f);
+    CHECK(handles[3] >= 0 && values[6] == row[0] && values[7] == row[1]);  // 9's third
+    CHECK(handles[1] == -1 && handles[4] == -1 && values[8] == -7.f);      // 8, twice
+    std::map<int64_t, int> seen;
+    std::map<int64_t, int64_t> handle_of;  // one row, one handle, for every later sighting
+    for (size_t i = 5; i < keys.size(); ++i) {
+      const bool has_row = ++seen[keys[i]] >= 3;
+      CHECK((handles[i] >= 0) == has_row);
+      if (!has_row) CHECK(values[2 * i] == -7.f && values[2 * i + 1] == -7.f);
+      if (has_row) CHECK(handle_of.emplace(keys[i], handles[i]).first->second == handles[i]);
+    }
+    CHECK(t.size() == (distinct == 5 ? 1 + 5 : 1));
+  }
+}
+
 void TestAdmission() {
   EmbeddingTable t(Config(2, 1));
   std::vector<float> values(8), expect(2);
@@ -970,6 +1008,7 @@ int main(int argc, char** argv) {
     TestConcurrentUse();
     TestMaxRows();
     TestAdmission();
+    TestRefusedRepeatsInBothOutputModes();
     TestSketchAdmission();
     TestEvict();
     TestCapacityPolicies();

@@ -275,7 +275,8 @@ def test_a_checkpoint_format_this_version_cannot_read_is_refused_naming_the_tabl
 def test_a_failed_table_save_leaves_no_files(tmp_path):
     """A table save that fails midway (here at a disk tier whose segment
     files were damaged, after another table's rows went out) removes the
-    bundle it was writing: no data, index or temporary file is left."""
+    bundle it was writing (its temporary file) and leaves the bundle an
+    earlier save wrote at the same prefix as it was."""
     with tf.Graph().as_default():
         opt = graphmod.optimizers.SGD(0.1)
         good = graphmod.create_table("good", 4, optimizer=opt)
@@ -292,13 +293,18 @@ def test_a_failed_table_save_leaves_no_files(tmp_path):
             for step in range(24):
                 sess.run(lookups, {ids: np.arange(step * 1000, (step + 1) * 1000)})
             assert sess.run(cold.tier_info())["disk_rows"] > 1000
+            sess.run(save)  # a good bundle at the prefix first
+            written = {f.name: f.read_bytes() for f in (tmp_path / "save").iterdir()}
+            assert sorted(written) == ["part.data-00000-of-00001", "part.index"]
             segments = list((tmp_path / "tier").rglob("*.log"))
             assert segments
             for segment in segments:
                 os.truncate(segment, 16)
             with pytest.raises(tf.errors.InternalError, match="table 'cold': disk tier"):
                 sess.run(save)
-    assert list((tmp_path / "save").iterdir()) == []
+    # The failed save removed its temporary file and left the earlier bundle.
+    assert {f.name: f.read_bytes() for f in (tmp_path / "save").iterdir()} == written
+    assert tf.train.load_checkpoint(prefix).get_tensor("good-keys").size == 24000
 
 
 @pytest.mark.parametrize("kind", ["exact_admission", "sketch_admission", "empty"])
