@@ -94,7 +94,7 @@ native-sanitize: $(ASAN_PARTS) $(TSAN_PARTS) $(patsubst native/%.cc,$(SAN_DIR)/a
 # The table's own many-core benchmark (benchmarks/native/table_bench.cc): one
 # static binary without TensorFlow, so it also runs on a host that has none.
 # `make bench-native THREADS=1,2,4,8,16` on a large machine; its smoke run
-# (ASan/UBSan, small) is part of native-sanitize.
+# (small, under ASan/UBSan and ThreadSanitizer) is part of native-sanitize.
 THREADS ?= 1,2
 build/table_bench: benchmarks/native/table_bench.cc $(TABLE_SOURCES) $(wildcard native/*.h)
 	@mkdir -p build

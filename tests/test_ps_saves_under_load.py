@@ -111,11 +111,9 @@ def _consistent(checkpoint):
     whole = (before | after).all(axis=1) & (counts == 1)
     assert whole[fresh].all(), (checkpoint, keys[fresh][~whole[fresh]][:5])
     assert after[fresh].any(), checkpoint
-    # Each task's keys are its own range: hot ones in every checkpoint.
-    for task in range(TASKS):
-        base = task * (ROWS // 4)
-        hot = keys[(keys >= base) & (keys < base + HOT)]
-        assert len(hot) in (0, HOT), f"{checkpoint}: task {task} has {len(hot)} of {HOT} hot ids"
+    # (A task's first step may be in a save in part: each ps task saves its
+    # part of the table at its own moment, so no check that all of a step's
+    # new keys are in or out.)
     return len(keys)
 
 
