@@ -9,10 +9,9 @@ values, Adagrad accumulator and count of one moment (each fresh id is
 trained once, by a gradient of 1: its saved row is exactly the row before
 that update or after it), and it must restore and train on in one process.
 
-Before saves froze every shard from the count to the copy, this failed in
+Before a save locked every shard from its count to its copy, this failed in
 most runs with "its row count changed while it was being saved"."""
 import glob
-import json
 import os
 import subprocess
 import sys

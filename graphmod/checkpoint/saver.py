@@ -9,8 +9,8 @@ collections hold) that also:
   each holds the table rows inserted or updated since the previous save, the
   keys removed since (tombstones), the admission counts that changed, and
   every other variable whole;
-- writes the tables one table shard at a time, as a part of their own in
-  the checkpoint (a full save or a delta takes a shard's rows of extra
+- writes the tables a chunk of rows at a time, as a part of their own in
+  the checkpoint (a full save or a delta takes a chunk's rows of extra
   memory, not a second copy of the table);
 - adopts dense checkpoints: when the hook converts variables that the
   checkpoint in model_dir holds densely (a model trained without graphmod),
@@ -64,7 +64,7 @@ def _is_table(saveable) -> bool:
 
 def _writes_itself(saveable) -> bool:
     """A table's saveable, full or delta (graphmod.embeddings.table): tables are written
-    by one op, one table shard at a time."""
+    by one op, a chunk of rows at a time."""
     from graphmod.embeddings.table import _TableDeltaSaveable
     return _is_table(saveable) or isinstance(saveable, _TableDeltaSaveable)
 
@@ -137,7 +137,7 @@ def _reads_parts() -> bool:
 
 
 def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
-    """Tables are saved one shard at a time in V2 checkpoints (the default
+    """Tables are saved a chunk of rows at a time in V2 checkpoints (the default
     format); a V1 Saver keeps TensorFlow's builder."""
     version = saver_kwargs.get("write_version", saver_pb2.SaverDef.V2)
     return _PartsBuilder(version) if version == saver_pb2.SaverDef.V2 else None

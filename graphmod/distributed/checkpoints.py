@@ -4,7 +4,7 @@ A save runs on every rank at once (graphmod.checkpoint.saver.TableSaver under
 sharding; under GraphModifierHook at rank 0's save steps, into rank 0's
 model_dir: graphmod.distributed.save_schedule): rank r writes the keys it owns as a part of the checkpoint,
 `<checkpoint>.tables-0000r-of-0000N` (the tables' usual entries, written
-one table shard at a time), all ranks meet in an allreduce once their parts
+a chunk of rows at a time), all ranks meet in an allreduce once their parts
 are written, and rank 0 then commits `<checkpoint>.tables.json` (the number
 of ranks and the parts' files) before its Saver writes the dense variables
 and the `checkpoint` state file. A checkpoint without its manifest was never

@@ -9,7 +9,7 @@ lookups and applies run on the owning ps tasks.
 
 Checkpoints (PsTables, driven by graphmod.checkpoint.saver.TableSaver on the
 chief): each ps task writes its shards of every table as a part of the
-checkpoint, `<checkpoint>.tables-0000i-of-0000N`, one table shard at a time,
+checkpoint, `<checkpoint>.tables-0000i-of-0000N`, a chunk of rows at a time,
 then the chief commits the manifest `<checkpoint>.tables.json` before the
 dense variables and the `checkpoint` state file; deltas alike. It is the
 layout Horovod ranks write (graphmod.distributed.checkpoints), so a

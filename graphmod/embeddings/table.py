@@ -233,7 +233,7 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
 def write_tables(saveables: List[saveable_object.SaveableObject],
                  prefix: tf.Tensor, part: bool = False) -> tf.Operation:
     """Writes the entries of tables' saveables (all _TableSaveable, or all
-    _TableDeltaSaveable) as one checkpoint at `prefix`, one table shard at a
+    _TableDeltaSaveable) as one checkpoint at `prefix`, a chunk of rows at a
     time (a part of a sharded checkpoint: graphmod.checkpoint.saver). part: the keys
     this rank owns of sharded tables (graphmod.distributed.checkpoints)."""
     kinds = {type(s) for s in saveables}
