@@ -316,7 +316,7 @@ class EvictOp : public TableKernel {
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     int64_t before;
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "before", &before));
-    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, t->Evict(before)));
+    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, t->Evict(before, IntraOpRunner(ctx))));
   }
 };
 

@@ -52,7 +52,7 @@ class TableImpl {
   virtual std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                                  int64_t n, const Runner& run) const = 0;
   virtual int64_t Remove(const int64_t* keys, int64_t n) = 0;
-  virtual int64_t Evict(int64_t before) = 0;
+  virtual int64_t Evict(int64_t before, const Runner& run) = 0;
   virtual void Clear() = 0;
   // The rows (and, with `pending`, first the pending keys) of shard `shard`
   // (-1: every shard), all under the locks of the shards read, taken once.
@@ -193,7 +193,7 @@ class ShardedTable final : public TableImpl {
   std::string CheckApply(const Optimizer& opt, const int64_t* ids, bool ids_are_handles,
                          int64_t n, const Runner& run) const override;
   int64_t Remove(const int64_t* keys, int64_t n) override;
-  int64_t Evict(int64_t before) override;
+  int64_t Evict(int64_t before, const Runner& run) override;
   void Clear() override {
     for (auto& s : shards_) {
       std::lock_guard<std::mutex> lock(s->mu);
@@ -267,6 +267,9 @@ class ShardedTable final : public TableImpl {
   uint32_t Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences,
                  int64_t now, int64_t version, int64_t access_threshold, Tally* tally,
                  uint32_t* refused, uint64_t* sightings);
+  // Evict's work on one shard: the rows, cold rows and pending keys it
+  // removes (its lock taken here).
+  int64_t EvictShard(Shard& shard, int64_t before);
   // CheckApply's checks; with handles (batch not null), the batch is
   // grouped by their shards on the way, as Apply then needs it.
   std::string CheckApplyTo(const Optimizer& opt, Batch* batch, const int64_t* handles, int64_t n,
@@ -747,31 +750,38 @@ int64_t ShardedTable<Rows>::Remove(const int64_t* keys, int64_t n) {
 }
 
 template <class Rows>
-int64_t ShardedTable<Rows>::Evict(int64_t before) {
-  int64_t removed = 0;
-  for (auto& sp : shards_) {
-    Shard& shard = *sp;
-    std::lock_guard<std::mutex> lock(shard.mu);
-    std::vector<uint32_t> expired;
-    shard.rows.ForEachLive([&](uint32_t row, const char* rec) {
-      if (Expired(*Header(rec), before)) expired.push_back(row);
-    });
-    for (uint32_t row : expired) shard.Erase(row);  // frees only: the other refs stay
-    removed += static_cast<int64_t>(expired.size());
-    if (shard.tier) {  // cold rows' scores are in memory: no disk read
-      std::vector<int64_t> cold;
-      shard.tier->ForEachEntry([&](const TierEntry& e) {
-        if (e.last_seen < before) cold.push_back(e.key);
+int64_t ShardedTable<Rows>::Evict(int64_t before, const Runner& run) {
+  // Shards side by side: each scans its own rows (a pass over the table).
+  std::atomic<int64_t> removed{0};
+  run(config_.num_shards, static_cast<int64_t>(size() / config_.num_shards + 1) * 20,
+      [&](int64_t s0, int64_t s1) {
+        for (int64_t s = s0; s < s1; ++s) removed += EvictShard(*shards_[s], before);
       });
-      shard.tier->Erase(cold.data(), cold.size());
-      for (int64_t key : cold) shard.NoteRemoved(key);
-      if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(cold.size()));
-      removed += static_cast<int64_t>(cold.size());
-    }
-    shard.admission.exact.DropSeenBefore(before, [&](int64_t key) { shard.NoteRemoved(key); });
-    shard.admission.sketch.Halve();
+  evicted_ += removed.load();
+  return removed.load();
+}
+
+template <class Rows>
+int64_t ShardedTable<Rows>::EvictShard(Shard& shard, int64_t before) {
+  std::lock_guard<std::mutex> lock(shard.mu);
+  std::vector<uint32_t> expired;
+  shard.rows.ForEachLive([&](uint32_t row, const char* rec) {
+    if (Expired(*Header(rec), before)) expired.push_back(row);
+  });
+  for (uint32_t row : expired) shard.Erase(row);  // frees only: the other refs stay
+  int64_t removed = static_cast<int64_t>(expired.size());
+  if (shard.tier) {  // cold rows' scores are in memory: no disk read
+    std::vector<int64_t> cold;
+    shard.tier->ForEachEntry([&](const TierEntry& e) {
+      if (e.last_seen < before) cold.push_back(e.key);
+    });
+    shard.tier->Erase(cold.data(), cold.size());
+    for (int64_t key : cold) shard.NoteRemoved(key);
+    if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(cold.size()));
+    removed += static_cast<int64_t>(cold.size());
   }
-  evicted_ += removed;
+  shard.admission.exact.DropSeenBefore(before, [&](int64_t key) { shard.NoteRemoved(key); });
+  shard.admission.sketch.Halve();
   return removed;
 }
 

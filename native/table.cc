@@ -213,7 +213,9 @@ std::string EmbeddingTable::CheckApply(const Optimizer& opt, const int64_t* ids,
 }
 
 int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) { return impl_->Remove(keys, n); }
-int64_t EmbeddingTable::Evict(int64_t before) { return impl_->Evict(before); }
+int64_t EmbeddingTable::Evict(int64_t before, const Runner& run) {
+  return impl_->Evict(before, run);
+}
 void EmbeddingTable::Clear() { impl_->Clear(); }
 
 std::string EmbeddingTable::Export(int64_t min_version,

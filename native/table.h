@@ -201,7 +201,7 @@ class EmbeddingTable {
   int64_t Remove(const int64_t* keys, int64_t n);
   // Removes every row and pending key last seen before `before`; returns the
   // rows removed. A sketch's counters are halved instead (they age).
-  int64_t Evict(int64_t before);
+  int64_t Evict(int64_t before, const Runner& run = SerialRunner);
   void Clear();
   // Writes every row whose version >= min_version. alloc(n) is called once,
   // under the table's locks, with the number of rows to write. Once removals

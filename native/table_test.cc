@@ -364,8 +364,9 @@ void TestStaleHandlesAndAllOrNothing() {
 }
 
 void TestConcurrentUse() {
-  // Threads look up and update overlapping keys at once, and prefetch their
-  // next step's keys (a tiered table's input pipeline): no crash, no lost row.
+  // Threads look up and update overlapping keys at once, prefetch their next
+  // step's keys (a tiered table's input pipeline), remove some and evict old
+  // ones: no crash, no lost row.
   EmbeddingTable t(Config(8, 1));
   std::vector<std::thread> threads;
   for (int w = 0; w < 4; ++w) {
@@ -387,6 +388,7 @@ void TestConcurrentUse() {
                  .empty())
           ++failures;
         if (step % 50 == 0) t.Remove(keys.data(), 16);
+        if (w == 0 && step % 40 == 39) t.Evict(step - 30, ThreadRunner);  // shards side by side
       }
     });
   }
@@ -566,6 +568,11 @@ void TestEvict() {
   Exported e = ExportAll(t);
   for (int64_t k : e.keys) CHECK(k >= 40);
   CHECK(t.counters().evicted == 40);
+  // Shards side by side (on threads): the same rule.
+  for (int64_t k = 100; k < 200; ++k)
+    t.FindOrInsert(&k, 1, /*now=*/k, -1, values.data(), nullptr, graphmod::SerialRunner);
+  CHECK(t.Evict(150, ThreadRunner) == 110 && t.size() == 50 && t.counters().evicted == 150);
+  for (int64_t k : ExportAll(t).keys) CHECK(k >= 150);
 }
 
 // A full LRU table keeps its bound under a stream of new keys, never evicts
