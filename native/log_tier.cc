@@ -324,68 +324,6 @@ struct LogTier::Segment {
   uint32_t garbage() const { return used - live - pending; }
 };
 
-// The preads of one Read are split into parts; part 0 runs in the caller,
-// the others on these threads.
-class LogTier::ReadPool {
- public:
-  explicit ReadPool(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
-  }
-  ~ReadPool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  // Runs fn(0) .. fn(parts - 1) and returns when all are done.
-  void Run(size_t parts, const std::function<void(size_t)>& fn) {
-    if (parts <= 1 || threads_.empty()) {
-      for (size_t p = 0; p < parts; ++p) fn(p);
-      return;
-    }
-    std::mutex done_mu;
-    std::condition_variable done_cv;
-    size_t pending = parts - 1;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (size_t p = 1; p < parts; ++p) {
-        tasks_.push_back([&, p] {
-          fn(p);
-          std::lock_guard<std::mutex> done(done_mu);
-          if (--pending == 0) done_cv.notify_one();
-        });
-      }
-    }
-    cv_.notify_all();
-    fn(0);
-    std::unique_lock<std::mutex> done(done_mu);
-    done_cv.wait(done, [&] { return pending == 0; });
-  }
-
- private:
-  void Work() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping, nothing left
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
 // ---------------------------------------------------------------- open / close
 
 LogTier::LogTier(const TierOptions& options)
@@ -482,7 +420,7 @@ std::string LogTier::Init() {
     e = NewSegmentLocked();
     if (!e.empty()) return e;
   }
-  pool_ = std::make_unique<ReadPool>(std::max(options_.read_threads, 1) - 1);
+  pool_ = std::make_unique<ThreadPool>(std::max(options_.read_threads, 1) - 1);
   if (options_.background_compaction) compactor_ = std::thread([this] { CompactorLoop(); });
   return "";
 }

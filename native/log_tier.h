@@ -54,6 +54,7 @@
 
 #include "native/bits.h"
 #include "native/memory.h"
+#include "native/thread_pool.h"
 
 namespace graphmod {
 
@@ -256,7 +257,6 @@ class LogTier {
 
  private:
   struct Segment;
-  class ReadPool;
   struct Piece {  // records of one Append that landed in one segment
     Segment* segment;
     uint32_t first_index;  // in the segment
@@ -332,7 +332,8 @@ class LogTier {
 
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> reads_{0}, read_bytes_{0}, read_passes_{0};
-  std::unique_ptr<ReadPool> pool_;
+  // The preads of one Read are split into parts; part 0 runs in the caller.
+  std::unique_ptr<ThreadPool> pool_;
   std::thread compactor_;
   TestHooks hooks_;
 };

@@ -22,16 +22,13 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -39,6 +36,7 @@
 #include <vector>
 
 #include "native/table.h"
+#include "native/thread_pool.h"
 
 namespace {
 
@@ -56,93 +54,28 @@ double CpuSeconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-// A fixed pool of threads; Run(blocks, fn) runs fn(i) for i in [0, blocks)
-// on the pool and the caller, and returns when all are done and every worker
-// has left the job (so the next job's fields are never read by a late one).
-class Pool {
- public:
-  explicit Pool(int threads) {
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-  int threads() const { return static_cast<int>(workers_.size()) + 1; }
-  void Run(int64_t blocks, const std::function<void(int64_t)>& fn) {
-    if (blocks <= 1 || workers_.empty()) {
-      for (int64_t i = 0; i < blocks; ++i) fn(i);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      next_ = 0;
-      end_ = blocks;
-      open_ = true;
-      ++generation_;
-    }
-    cv_.notify_all();
-    Drain();
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return active_ == 0; });
-    open_ = false;  // a worker waking only now stays out
-    fn_ = nullptr;
-  }
-
- private:
-  void Drain() {
-    for (int64_t i; (i = next_.fetch_add(1)) < end_;) (*fn_)(i);
-  }
-  void Work() {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (!open_) continue;
-      ++active_;
-      lock.unlock();
-      Drain();
-      lock.lock();
-      if (--active_ == 0) done_cv_.notify_all();
-    }
-  }
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  // The job: written under mu_ while no worker is in it.
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t end_ = 0;
-  std::atomic<int64_t> next_{0};
-  uint64_t generation_ = 0;
-  int active_ = 0;
-  bool open_ = false, stop_ = false;
-};
-
 // Eigen's ParallelFor block sizing (TensorFlow's intra-op pool), simplified:
 // inline when the whole is under ~100k cycles; else blocks of at least 40k
 // cycles, at most 4 per thread.
 struct Runner {
-  Pool* pool;
+  graphmod::ThreadPool* pool;  // threads besides the caller
   double inside = 0;  // seconds spent in parallel sections (the calling thread's view)
   void operator()(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
     if (n <= 0) return;
     const auto t0 = Clock::now();
     const double total = static_cast<double>(n) * std::max<int64_t>(cost, 1);
-    if (pool->threads() == 1 || total < 100000) {
+    const int threads = pool->size() + 1;
+    if (threads == 1 || total < 100000) {
       fn(0, n);
     } else {
       const int64_t min_block = std::max<int64_t>(1, 40000 / std::max<int64_t>(cost, 1));
-      const int64_t max_blocks = 4 * pool->threads();
+      const int64_t max_blocks = 4 * threads;
       const int64_t block = std::max(min_block, (n + max_blocks - 1) / max_blocks);
       const int64_t blocks = (n + block - 1) / block;
-      pool->Run(blocks, [&](int64_t i) { fn(i * block, std::min(n, (i + 1) * block)); });
+      pool->Run(static_cast<size_t>(blocks), [&](size_t i) {
+        const int64_t b = static_cast<int64_t>(i) * block;
+        fn(b, std::min(n, b + block));
+      });
     }
     inside += Seconds(t0, Clock::now());
   }
@@ -208,7 +141,7 @@ void Run(const Options& o, std::vector<Figure>* out) {
   const int batches = o.warmup + o.timed;
   for (int dim : o.dims) {
     for (int threads : o.threads) {
-      Pool pool(threads);
+      graphmod::ThreadPool pool(threads - 1);
       Runner runner{&pool};
       const graphmod::Runner run = runner.AsRunner();
       TableConfig c;
