@@ -89,14 +89,14 @@ void Batch::Partition(const int64_t* ids, int64_t n, bool ids_are_handles, bool 
       while (cap < 2 * (begin[s + 1] - begin[s])) cap *= 2;
       map_begin_[s + 1] = map_begin_[s] + cap;
     }
-    map_.Get(static_cast<size_t>(map_begin_[buckets]));
+    map_p_ = map_.Get(static_cast<size_t>(map_begin_[buckets]));
   }
   if (groups.size() < static_cast<size_t>(buckets)) groups.resize(buckets);
 }
 
 void Batch::Dedup(int64_t s) {
   const int64_t b = begin[s], e = begin[s + 1];
-  uint32_t* map = map_.Get(0) + map_begin_[s];
+  uint32_t* map = map_p_ + map_begin_[s];
   const uint64_t mask = static_cast<uint64_t>(map_begin_[s + 1] - map_begin_[s]) - 1;
   std::fill(map, map + mask + 1, kFree);
   // Distinct ids fill the part from the front, repeats from the back (the

@@ -114,8 +114,9 @@ class RowGroups {
 // [begin[s], distinct_end[s]) hold each of the shard's ids once, in order of
 // first appearance, count[p] its occurrences; [distinct_end[s], begin[s+1])
 // hold the repeats, each with first[p], the position of its id's entry, and
-// count[p], which occurrence it is (1: the second), and no hash. index[i] is, for batch
-// position i (the caller's order), the position of its id's entry.
+// count[p], which occurrence it is (1: the second), and no hash. index[i]
+// is, for batch position i (the caller's order), the position of its id's
+// entry.
 //
 // A batch holds fewer than 2^32 ids, and keeps its buffers for the next one
 // (see BatchPool).
@@ -175,6 +176,7 @@ class Batch {
   // to read the ids from the caller's batch: a fifth of the bytes).
   const int64_t* ids_ = nullptr;
   uint32_t* raw_p_ = nullptr;
+  uint32_t* map_p_ = nullptr;  // each shard's dedup map, at map_begin_[s]
 };
 
 // Batches kept between calls, one per call in flight (steps of asynchronous
