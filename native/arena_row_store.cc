@@ -6,7 +6,11 @@ void ArenaRowStore::Grow() {
   const uint64_t n = BlockRows(blocks_.size());
   blocks_.push_back(NewBlock(n * stride_));
   arena_rows_ += n;
-  if (generation_.size() < arena_rows_) generation_.resize(arena_rows_, 0);
+  if (generation_.size() < arena_rows_) {
+    // Grown by an eighth, not doubled: a byte per row, not two, at the top of a growth.
+    if (generation_.capacity() < arena_rows_) generation_.reserve(arena_rows_ + arena_rows_ / 8);
+    generation_.resize(arena_rows_, 0);
+  }
 }
 
 char* ArenaRowStore::NewBlock(size_t bytes) {

@@ -1,6 +1,7 @@
 // Tests of native/eviction.h: victim order under LRU and LFU, the rows a
 // step spares, and the sampled search near a key's place (on each layout).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "native/bits.h"
@@ -9,7 +10,8 @@
 #include "native/row_buckets.h"
 #include "native/test_check.h"
 
-using graphmod::CapacityPolicy;
+using graphmod::EvictionStrategy;
+using graphmod::WhenFull;
 using graphmod::HashKey;
 using graphmod::RecordHeader;
 
@@ -19,22 +21,35 @@ RecordHeader Row(int64_t last_seen, uint32_t count, uint32_t version = 0) {
   return RecordHeader{0, last_seen, count, version};
 }
 
+const EvictionStrategy& kLru = graphmod::LeastRecentlyUsed();
+const EvictionStrategy& kLfu = graphmod::LeastFrequentlyUsed();
+
 void TestParse() {
-  CapacityPolicy p;
-  CHECK(graphmod::ParseCapacityPolicy("lfu", &p) && p == CapacityPolicy::kLfu);
-  CHECK(graphmod::ParseCapacityPolicy("refuse", &p) && p == CapacityPolicy::kRefuse);
-  CHECK(!graphmod::ParseCapacityPolicy("fifo", &p));
+  WhenFull w = WhenFull::Refuse();
+  CHECK(WhenFull::Parse("lfu", &w) && w.evict == &kLfu && std::string(w.name()) == "lfu");
+  CHECK(WhenFull::Parse("lru", &w) && w.evict == &kLru);
+  CHECK(WhenFull::Parse("refuse", &w) && w.evict == nullptr && std::string(w.name()) == "refuse");
+  w = WhenFull::Evict(kLfu);
+  CHECK(!WhenFull::Parse("fifo", &w) && w.evict == &kLfu);  // a failed parse changes nothing
+  // Every strategy is found by its own name.
+  CHECK(graphmod::FindEvictionStrategy("lru") == &kLru);
+  CHECK(graphmod::FindEvictionStrategy("lfu") == &kLfu);
+  CHECK(graphmod::FindEvictionStrategy("refuse") == nullptr);
+  // A refusing table spills least recently used rows first; an evicting one
+  // spills in its eviction order.
+  CHECK(&WhenFull::Refuse().spill_order() == &kLru);
+  CHECK(&WhenFull::Evict(kLfu).spill_order() == &kLfu);
 }
 
 void TestVictimOrder() {
-  const CapacityPolicy lru = CapacityPolicy::kLru, lfu = CapacityPolicy::kLfu;
   // LRU: older first, then fewer sightings.
-  CHECK(graphmod::BetterVictim(lru, Row(1, 100), Row(2, 1)));
-  CHECK(graphmod::BetterVictim(lru, Row(2, 1), Row(2, 5)));
-  CHECK(!graphmod::BetterVictim(lru, Row(2, 5), Row(2, 5)));
+  CHECK(kLru.Before(Row(1, 100), Row(2, 1)));
+  CHECK(kLru.Before(Row(2, 1), Row(2, 5)));
+  CHECK(!kLru.Before(Row(2, 5), Row(2, 5)));
   // LFU: fewer sightings first, then older.
-  CHECK(graphmod::BetterVictim(lfu, Row(9, 1), Row(1, 2)));
-  CHECK(graphmod::BetterVictim(lfu, Row(1, 2), Row(9, 2)));
+  CHECK(kLfu.Before(Row(9, 1), Row(1, 2)));
+  CHECK(kLfu.Before(Row(1, 2), Row(9, 2)));
+  CHECK(!kLfu.Before(Row(1, 2), Row(1, 2)));
 }
 
 void TestSparedAndExpired() {
@@ -78,8 +93,8 @@ void TestPicksTheBestCandidateNearTheKey() {
                  [](int64_t k) { return static_cast<uint32_t>(1 + (k * 53) % 97); });
   for (int64_t probe = 5000; probe < 5200; ++probe) {
     const uint64_t h = HashKey(probe);
-    for (CapacityPolicy policy : {CapacityPolicy::kLru, CapacityPolicy::kLfu}) {
-      const uint32_t victim = graphmod::PickVictimNear(t.rows, h, policy, 2000, 2);
+    for (const EvictionStrategy* order : {&kLru, &kLfu}) {
+      const uint32_t victim = graphmod::PickVictimNear(t.rows, h, *order, 2000, 2);
       CHECK(victim != Rows::kNoRow);
       const RecordHeader& v = *graphmod::Header(t.rows.Record(victim));
       // No candidate is a strictly better victim than the one picked.
@@ -88,7 +103,7 @@ void TestPicksTheBestCandidateNearTheKey() {
       bool among = false;
       for (uint32_t ref : candidates) {
         among |= ref == victim;
-        CHECK(!graphmod::BetterVictim(policy, *graphmod::Header(t.rows.Record(ref)), v));
+        CHECK(!order->Before(*graphmod::Header(t.rows.Record(ref)), v));
       }
       CHECK(among);
     }
@@ -103,7 +118,7 @@ void TestLooksPastSparedRows() {
   int found = 0;
   for (int64_t probe = 9000; probe < 9200; ++probe) {
     const uint32_t victim =
-        graphmod::PickVictimNear(t.rows, HashKey(probe), CapacityPolicy::kLru, 7, 1);
+        graphmod::PickVictimNear(t.rows, HashKey(probe), kLru, 7, 1);
     if (victim == Rows::kNoRow) continue;
     ++found;
     CHECK(graphmod::Header(t.rows.Record(victim))->last_seen == 3);  // never a spared row
@@ -115,13 +130,13 @@ template <class Rows>
 void TestSparesThisStepsRows() {
   // Every row was looked up in this step (clock 7, version 1): no victim.
   Filled<Rows> t(300, [](int64_t) { return 7; }, [](int64_t) { return 1u; });
-  CHECK(graphmod::PickVictimNear(t.rows, HashKey(12345), CapacityPolicy::kLru, 7, 1) ==
+  CHECK(graphmod::PickVictimNear(t.rows, HashKey(12345), kLru, 7, 1) ==
         Rows::kNoRow);
   // At the next step's clock they are all candidates again.
-  CHECK(graphmod::PickVictimNear(t.rows, HashKey(12345), CapacityPolicy::kLru, 8, 2) !=
+  CHECK(graphmod::PickVictimNear(t.rows, HashKey(12345), kLru, 8, 2) !=
         Rows::kNoRow);
   Rows empty{graphmod::RecordLayout::For(2, 0)};
-  CHECK(graphmod::PickVictimNear(empty, 1, CapacityPolicy::kLfu, 8, 2) == Rows::kNoRow);
+  CHECK(graphmod::PickVictimNear(empty, 1, kLfu, 8, 2) == Rows::kNoRow);
 }
 
 }  // namespace

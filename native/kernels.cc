@@ -52,9 +52,10 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("storage_path", &config_.storage_path));
     std::string when_full;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("when_full", &when_full));
-    OP_REQUIRES(ctx, ParseCapacityPolicy(when_full, &config_.when_full),
+    OP_REQUIRES(ctx, WhenFull::Parse(when_full, &config_.when_full),
                 errors::InvalidArgument("graphmod table '", config_.name,
-                                        "': unknown capacity policy '", when_full, "'"));
+                                        "': unknown capacity policy '", when_full,
+                                        "' (refuse, lru or lfu)"));
     config_.seed = static_cast<uint64_t>(seed);
     OP_REQUIRES(ctx, ParseInitializer(init, &config_.init),
                 errors::InvalidArgument("graphmod table '", config_.name,

@@ -40,7 +40,7 @@ REGISTER_OP("GraphmodTable")
     .Attr("missing_is_initializer: bool = true")
     .Attr("default_value: float = 0.0")
     .Attr("max_rows: int = -1")
-    .Attr("when_full: string = 'lru'")  // checked once, by the kernel (ParseCapacityPolicy)
+    .Attr("when_full: string = 'lru'")  // checked once, by the kernel (WhenFull::Parse)
     .Attr("sketch_width: int = 0")
     .Attr("layout: string = 'arena'")  // checked by the kernel (ValidateConfig)
     .Attr("memory_budget: float = 0.0")  // 0: no disk tier; (0, 1]: a fraction of rows; bytes

@@ -61,7 +61,7 @@ struct TableConfig {
   // key does in a full table is `when_full`; restores bring back every row
   // regardless.
   int64_t max_rows = -1;
-  CapacityPolicy when_full = CapacityPolicy::kLru;
+  WhenFull when_full = WhenFull::Evict(LeastRecentlyUsed());
   // How sightings of keys without a row are counted for admission: 0 = exactly,
   // per key; else in a count-min sketch of 4 rows of this many counters
   // (spread over the shards), bounded memory at a stated error (see docs/tables.md).

@@ -81,7 +81,7 @@ struct TableShard {
   std::atomic<int64_t>* const table_rows;
   const std::atomic<int64_t>* const table_version;
   const int64_t max_rows;
-  const CapacityPolicy when_full;
+  const WhenFull when_full;
   const size_t stride;  // record bytes
 
   // The disk tier (null: every row in memory) and the memory budget: a
@@ -136,9 +136,9 @@ struct TableShard {
   uint32_t Insert(int64_t key, uint64_t h, int64_t now, uint32_t step_version, bool* evicted) {
     *evicted = false;
     if (max_rows >= 0 && table_rows->fetch_add(1) >= max_rows) {
-      const uint32_t victim = when_full == CapacityPolicy::kRefuse
+      const uint32_t victim = when_full.evict == nullptr
                                   ? kNoRow
-                                  : PickVictimNear(rows, h, when_full, now, step_version);
+                                  : PickVictimNear(rows, h, *when_full.evict, now, step_version);
       if (victim == kNoRow) {
         table_rows->fetch_sub(1);
         return kNoRow;
@@ -256,7 +256,7 @@ struct TableShard {
 
   // Moves rows to disk while memory holds more than the budget, down to 95%
   // of it (so spills come in batches): the least recently used first (least
-  // often under when_full "lfu"), never a row looked up by the last
+  // often under when_full "lfu": when_full's spill order), never a row looked up by the last
   // kSparedVersions steps nor one staged for a coming step (step_version:
   // the step under way's; larger than every version spares nothing).
   // Returns "" or the write error; then the rows stay in memory.
@@ -282,12 +282,9 @@ struct TableShard {
     });
     const size_t k = std::min(candidates.size(), rows.size() - keep);
     if (k == 0) return "";
-    const CapacityPolicy policy = when_full == CapacityPolicy::kLfu ? CapacityPolicy::kLfu
-                                                                    : CapacityPolicy::kLru;
+    const EvictionStrategy& order = when_full.spill_order();
     std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end(),
-                     [&](const auto& a, const auto& b) {
-                       return BetterVictim(policy, a.first, b.first);
-                     });
+                     [&](const auto& a, const auto& b) { return order.Before(a.first, b.first); });
     std::unique_ptr<char[]> buf(new char[k * stride]);
     for (size_t i = 0; i < k; ++i)
       std::memcpy(buf.get() + i * stride, rows.Record(candidates[i].second), stride);

@@ -11,14 +11,14 @@
 #include "native/table_shard.h"
 #include "native/test_check.h"
 
-using graphmod::CapacityPolicy;
+using graphmod::WhenFull;
 using graphmod::HashKey;
 using graphmod::RecordLayout;
 using graphmod::TableConfig;
 
 namespace {
 
-TableConfig Config(int64_t max_rows, CapacityPolicy when_full) {
+TableConfig Config(int64_t max_rows, WhenFull when_full) {
   TableConfig c;
   c.dim = 2;
   c.num_shards = 1;
@@ -49,7 +49,7 @@ uint32_t Train(Shard* s, int64_t key, int64_t now, uint32_t version) {
 template <class Shard>
 void TestInsertAndFind() {
   std::atomic<int64_t> rows{0}, version{0};
-  const TableConfig c = Config(-1, CapacityPolicy::kLru);
+  const TableConfig c = Config(-1, WhenFull::Evict(graphmod::LeastRecentlyUsed()));
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);
   for (int64_t k = 0; k < 1000; ++k) CHECK(Train(&s, k, 1, 1) != Shard::kNoRow);
   CHECK(s.rows.size() == 1000);
@@ -68,7 +68,7 @@ void TestInsertAndFind() {
 template <class Shard>
 void TestBoundRefuses() {
   std::atomic<int64_t> rows{0}, version{0};
-  const TableConfig c = Config(3, CapacityPolicy::kRefuse);
+  const TableConfig c = Config(3, WhenFull::Refuse());
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);
   for (int64_t k = 0; k < 3; ++k) CHECK(Train(&s, k, 1, 1) != Shard::kNoRow);
   CHECK(rows == 3);
@@ -79,7 +79,7 @@ void TestBoundRefuses() {
 template <class Shard>
 void TestBoundEvictsLeastRecentButSparesThisStep() {
   std::atomic<int64_t> rows{0}, version{0};
-  const TableConfig c = Config(3, CapacityPolicy::kLru);
+  const TableConfig c = Config(3, WhenFull::Evict(graphmod::LeastRecentlyUsed()));
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);
   Train(&s, 10, 1, 1);
   Train(&s, 11, 3, 3);
@@ -99,7 +99,7 @@ void TestBoundEvictsLeastRecentButSparesThisStep() {
 template <class Shard>
 void TestEraseFreesAndNotes() {
   std::atomic<int64_t> rows{0}, version{7};
-  const TableConfig c = Config(10, CapacityPolicy::kLru);
+  const TableConfig c = Config(10, WhenFull::Evict(graphmod::LeastRecentlyUsed()));
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);
   s.changes.Start(0);
   const uint32_t row = Train(&s, 42, 1, 1);
@@ -118,7 +118,7 @@ void TestEraseFreesAndNotes() {
 template <class Shard>
 void TestResetNotesEveryKeyAndReturnsTheCount() {
   std::atomic<int64_t> rows{0}, version{3};
-  const TableConfig c = Config(100, CapacityPolicy::kLru);
+  const TableConfig c = Config(100, WhenFull::Evict(graphmod::LeastRecentlyUsed()));
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);
   for (int64_t k = 0; k < 20; ++k) Train(&s, k, 1, 1);
   s.admission.exact.Set(500, graphmod::PendingCount{1, 1, 1});
@@ -132,7 +132,7 @@ void TestResetNotesEveryKeyAndReturnsTheCount() {
 template <class Shard>
 void TestFindOrAddIgnoresTheBound() {
   std::atomic<int64_t> rows{0}, version{0};
-  const TableConfig c = Config(2, CapacityPolicy::kRefuse);
+  const TableConfig c = Config(2, WhenFull::Refuse());
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);
   bool added;
   for (int64_t k = 0; k < 5; ++k) {
@@ -146,7 +146,7 @@ void TestFindOrAddIgnoresTheBound() {
 template <class Shard>
 void TestSketchSizedPerShard() {
   std::atomic<int64_t> rows{0}, version{0};
-  TableConfig c = Config(-1, CapacityPolicy::kLru);
+  TableConfig c = Config(-1, WhenFull::Evict(graphmod::LeastRecentlyUsed()));
   c.num_shards = 4;
   c.sketch_width = 1000;
   Shard s(RecordLayout::For(c.dim, 0), c, &rows, &version);

@@ -404,7 +404,7 @@ void TestConcurrentUse() {
 void TestMaxRows() {
   TableConfig c = Config(2, 1);
   c.max_rows = 10;
-  c.when_full = graphmod::CapacityPolicy::kRefuse;
+  c.when_full = graphmod::WhenFull::Refuse();
   EmbeddingTable t(c);
   std::vector<int64_t> keys(25), handles(25);
   for (int i = 0; i < 25; ++i) keys[i] = i % 20;  // 20 distinct, some twice
@@ -579,7 +579,9 @@ void TestEvict() {
 // a row seen in the current step, and keeps mostly recent rows; LFU keeps the
 // often-seen rows.
 void TestCapacityPolicies() {
-  for (auto policy : {graphmod::CapacityPolicy::kLru, graphmod::CapacityPolicy::kLfu}) {
+  using graphmod::WhenFull;
+  for (WhenFull policy : {WhenFull::Evict(graphmod::LeastRecentlyUsed()),
+                          WhenFull::Evict(graphmod::LeastFrequentlyUsed())}) {
     TableConfig c = Config(2, 1);
     c.max_rows = 256;
     c.num_shards = 4;
@@ -608,7 +610,7 @@ void TestCapacityPolicies() {
       recent += k >= 197 * 48;  // the last four steps' keys (192 of them)
       hot_kept += k >= 1'000'000;
     }
-    if (policy == graphmod::CapacityPolicy::kLru) {
+    if (policy.evict == &graphmod::LeastRecentlyUsed()) {
       CHECK(recent >= 150);
     } else {
       CHECK(hot_kept == 16);
