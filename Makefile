@@ -150,9 +150,10 @@ bench: build
 /usr/include/rocksdb/db.h:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q librocksdb-dev
 
-build/tier_store: benchmarks/tier_store.cc native/log_tier.cc native/log_tier.h native/memory.cc /usr/include/rocksdb/db.h
+TIER_STORE_SOURCES := native/log_tier.cc native/cold_index.cc native/segment_file.cc native/crc32c.cc native/memory.cc
+build/tier_store: benchmarks/tier_store.cc $(TIER_STORE_SOURCES) $(TIER_STORE_SOURCES:.cc=.h) /usr/include/rocksdb/db.h
 	mkdir -p build
-	$(CXX) -std=c++17 -O2 -pthread -I. benchmarks/tier_store.cc native/log_tier.cc native/memory.cc -lrocksdb -o $@
+	$(CXX) -std=c++17 -O2 -pthread -I. benchmarks/tier_store.cc $(TIER_STORE_SOURCES) -lrocksdb -o $@
 
 bench-store: build/tier_store setup
 	$(PY) benchmarks/tier_store.py --storage build/bench-store --json benchmarks/results/tier_store.json

@@ -1,6 +1,5 @@
 #include "native/log_tier.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -16,283 +15,16 @@
 #include <new>
 
 #include "native/bits.h"
+#include "native/cold_index.h"
 #include "native/row_store.h"
-
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
+#include "native/segment_file.h"
 
 namespace graphmod {
-
-// ---------------------------------------------------------------- crc32c
-
-namespace {
-
-constexpr uint32_t kCastagnoli = 0x82F63B78u;  // reflected polynomial
-
-// Slicing-by-8 tables: t[k][b] is the crc of byte b followed by k zero bytes,
-// so eight bytes are folded in with eight lookups and no carried dependency.
-struct CrcTables {
-  uint32_t t[8][256];
-  CrcTables() {
-    for (uint32_t b = 0; b < 256; ++b) {
-      uint32_t c = b;
-      for (int i = 0; i < 8; ++i) c = (c & 1) ? (c >> 1) ^ kCastagnoli : c >> 1;
-      t[0][b] = c;
-    }
-    for (int k = 1; k < 8; ++k)
-      for (uint32_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFF];
-  }
-};
-
-const CrcTables& Tables() {
-  static const CrcTables tables;
-  return tables;
-}
-
-#if defined(__x86_64__)
-// Compiled for SSE4.2 whatever the build's -m flags, called only when the
-// CPU has it: the crc32 instruction does 8 bytes in ~3 cycles.
-__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const void* data, size_t n) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint64_t c = 0xFFFFFFFFu;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    c = _mm_crc32_u64(c, w);
-  }
-  uint32_t c32 = static_cast<uint32_t>(c);
-  for (; n > 0; ++p, --n) c32 = _mm_crc32_u8(c32, *p);
-  return ~c32;
-}
-
-bool HaveSse42() {
-  static const bool have = __builtin_cpu_supports("sse4.2");
-  return have;
-}
-#endif
-
-}  // namespace
-
-uint32_t Crc32cSoftware(const void* data, size_t n) {
-  const auto& t = Tables().t;
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint32_t c = 0xFFFFFFFFu;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    w ^= c;
-    c = t[7][w & 0xFF] ^ t[6][(w >> 8) & 0xFF] ^ t[5][(w >> 16) & 0xFF] ^ t[4][(w >> 24) & 0xFF] ^
-        t[3][(w >> 32) & 0xFF] ^ t[2][(w >> 40) & 0xFF] ^ t[1][(w >> 48) & 0xFF] ^ t[0][w >> 56];
-  }
-#endif
-  for (; n > 0; ++p, --n) c = t[0][(c ^ *p) & 0xFF] ^ (c >> 8);
-  return ~c;
-}
-
-uint32_t Crc32c(const void* data, size_t n) {
-#if defined(__SSE4_2__)
-  return Crc32cHardware(data, n);
-#else
-#if defined(__x86_64__)
-  if (HaveSse42()) return Crc32cHardware(data, n);
-#endif
-  return Crc32cSoftware(data, n);
-#endif
-}
-
-// ---------------------------------------------------------------- cold index
-
-namespace {
-constexpr size_t kMinIndexCapacity = 16;
-}
-
-size_t ColdIndex::Distance(size_t i) const {
-  const size_t home = Home(slots()[i].key);
-  return i >= home ? i - home : i + capacity_ - home;
-}
-
-ColdIndex::Slot* ColdIndex::Find(int64_t key) {
-  if (size_ == 0) return nullptr;
-  Slot* s = slots();
-  size_t i = Home(key);
-  for (size_t d = 0;; ++d) {
-    if (s[i].segment == kEmpty) return nullptr;
-    if (s[i].key == key) return &s[i];
-    // Robin Hood order: had key been here, it would sit before any slot
-    // nearer its own home than we are to key's.
-    if (Distance(i) < d) return nullptr;
-    if (++i == capacity_) i = 0;
-  }
-}
-
-ColdIndex::Slot* ColdIndex::Place(const Slot& slot) {
-  Slot cur = slot;
-  Slot* s = slots();
-  Slot* placed = nullptr;  // where `slot` itself ends up
-  size_t i = Home(cur.key);
-  for (size_t d = 0;; ++d) {
-    if (s[i].segment == kEmpty) {
-      s[i] = cur;
-      ++size_;
-      return placed != nullptr ? placed : &s[i];
-    }
-    const size_t di = Distance(i);
-    if (di < d) {  // the resident is richer (nearer home): it moves on
-      std::swap(cur, s[i]);
-      if (placed == nullptr) placed = &s[i];
-      d = di;
-    }
-    if (++i == capacity_) i = 0;
-  }
-}
-
-ColdIndex::Slot* ColdIndex::Upsert(int64_t key, bool* added) {
-  if (Slot* s = Find(key)) {
-    *added = false;
-    return s;
-  }
-  Reserve(size_ + 1);
-  *added = true;
-  Slot slot{};
-  slot.key = key;
-  slot.segment = 0;  // anything but kEmpty; the caller sets the location
-  return Place(slot);
-}
-
-void ColdIndex::Reserve(size_t n) {
-  if (n * 8 <= capacity_ * 7) return;
-  Rehash(std::max({kMinIndexCapacity, capacity_ + capacity_ / 2, n * 8 / 7 + 1}));
-}
-
-bool ColdIndex::Erase(int64_t key, Slot* old) {
-  Slot* f = Find(key);
-  if (f == nullptr) return false;
-  if (old != nullptr) *old = *f;
-  Slot* s = slots();
-  // Backward shift: pull the following displaced slots one step nearer home,
-  // so no tombstone is left and probes stay short.
-  size_t i = static_cast<size_t>(f - s);
-  for (;;) {
-    const size_t j = i + 1 == capacity_ ? 0 : i + 1;
-    if (s[j].segment == kEmpty || Distance(j) == 0) break;
-    s[i] = s[j];
-    i = j;
-  }
-  s[i].segment = kEmpty;
-  --size_;
-  if (capacity_ > 4 * kMinIndexCapacity && size_ * 4 < capacity_)
-    Rehash(std::max(kMinIndexCapacity, size_ * 2));
-  return true;
-}
-
-void ColdIndex::Clear() {
-  slots_.reset();
-  capacity_ = 0;
-  size_ = 0;
-}
-
-void ColdIndex::Rehash(size_t capacity) {
-  Memory fresh = AllocateAligned(capacity * sizeof(Slot));  // may throw: nothing changed yet
-  Memory old = std::move(slots_);
-  const size_t old_capacity = capacity_;
-  slots_ = std::move(fresh);
-  capacity_ = capacity;
-  size_ = 0;
-  Slot* s = slots();
-  for (size_t i = 0; i < capacity_; ++i) s[i].segment = kEmpty;
-  const Slot* o = reinterpret_cast<const Slot*>(old.get());
-  for (size_t i = 0; i < old_capacity; ++i)
-    if (o[i].segment != kEmpty) Place(o[i]);
-}
 
 // ---------------------------------------------------------------- helpers
 
 namespace {
 
-// strerror_r has a GNU (returns the text) and an XSI (fills buf) form.
-inline const char* StrerrorResult(int, const char* buf) { return buf; }
-inline const char* StrerrorResult(const char* text, const char*) { return text; }
-
-std::string ErrnoText(int e) {
-  if (e < 0) return "the file ends early";
-  char buf[256] = "unknown error";
-  return StrerrorResult(strerror_r(e, buf, sizeof(buf)), buf);
-}
-
-// 0, or the errno of the failure. Short writes (a signal, a nearly full disk)
-// are continued; a write of 0 bytes is taken as a full disk.
-int PwriteAll(int fd, const char* p, size_t n, uint64_t offset) {
-  while (n > 0) {
-    const ssize_t w = pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return ENOSPC;
-    p += w, n -= static_cast<size_t>(w), offset += static_cast<uint64_t>(w);
-  }
-  return 0;
-}
-
-// 0, the errno of the failure, or -1 when the file ends before n bytes.
-int PreadAll(int fd, char* p, size_t n, uint64_t offset) {
-  while (n > 0) {
-    const ssize_t r = pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (r == 0) return -1;
-    p += r, n -= static_cast<size_t>(r), offset += static_cast<uint64_t>(r);
-  }
-  return 0;
-}
-
-// Pages a sequential pass (export, compaction) read once are dropped from
-// the page cache: nothing reads them again soon, and cached they would crowd
-// out the pages of spills and batched reads. Those stay: rows spilled are
-// read back soon under skewed ids (the least recently used of the hot set),
-// a page holds ~40 records of dim 16, and the kernel reclaims the cache (it
-// is not the process's resident memory) under pressure. Dropping written
-// and read pages too cost 2-3x in examples/s on a 200k-key table 4x its
-// budget (2026-11-27, C++ driver: 1.02-1.08 vs 1.66-1.71 M examples/s at
-// Zipf 1.2; every cold row a disk read). The kernel drops only whole pages
-// inside the range, so it is widened to pages. length 0: to the end of the
-// file. Advice only; failures are harmless.
-void DropCache(int fd, uint64_t begin, uint64_t length) {
-  const uint64_t page = 4096;
-  const uint64_t first = begin & ~(page - 1);
-  const uint64_t span = length == 0 ? 0 : ((begin + length + page - 1) & ~(page - 1)) - first;
-  posix_fadvise(fd, static_cast<off_t>(first), static_cast<off_t>(span), POSIX_FADV_DONTNEED);
-}
-
-bool IsSegmentName(const char* name) {
-  const size_t len = std::strlen(name);
-  if (len < 9 || std::strncmp(name, "seg-", 4) != 0 || std::strcmp(name + len - 4, ".log") != 0)
-    return false;
-  for (size_t i = 4; i < len - 4; ++i)
-    if (name[i] < '0' || name[i] > '9') return false;
-  return true;
-}
-
-// mkdir -p.
-std::string MakeDirs(const std::string& dir) {
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos != dir.size() && dir[pos] != '/') continue;
-    const std::string prefix = dir.substr(0, pos);
-    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
-      return "cannot create directory '" + prefix + "': " + ErrnoText(errno);
-  }
-  return "";
-}
-
-uint32_t LoadU32(const char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 int64_t LoadKey(const char* record) {
   int64_t k;
   std::memcpy(&k, record + offsetof(RecordHeader, key), 8);
@@ -329,9 +61,10 @@ struct LogTier::Segment {
 LogTier::LogTier(const TierOptions& options)
     : options_(options),
       record_bytes_(options.record_bytes),
-      stride_(options.record_bytes + 8),
+      stride_(DiskStride(options.record_bytes)),
       segment_records_(static_cast<uint32_t>(
-          std::min<size_t>((options.segment_bytes - kHeaderBytes) / (options.record_bytes + 8),
+          std::min<size_t>((options.segment_bytes - kSegmentHeaderBytes) /
+                               DiskStride(options.record_bytes),
                            ColdIndex::kEmpty - 1))) {}
 
 std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* error) {
@@ -344,7 +77,7 @@ std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* 
       options.record_bytes > (size_t{1} << 30))
     return fail("record_bytes " + std::to_string(options.record_bytes) +
                 " is not a multiple of 8 in [24, 2^30]");
-  if (options.segment_bytes < kHeaderBytes + options.record_bytes + 8)
+  if (options.segment_bytes < kSegmentHeaderBytes + DiskStride(options.record_bytes))
     return fail("segment_bytes " + std::to_string(options.segment_bytes) +
                 " holds no record of " + std::to_string(options.record_bytes) + " bytes");
   if (!(options.compact_garbage > 0 && options.compact_garbage <= 1))
@@ -352,7 +85,7 @@ std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* 
   TierOptions chosen = options;
   if (const char* bytes = std::getenv("GRAPHMOD_TIER_TEST_SEGMENT_BYTES"))
     chosen.segment_bytes = std::max<size_t>(std::strtoull(bytes, nullptr, 10),
-                                            kHeaderBytes + options.record_bytes + 8);
+                                            kSegmentHeaderBytes + DiskStride(options.record_bytes));
   std::unique_ptr<LogTier> tier(new LogTier(chosen));
   const std::string why = tier->Init();
   if (!why.empty()) return fail(why);
@@ -392,17 +125,9 @@ std::string LogTier::Init() {
   // Wipe the segments a previous run left (scratch; the checkpoint holds the
   // rows). Other files are left alone: the directory is ours, its other
   // contents might not be.
-  const int list_fd = dup(fd);
-  DIR* d = list_fd < 0 ? nullptr : fdopendir(list_fd);
-  if (d == nullptr) {
-    const int err = errno;
-    if (list_fd >= 0) close(list_fd);
-    return "cannot list the directory: " + ErrnoText(err);
-  }
   std::vector<std::string> old;
-  while (const dirent* entry = readdir(d))
-    if (IsSegmentName(entry->d_name)) old.emplace_back(entry->d_name);
-  closedir(d);
+  if (const int err = ListSegmentFiles(fd, &old))
+    return "cannot list the directory: " + ErrnoText(err);
   for (const std::string& name : old)
     if (unlinkat(fd, name.c_str(), 0) != 0 && errno != ENOENT)
       return "cannot remove the old segment '" + name + "': " + ErrnoText(errno);
@@ -439,16 +164,8 @@ bool LogTier::RemoveIfUnused(const std::string& dir) {
     close(fd);
     return false;
   }
-  const int list_fd = dup(fd);
-  DIR* d = list_fd < 0 ? nullptr : fdopendir(list_fd);
   std::vector<std::string> old;
-  if (d != nullptr) {
-    while (const dirent* entry = readdir(d))
-      if (IsSegmentName(entry->d_name)) old.emplace_back(entry->d_name);
-    closedir(d);
-  } else if (list_fd >= 0) {
-    close(list_fd);
-  }
+  ListSegmentFiles(fd, &old);  // unlistable: nothing to remove; rmdir still tries
   for (const std::string& name : old) unlinkat(fd, name.c_str(), 0);
   const bool gone = rmdir(dir.c_str()) == 0;
   close(fd);
@@ -475,7 +192,7 @@ LogTier::~LogTier() {
 }
 
 std::string LogTier::SegmentPath(uint32_t number) const {
-  return options_.dir + "/seg-" + std::to_string(number) + ".log";
+  return options_.dir + "/" + SegmentFileName(number);
 }
 
 std::string LogTier::NewSegmentLocked() {
@@ -483,21 +200,12 @@ std::string LogTier::NewSegmentLocked() {
   auto s = std::make_unique<Segment>();
   s->number = next_segment_++;
   s->path = SegmentPath(s->number);
-  s->fd = open(s->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (s->fd < 0) return "cannot create '" + s->path + "': " + ErrnoText(errno);
-  char header[kHeaderBytes] = {};
-  std::memcpy(header, "GMSEG1\0\0", 8);
-  const uint32_t fields[4] = {1, static_cast<uint32_t>(record_bytes_),
-                              static_cast<uint32_t>(stride_), s->number};
-  std::memcpy(header + 8, fields, sizeof(fields));
-  const uint32_t crc = Crc32c(header, 24);
-  std::memcpy(header + 24, &crc, 4);
-  const int err = PwriteAll(s->fd, header, kHeaderBytes, 0);
-  if (err != 0) {
-    close(s->fd);
-    unlink(s->path.c_str());
-    return "cannot write '" + s->path + "': " + ErrnoText(err);
-  }
+  SegmentHeader header;
+  header.record_bytes = static_cast<uint32_t>(record_bytes_);
+  header.stride = static_cast<uint32_t>(stride_);
+  header.number = s->number;
+  const std::string e = CreateSegmentFile(s->path, header, &s->fd);
+  if (!e.empty()) return e;
   // Reads are point reads at random: readahead would only fill the page
   // cache with neighbours nobody asked for.
   posix_fadvise(s->fd, 0, 0, POSIX_FADV_RANDOM);
@@ -587,13 +295,8 @@ std::string LogTier::Put(const char* records, size_t n) {
   if (n == 0) return "";
   // Pack outside the locks: record | crc32c | zero pad.
   std::vector<char> disk(n * stride_);
-  for (size_t i = 0; i < n; ++i) {
-    const char* rec = records + i * record_bytes_;
-    char* dst = disk.data() + i * stride_;
-    std::memcpy(dst, rec, record_bytes_);
-    const uint32_t crc = Crc32c(rec, record_bytes_);
-    std::memcpy(dst + record_bytes_, &crc, 4);
-  }
+  for (size_t i = 0; i < n; ++i)
+    FrameRecord(records + i * record_bytes_, record_bytes_, disk.data() + i * stride_);
   std::lock_guard<std::mutex> write_lock(write_mu_);
   std::vector<Piece> pieces;
   const std::string e = AppendLocked(disk.data(), n, &pieces);
@@ -773,7 +476,7 @@ std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t 
       const char* rec = scratch->data() + size_t{r[i].index - first} * stride_;
       const int64_t key = keys[r[i].position];
       const uint64_t at = Offset(r[i].index);
-      if (Crc32c(rec, record_bytes_) != LoadU32(rec + record_bytes_)) {
+      if (!RecordIntact(rec, record_bytes_)) {
         if (error.empty())
           error = "crc32c mismatch in the record of key " + std::to_string(key) + " in '" +
                   s->path + "' at offset " + std::to_string(at);
@@ -842,7 +545,7 @@ std::string LogTier::ForEachChunk(size_t max_rows,
         if (!live[j]) continue;
         ++seen;
         const char* rec = scan.data() + size_t{j} * stride_;
-        if (Crc32c(rec, record_bytes_) != LoadU32(rec + record_bytes_))
+        if (!RecordIntact(rec, record_bytes_))
           return where + "crc32c mismatch in the record of key " + std::to_string(LoadKey(rec)) +
                  " in '" + s->path + "' at offset " + std::to_string(Offset(b + j));
         std::memcpy(chunk.data() + in_chunk * record_bytes_, rec, record_bytes_);

@@ -1,8 +1,9 @@
-// Tests of native/log_tier.h: crc32c, the cold index, round trips, absent
-// keys, corruption, segment rolling, compaction (explicit, background, with a
-// pinned reader), streaming export, Open's wiping/locking/failures, a full
-// disk, the test pause hook, a property test against std::unordered_map, and
-// concurrent readers/writers/compaction.
+// Tests of native/log_tier.h (its parts have their own: crc32c_test,
+// cold_index_test, segment_file_test): round trips, absent keys, corruption,
+// segment rolling, compaction (explicit, background, with a pinned reader),
+// streaming export, Open's wiping/locking/failures, a full disk, the test
+// pause hook, a property test against std::unordered_map, and concurrent
+// readers/writers/compaction.
 //   log_tier_test                every test
 //   log_tier_test --concurrency  only the multi-threaded ones (the TSan build)
 //   log_tier_test --bench        put MB/s, batched random reads/s, CPU seconds
@@ -30,11 +31,11 @@
 #include <vector>
 
 #include "native/bits.h"
+#include "native/crc32c.h"
 #include "native/log_tier.h"
 #include "native/row_store.h"
 #include "native/test_check.h"
 
-using graphmod::ColdIndex;
 using graphmod::LogTier;
 using graphmod::RecordHeader;
 using graphmod::TierCounters;
@@ -168,78 +169,6 @@ uint32_t ReadU32(const std::string& path, off_t offset) {
 }
 
 // ------------------------------------------------------------------ tests
-
-void TestCrc32c() {
-  // Check values of CRC-32C (iSCSI, RFC 3720 B.4).
-  const char* digits = "123456789";
-  CHECK(graphmod::Crc32c(digits, 9) == 0xE3069283u);
-  CHECK(graphmod::Crc32cSoftware(digits, 9) == 0xE3069283u);
-  unsigned char zeros[32] = {}, ones[32], ascending[32];
-  std::memset(ones, 0xFF, 32);
-  for (int i = 0; i < 32; ++i) ascending[i] = static_cast<unsigned char>(i);
-  for (auto crc : {graphmod::Crc32c, graphmod::Crc32cSoftware}) {
-    CHECK(crc(zeros, 32) == 0x8A9136AAu);
-    CHECK(crc(ones, 32) == 0x62A8AB43u);
-    CHECK(crc(ascending, 32) == 0x46DD794Eu);
-    CHECK(crc(zeros, 0) == 0);
-  }
-  // Both paths agree at every length and alignment.
-  std::mt19937_64 rng(1);
-  std::vector<unsigned char> buf(400);
-  for (auto& b : buf) b = static_cast<unsigned char>(rng());
-  for (size_t offset = 0; offset < 8; ++offset)
-    for (size_t len = 0; len + offset <= buf.size(); len += 7)
-      CHECK(graphmod::Crc32c(buf.data() + offset, len) ==
-            graphmod::Crc32cSoftware(buf.data() + offset, len));
-}
-
-void TestColdIndex() {
-  ColdIndex index;
-  std::unordered_map<int64_t, uint32_t> model;
-  std::mt19937_64 rng(2);
-  CHECK(index.Find(5) == nullptr && !index.Erase(5, nullptr));
-  const int64_t extremes[] = {INT64_MIN, INT64_MAX, 0, -1};
-  auto key_of = [&](uint64_t r) {
-    return r % 50 == 0 ? extremes[r / 50 % 4] : static_cast<int64_t>(r % 20000) - 10000;
-  };
-  for (int op = 0; op < 200000; ++op) {
-    const int64_t key = key_of(rng());
-    const uint64_t what = rng() % 10;
-    if (what < 5) {
-      bool added;
-      ColdIndex::Slot* s = index.Upsert(key, &added);
-      CHECK(added == (model.count(key) == 0));
-      CHECK(s->key == key);
-      s->segment = static_cast<uint32_t>(op % 1000);
-      s->index = static_cast<uint32_t>(op);
-      model[key] = static_cast<uint32_t>(op);
-    } else if (what < 8 || op > 150000) {  // the last quarter mostly erases: shrinks
-      ColdIndex::Slot old;
-      const bool erased = index.Erase(key, &old);
-      CHECK(erased == (model.count(key) == 1));
-      if (erased) CHECK(old.key == key && old.index == model[key]);
-      model.erase(key);
-    } else {
-      const ColdIndex::Slot* s = index.Find(key);
-      CHECK((s != nullptr) == (model.count(key) == 1));
-      if (s != nullptr) CHECK(s->index == model[key]);
-    }
-    CHECK(index.size() == model.size());
-    CHECK(index.size() * 8 <= index.capacity() * 7);
-  }
-  size_t visited = 0;
-  index.ForEach([&](const ColdIndex::Slot& s) {
-    ++visited;
-    CHECK(model.count(s.key) == 1 && model[s.key] == s.index);
-  });
-  CHECK(visited == model.size());
-  CHECK(index.bytes() == index.capacity() * 32);
-  std::printf("cold index: 32 B/slot, %zu slots for %zu keys\n", index.capacity(), model.size());
-  // Erasing (nearly) everything shrinks it.
-  const size_t big = index.capacity();
-  for (auto& kv : model) index.Erase(kv.first, nullptr);
-  CHECK(index.size() == 0 && index.capacity() < big && index.capacity() <= 64);
-}
 
 void TestRoundTrip() {
   const std::string dir = Dir("round_trip");
@@ -1067,8 +996,6 @@ struct Test {
   bool threaded;  // also run by --concurrency (the ThreadSanitizer build)
 };
 const Test kTests[] = {
-    {"Crc32c", TestCrc32c, false},
-    {"ColdIndex", TestColdIndex, false},
     {"RoundTrip", TestRoundTrip, false},
     {"AbsentKeys", TestAbsentKeys, false},
     {"CorruptionDetected", TestCorruptionDetected, false},
