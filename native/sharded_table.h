@@ -170,7 +170,7 @@ class ShardedTable final : public TableImpl {
 
   int64_t size() const override {
     int64_t n = 0;
-    for (const auto& s : shards_) n += static_cast<int64_t>(s->rows.size() + s->ColdRows());
+    for (const auto& s : shards_) n += static_cast<int64_t>(s->size());
     return n;
   }
   int64_t memory_bytes() const override {
@@ -206,7 +206,7 @@ class ShardedTable final : public TableImpl {
                      const PendingAlloc* pending) const override;
   std::string OpenTiers(const std::string& dir) override {
     for (size_t s = 0; s < shards_.size(); ++s) {
-      const std::string error = shards_[s]->OpenTier(dir + "/shard-" + std::to_string(s));
+      const std::string error = shards_[s]->disk.Open(dir + "/shard-" + std::to_string(s));
       if (!error.empty()) return error;
     }
     return "";
@@ -267,17 +267,13 @@ class ShardedTable final : public TableImpl {
   uint32_t Admit(Shard& shard, int64_t key, uint64_t h, uint32_t occurrences,
                  int64_t now, int64_t version, int64_t access_threshold, Tally* tally,
                  uint32_t* refused, uint64_t* sightings);
-  // Evict's work on one shard: the rows, cold rows and pending keys it
-  // removes (its lock taken here).
-  int64_t EvictShard(Shard& shard, int64_t before);
   // CheckApply's checks; with handles (batch not null), the batch is
   // grouped by their shards on the way, as Apply then needs it.
   std::string CheckApplyTo(const Optimizer& opt, Batch* batch, const int64_t* handles, int64_t n,
                            const Runner& run) const;
-  // The rows Export writes of a shard whose lock the caller holds: in
-  // memory (refs), and the keys of those on disk.
+  // The rows Export writes of a shard whose lock the caller holds that are
+  // in memory (refs; those on disk: disk.KeysSince).
   std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
-  std::vector<int64_t> PickCold(const Shard& s, int64_t min_version) const;
   // Brings up the cold rows of a batch's keys in every shard, before a
   // lookup or an apply by key changes anything (a read error then changes no
   // row). (*spills)[s] is shard s's spill count after: the pass that follows
@@ -290,10 +286,11 @@ class ShardedTable final : public TableImpl {
   std::string PromoteAgain(Shard& shard, int64_t s, const Batch& batch, int64_t version,
                            const std::vector<int64_t>& spills,
                            std::vector<int64_t>* unreadable) {
-    if (!shard.tier || shard.spilled == spills[s]) return "";
+    // (No first pass ran, spills empty: a table without a disk.)
+    if (spills.empty() || shard.disk.spilled() == spills[s]) return "";
     const int64_t b = batch.begin[s];
-    return ShardError(s, shard.Promote(batch.id + b, batch.hash + b, batch.distinct(s), version,
-                                       unreadable, &shard.promoted));
+    return ShardError(s, shard.disk.Promote(shard, batch.id + b, batch.hash + b,
+                                            batch.distinct(s), version, unreadable));
   }
   // Find's read of the rows of batch positions `misses` that are on disk.
   std::string ReadCold(const Shard& shard, const Batch& batch, const std::vector<int64_t>& misses,
@@ -355,19 +352,7 @@ TableCounters ShardedTable<Rows>::counters() const {
   for (const auto& s : shards_) {
     std::lock_guard<std::mutex> lock(s->mu);
     c.pending += static_cast<int64_t>(s->admission.exact.size());
-    c.promoted += s->promoted;
-    c.prefetched += s->prefetched;
-    c.spilled += s->spilled;
-    if (!s->tier) continue;
-    const TierCounters t = s->tier->counters();
-    c.cold_rows += t.rows;
-    c.disk_file_bytes += t.file_bytes;
-    c.disk_live_bytes += t.live_bytes;
-    c.disk_reads += t.reads;
-    c.disk_read_bytes += t.read_bytes;
-    c.read_passes += t.read_passes;
-    c.compactions += t.compactions;
-    c.compaction_seconds += t.compaction_seconds;
+    s->disk.AddCounters(&c);
   }
   c.lookups = lookups_.load();
   c.ids_looked_up = ids_looked_up_.load();
@@ -450,7 +435,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
       unreadable.clear();
       // (A read failing here, after a concurrent spill, fails the call with
       // the other keys' rows looked up: unlike the first pass, rarely.)
-      if (shard.tier) error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
+      error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         const int64_t key = batch.id[p];
         const uint32_t occurrences = batch.count[p];
@@ -524,7 +509,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
         }
       }
       // Over its memory budget, the shard moves rows this step did not use to disk.
-      if (shard.tier) error.Note(ShardError(s, shard.Spill(version)));
+      error.Note(ShardError(s, shard.disk.Spill(shard, version)));
     }
     admitted_ += tally.admitted;
     rejected_ += tally.rejected;
@@ -570,10 +555,8 @@ std::string ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* valu
         float* out = mode.Out(p);
         if (row != kNoRow) {
           CopyRow(out, Values(shard.rows.Record(row)), d);
-        } else if (shard.tier) {
-          misses.push_back(p);
         } else {
-          MissingRow(config_, batch.id[p], out);
+          misses.push_back(p);  // on disk, or missing
         }
       });
       if (!misses.empty()) error.Note(ShardError(s, ReadCold(shard, batch, misses, mode)));
@@ -592,17 +575,19 @@ std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
                                          const OutputMode& mode) const {
   // A read-only lookup reads cold rows where they are (nothing moves).
   const int d = config_.dim;
+  if (shard.disk.rows() == 0) {  // (every table without a disk)
+    for (int64_t p : misses) MissingRow(config_, batch.id[p], mode.Out(p));
+    return "";
+  }
   const size_t stride = layout_.stride;
   std::vector<int64_t> keys(misses.size());
   for (size_t i = 0; i < misses.size(); ++i) keys[i] = batch.id[misses[i]];
   std::unique_ptr<char[]> buf(new char[keys.size() * stride]);
-  std::unique_ptr<bool[]> found(new bool[keys.size()]());
-  for (size_t i = 0; i < keys.size(); ++i) Header(buf.get() + i * stride)->key = ~keys[i];
-  const std::string error = shard.tier->Read(keys.data(), keys.size(), buf.get(), found.get());
+  const std::string error = shard.disk.Read(keys.data(), keys.size(), buf.get());
   for (size_t i = 0; i < keys.size(); ++i) {
     float* out = mode.Out(misses[i]);
     const char* rec = buf.get() + i * stride;
-    if (found[i] && Header(rec)->key == keys[i]) {
+    if (Header(rec)->key == keys[i]) {
       CopyRow(out, Values(rec), d);
     } else {
       MissingRow(config_, keys[i], out);  // absent (or unreadable: the call fails)
@@ -702,7 +687,7 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
         }
       } else {  // keys, resolved with the lookups' prefetching pipeline
         std::vector<int64_t> unreadable;  // stay on disk: their gradients are not applied
-        if (shard.tier) error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
+        error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
         ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
           if (row != kNoRow) groups.Add(row, grads + batch.order[p] * d);
         });
@@ -734,17 +719,7 @@ int64_t ShardedTable<Rows>::Remove(const int64_t* keys, int64_t n) {
     const uint64_t h = HashKey(keys[i]);
     Shard& shard = ShardOf(h);
     std::lock_guard<std::mutex> lock(shard.mu);
-    const uint32_t row = shard.Find(keys[i], h);
-    if (row != kNoRow) {
-      shard.Erase(row);
-      ++removed;
-    } else if (shard.tier && shard.tier->Erase(&keys[i], 1) == 1) {
-      shard.NoteRemoved(keys[i]);
-      if (shard.max_rows >= 0) rows_.fetch_sub(1);
-      ++removed;
-    } else if (shard.admission.exact.Erase(keys[i])) {
-      shard.NoteRemoved(keys[i]);  // its admission count starts over too
-    }
+    removed += shard.Remove(keys[i], h);
   }
   return removed;
 }
@@ -755,34 +730,14 @@ int64_t ShardedTable<Rows>::Evict(int64_t before, const Runner& run) {
   std::atomic<int64_t> removed{0};
   run(config_.num_shards, static_cast<int64_t>(size() / config_.num_shards + 1) * 20,
       [&](int64_t s0, int64_t s1) {
-        for (int64_t s = s0; s < s1; ++s) removed += EvictShard(*shards_[s], before);
+        for (int64_t s = s0; s < s1; ++s) {
+          Shard& shard = *shards_[s];
+          std::lock_guard<std::mutex> lock(shard.mu);
+          removed += shard.Evict(before);
+        }
       });
   evicted_ += removed.load();
   return removed.load();
-}
-
-template <class Rows>
-int64_t ShardedTable<Rows>::EvictShard(Shard& shard, int64_t before) {
-  std::lock_guard<std::mutex> lock(shard.mu);
-  std::vector<uint32_t> expired;
-  shard.rows.ForEachLive([&](uint32_t row, const char* rec) {
-    if (Expired(*Header(rec), before)) expired.push_back(row);
-  });
-  for (uint32_t row : expired) shard.Erase(row);  // frees only: the other refs stay
-  int64_t removed = static_cast<int64_t>(expired.size());
-  if (shard.tier) {  // cold rows' scores are in memory: no disk read
-    std::vector<int64_t> cold;
-    shard.tier->ForEachEntry([&](const TierEntry& e) {
-      if (e.last_seen < before) cold.push_back(e.key);
-    });
-    shard.tier->Erase(cold.data(), cold.size());
-    for (int64_t key : cold) shard.NoteRemoved(key);
-    if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(cold.size()));
-    removed += static_cast<int64_t>(cold.size());
-  }
-  shard.admission.exact.DropSeenBefore(before, [&](int64_t key) { shard.NoteRemoved(key); });
-  shard.admission.sketch.Halve();
-  return removed;
 }
 
 template <class Rows>
@@ -818,7 +773,8 @@ std::string ShardedTable<Rows>::Prefetch(const int64_t* keys, int64_t n, const R
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       const int64_t b = batch.begin[s];
-      error.Note(ShardError(s, shard.Prefetch(batch.id + b, batch.hash + b, batch.distinct(s))));
+      error.Note(ShardError(s, shard.disk.Prefetch(shard, batch.id + b, batch.hash + b,
+                                                   batch.distinct(s), version_.load())));
     }
   });
   return error.Take();
@@ -837,24 +793,12 @@ std::string ShardedTable<Rows>::PromoteBatch(Batch* batch, bool dedup, int64_t v
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       const int64_t b = batch->begin[s];
-      error.Note(ShardError(s, shard.Promote(batch->id + b, batch->hash + b, batch->distinct(s),
-                                             version, &unreadable, &shard.promoted)));
-      (*spills)[s] = shard.spilled;
+      error.Note(ShardError(s, shard.disk.Promote(shard, batch->id + b, batch->hash + b,
+                                                  batch->distinct(s), version, &unreadable)));
+      (*spills)[s] = shard.disk.spilled();
     }
   });
   return error.Take();
-}
-
-template <class Rows>
-std::vector<int64_t> ShardedTable<Rows>::PickCold(const Shard& s, int64_t min_version) const {
-  // Cold rows keep their version in the tier's index: a delta finds those
-  // changed since its base without reading the disk.
-  std::vector<int64_t> keys;
-  if (!s.tier) return keys;
-  s.tier->ForEachEntry([&](const TierEntry& e) {
-    if (e.version >= min_version) keys.push_back(e.key);
-  });
-  return keys;
 }
 
 template <class Rows>
@@ -865,10 +809,9 @@ int64_t ShardedTable<Rows>::CountRows(int64_t min_version, int shard) const {
     const Shard& s = *shards_[si];
     std::lock_guard<std::mutex> lock(s.mu);
     // Every live row has a version >= 0: no need to visit them.
-    n += min_version <= 0
-             ? static_cast<int64_t>(s.rows.size() + s.ColdRows())
-             : static_cast<int64_t>(PickRows(s, min_version).size() +
-                                    PickCold(s, min_version).size());
+    n += min_version <= 0 ? static_cast<int64_t>(s.size())
+                          : static_cast<int64_t>(PickRows(s, min_version).size() +
+                                                 s.disk.KeysSince(min_version).size());
   }
   return n;
 }
@@ -898,7 +841,7 @@ std::string ShardedTable<Rows>::ExportRows(
   int64_t total = 0;
   for (size_t si = s0; si < s1; ++si) {
     picked.push_back(PickRows(*shards_[si], min_version));
-    cold.push_back(PickCold(*shards_[si], min_version));
+    cold.push_back(shards_[si]->disk.KeysSince(min_version));
     total += static_cast<int64_t>(picked.back().size() + cold.back().size());
   }
   // Rows go out in chunks of chunk_rows: the caller's buffers hold a chunk,
@@ -929,35 +872,20 @@ std::string ShardedTable<Rows>::ExportRows(
     if (error.empty()) begin_chunk();
     return error;
   };
-  // Cold rows are read in batches: memory holds one batch, not the tier.
-  constexpr size_t kBatch = 4096;
-  const size_t stride = layout_.stride;
-  std::unique_ptr<char[]> buf;
-  std::unique_ptr<bool[]> found;
   for (size_t si = s0; si < s1; ++si) {
     const Shard& s = *shards_[si];
     for (uint32_t row : picked[si - s0]) {
       const std::string error = write(s.rows.Record(row));
       if (!error.empty()) return error;
     }
-    const std::vector<int64_t>& keys = cold[si - s0];
-    if (!keys.empty() && !buf) {
-      buf.reset(new char[kBatch * stride]);
-      found.reset(new bool[kBatch]);
-    }
-    for (size_t b = 0; b < keys.size(); b += kBatch) {
-      const size_t m = std::min(kBatch, keys.size() - b);
-      std::fill(found.get(), found.get() + m, false);
-      const std::string error = s.tier->Read(keys.data() + b, m, buf.get(), found.get());
-      if (!error.empty()) return ShardError(static_cast<int64_t>(si), error);
-      for (size_t k = 0; k < m; ++k) {
-        if (!found[k])  // the shard's lock is held: cannot happen
-          return ShardError(static_cast<int64_t>(si),
-                            "key " + std::to_string(keys[b + k]) + " left the disk tier");
-        const std::string emitted = write(buf.get() + k * stride);
-        if (!emitted.empty()) return emitted;
-      }
-    }
+    // Cold rows are read in batches: memory holds one batch, not the disk.
+    std::string emitted;
+    const std::string error = s.disk.ReadEach(cold[si - s0], [&](const char* rec) {
+      emitted = write(rec);
+      return emitted;
+    });
+    if (!emitted.empty()) return emitted;
+    if (!error.empty()) return ShardError(static_cast<int64_t>(si), error);
     (*locks)[si - s0].unlock();  // its rows are in the chunks (copies, not pointers)
   }
   return emit(n);  // the last chunk (empty when there are no rows)
@@ -985,21 +913,18 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
-      // A tiered shard imports in pieces of a quarter of its budget and
+      // A shard with a disk imports in pieces of a quarter of its budget and
       // spills after each, so memory holds its budget, not its share of the
       // checkpoint. Any row may go (an import runs between steps; a handle
       // of this step whose row goes turns stale, as after a Remove).
       // (A budget that is a fraction grows with the rows: the piece with it.)
       const int64_t b = batch.begin[s], e = batch.begin[s + 1];
       for (int64_t c = b, c_end; c < e; c = c_end) {
-        c_end = shard.tier ? std::min<int64_t>(
-                                 e, c + std::max<int64_t>(1024, shard.BudgetRows() / 4))
-                           : e;
+        c_end = c + shard.disk.ImportPiece(e - c, shard.rows.size());
         shard.Reserve(static_cast<size_t>(c_end - c), version_.load() + 1);
-        if (shard.tier) {  // an imported row replaces its cold copy (counted again below)
-          const size_t gone = shard.tier->Erase(batch.id + c, c_end - c);
-          if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(gone));
-        }
+        // An imported row replaces its cold copy (counted again below).
+        const size_t gone = shard.disk.Erase(batch.id + c, c_end - c);
+        if (shard.max_rows >= 0) rows_.fetch_sub(static_cast<int64_t>(gone));
         for (int64_t p = c; p < c_end; ++p) {
           const int64_t i = batch.order[p];
           bool added;
@@ -1023,7 +948,7 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
           top_version = std::max<int64_t>(top_version, h->version);
           top_seen = std::max(top_seen, h->last_seen);
         }
-        if (shard.tier) error.Note(ShardError(s, shard.Spill(std::numeric_limits<int64_t>::max())));
+        error.Note(ShardError(s, shard.disk.Spill(shard, std::numeric_limits<int64_t>::max())));
       }
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -1104,9 +1029,7 @@ std::string ShardedTable<Rows>::ImportPending(const int64_t* keys, const int64_t
     const uint64_t h = HashKey(keys[i]);
     Shard& shard = ShardOf(h);
     std::lock_guard<std::mutex> lock(shard.mu);
-    TierEntry cold;
-    if (shard.Find(keys[i], h) != kNoRow || (shard.tier && shard.tier->Find(keys[i], &cold)))
-      continue;
+    if (shard.Find(keys[i], h) != kNoRow || shard.disk.Holds(keys[i])) continue;
     // Counted now, as far as incremental checkpoints go (see PendingCount::version).
     shard.admission.exact.Set(
         keys[i], PendingCount{AddCount(0, counts[i]), last_seen[i], version_.load() + 1});
