@@ -217,9 +217,9 @@ class ShardTier {
 
   // Brings up the cold rows of n keys the next step will look up (its
   // lookup then finds them in memory) and stages them for that step: moves
-  // only, no row changes. `version` is the table's. "" or the first read
-  // error (an unreadable row stays on disk; the step's lookup fails on it as
-  // it would have).
+  // only, no row changes. table_version: the table's version now. "" or
+  // the first read error (an unreadable row stays on disk; the step's
+  // lookup fails on it as it would have).
   std::string Prefetch(Shard& shard, const int64_t* keys, const uint64_t* h, size_t n,
                        int64_t table_version) {
     if (!store_) return "";
