@@ -332,7 +332,8 @@ class ExportPendingOp : public TableKernel {
       PendingBuffers out;
       Tensor* tensors[4];
       for (int i = 0; i < 4 && status.ok(); ++i)
-        status = ctx->allocate_output(i, TensorShape({i < 3 ? n : sketch}), &tensors[i]);
+        status = ctx->allocate_output(i, i < 3 ? TensorShape({n}) : SketchShape(*t, sketch),
+                                      &tensors[i]);
       if (!status.ok()) return out;
       out.keys = tensors[0]->flat<int64_t>().data();
       out.counts = tensors[1]->flat<int64_t>().data();
@@ -356,9 +357,7 @@ class ImportPendingOp : public TableKernel {
                                      std::to_string(keys.NumElements()) + ", got shape " +
                                      ctx->input(i).shape().DebugString()));
     const Tensor& sketch = ctx->input(4);
-    OP_REQUIRES(ctx, sketch.dims() == 1,
-                TableError(*t, "the admission sketch must be a vector, got shape " +
-                                   sketch.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckSketchShards(*t, sketch, "the admission sketch"));
     const std::string error = t->ImportPending(
         keys.flat<int64_t>().data(), ctx->input(2).flat<int64_t>().data(),
         ctx->input(3).flat<int64_t>().data(), keys.NumElements(), sketch.flat<int32_t>().data(),

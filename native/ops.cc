@@ -260,12 +260,13 @@ REGISTER_OP("GraphmodTableExportPending")
     .Output("sketch: int32")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(3, c->Matrix(InferenceContext::kUnknownDim, InferenceContext::kUnknownDim));
       return ::tensorflow::OkStatus();
     })
     .Doc("Keys counted towards admission that have no row yet, counted at version >= "
-         "min_version, with their counts; the admission sketch's counters (empty when "
-         "counting exactly).");
+         "min_version, with their counts; the admission sketch's counters, a row per "
+         "shard (no columns when counting exactly).");
 
 REGISTER_OP("GraphmodTableImportPending")
     .Input("table: resource")

@@ -184,8 +184,8 @@ class RestoreOp : public TableKernel {
     for (int i = 0; i < 4; ++i)
       OP_REQUIRES_OK(ctx, Named(*t, prefix, reader.Whole(entry(pending_fields[i]), &pending[i])));
     const int64_t p = pending[0].NumElements();
-    for (int i = 0; i < 4; ++i)
-      OP_REQUIRES(ctx, pending[i].dims() == 1 && (i == 3 || pending[i].NumElements() == p),
+    for (int i = 0; i < 3; ++i)
+      OP_REQUIRES(ctx, pending[i].dims() == 1 && pending[i].NumElements() == p,
                   TableError(*t, entry(pending_fields[i]) + " has shape " +
                                      pending[i].shape().DebugString() + ", not [" +
                                      std::to_string(p) + "], in '" + prefix + "'"));
@@ -197,6 +197,10 @@ class RestoreOp : public TableKernel {
       OP_REQUIRES_OK(ctx, NotNegative(*t, prefix, entry("counts"), counts, start));
     }
     OP_REQUIRES_OK(ctx, NotNegative(*t, prefix, entry("pending_counts"), pending[1], 0));
+    // (A part of several owners' keys leaves its sketch out, below.)
+    if (owner_size_ <= 1)
+      OP_REQUIRES_OK(ctx, CheckSketchShards(*t, pending[3],
+                                            entry("pending_sketch") + " in '" + prefix + "'"));
     const int64_t sketch = pending[3].NumElements();
     OP_REQUIRES(ctx, owner_size_ > 1 || t->sketch_size() == 0 || sketch == 0 ||
                          sketch == t->sketch_size(),

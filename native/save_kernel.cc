@@ -178,7 +178,7 @@ class SaveOp : public OpKernel {
         status = ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), tensor);
         if (!status.ok()) return out;
       }
-      status = ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({counters}), &sketch);
+      status = ctx->allocate_temp(::tensorflow::DT_INT32, SketchShape(t, counters), &sketch);
       if (!status.ok()) return out;
       out.keys = pending_keys.flat<int64_t>().data();
       out.counts = pending_counts.flat<int64_t>().data();

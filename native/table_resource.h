@@ -39,6 +39,34 @@ inline ::tensorflow::Status TableError(const EmbeddingTable& t, const std::strin
                                                what);
 }
 
+// The admission sketch as saved: a row of counters per shard (each shard
+// counts its own keys in its own counters), so that a restore can tell a
+// table of another shard count, where the counters would count other keys.
+inline ::tensorflow::TensorShape SketchShape(const EmbeddingTable& t, int64_t counters) {
+  const int64_t shards = t.config().num_shards;
+  return ::tensorflow::TensorShape({shards, counters / shards});
+}
+
+// Whether a saved sketch (`what` names it) can be imported into t: a row per
+// shard of t, or a vector (checkpoints from before the rows; of those only
+// the size is checked, by the import).
+inline ::tensorflow::Status CheckSketchShards(const EmbeddingTable& t,
+                                              const ::tensorflow::Tensor& sketch,
+                                              const std::string& what) {
+  if (sketch.dims() == 1) return ::tensorflow::OkStatus();
+  if (sketch.dims() != 2)
+    return TableError(t, what + " must hold a row of counters per shard, got shape " +
+                             sketch.shape().DebugString());
+  if (sketch.NumElements() == 0 || t.sketch_size() == 0) return ::tensorflow::OkStatus();
+  const int64_t saved = sketch.dim_size(0), shards = t.config().num_shards;
+  if (saved == shards) return ::tensorflow::OkStatus();
+  return TableError(t, what + " was saved by a table of " + std::to_string(saved) +
+                           " shards and this one has " + std::to_string(shards) +
+                           ": each shard counts its own keys, so the counters would count "
+                           "other keys here (create the table with num_shards=" +
+                           std::to_string(saved) + " to restore its admission counts)");
+}
+
 // An error of the table's disk tier ("" is OK): the files, not the input
 // (the tier's messages name the file).
 inline ::tensorflow::Status StorageError(const EmbeddingTable& t, const std::string& what) {

@@ -393,6 +393,76 @@ def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_pat
                                       err_msg=field)
 
 
+def test_an_admission_sketch_restores_only_into_as_many_shards(tmp_path):
+    """Each shard counts its own keys in its own part of the sketch, so a
+    checkpoint keeps a row of counters per shard. A table of another shard
+    count (here 8 instead of 4, with as many counters in all) refuses the
+    sketch, naming the table and both counts, through graphmod's TableSaver
+    and through a plain Saver, before any row changes; a table of the same
+    count restores every counter; a checkpoint that stored the sketch as a
+    vector (before the rows) still restores."""
+    def build(num_shards):
+        ids = tf1.placeholder(tf.int64, [None])
+        opt = graphmod.optimizers.Adagrad(0.1)
+        graphmod.use_feature_specs({"item": ids}, [graphmod.FeatureSpec(
+            "item", access_threshold=3)])
+        table = graphmod.create_table("item", 3, optimizer=opt, num_shards=num_shards,
+                                      admission_sketch_width=4096)
+        train = opt.minimize(tf.reduce_sum(graphmod.sparse_lookup(table, ids)))
+        saver = graphmod.checkpoint.saver.TableSaver(sharded=True)
+        saver.build()
+        return table, ids, train, saver
+
+    with tf.Graph().as_default():
+        table, ids, train, saver = build(4)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train, {ids: np.arange(300) % 200})  # every id pending (threshold 3)
+            before = sess.run(table.export_pending())
+            parts = saver.save(sess, str(tmp_path / "parts"))
+            plain = tf1.train.Saver().save(sess, str(tmp_path / "plain"))
+    saved = tf.train.load_checkpoint(parts).get_tensor("item-pending_sketch")
+    assert saved.shape == (4, 4096) and saved.sum() > 0
+    np.testing.assert_array_equal(saved, before["sketch"])
+    np.testing.assert_array_equal(tf.train.load_checkpoint(plain).get_tensor("item-pending_sketch"),
+                                  saved)
+
+    # The same checkpoint with the sketch as a vector, as graphmod wrote it before.
+    reader = tf.train.load_checkpoint(parts)
+    names = sorted(reader.get_variable_to_shape_map())
+    tensors = [reader.get_tensor(n).reshape(-1) if n == "item-pending_sketch"
+               else reader.get_tensor(n) for n in names]
+    vector = str(tmp_path / "vector")
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        sess.run(tf.raw_ops.SaveV2(prefix=vector, tensor_names=names,
+                                   shape_and_slices=[""] * len(names), tensors=tensors))
+
+    for prefix in (parts, vector):
+        with tf.Graph().as_default():
+            table, ids, train, saver = build(4)
+            with tf1.Session() as sess:
+                saver.restore(sess, prefix)
+                np.testing.assert_array_equal(sess.run(table.export_pending())["sketch"], saved)
+
+    for restore in ("table_saver", "plain_saver"):
+        with tf.Graph().as_default():
+            table, ids, train, saver = build(8)
+            with tf1.Session() as sess:
+                sess.run(tf1.global_variables_initializer())
+                sess.run(train, {ids: [7, 7]})
+                kept = sess.run(table.export_pending())
+                with pytest.raises(tf.errors.InvalidArgumentError,
+                                   match=r"table \W*item\W.*saved by a table of\W+4\W+shards and "
+                                         r"this one has 8.*num_shards=\W*4"):
+                    if restore == "table_saver":
+                        saver.restore(sess, parts)
+                    else:
+                        tf1.train.Saver().restore(sess, plain)
+                after = sess.run(table.export_pending())
+        for field in kept:  # nothing changed
+            np.testing.assert_array_equal(kept[field], after[field], err_msg=field)
+
+
 def test_the_table_saver_restores_a_table_slice_by_slice_and_names_a_bad_checkpoint(tmp_path):
     """GraphmodTableRestore imports the stored slices of a table's entries,
     whoever wrote them, and refuses, naming the table and before any row

@@ -48,6 +48,7 @@ class Table:
         max_rows = op.get_attr("max_rows")
         self.max_rows = None if max_rows < 0 else max_rows
         self.when_full = op.get_attr("when_full").decode()
+        self.num_shards = op.get_attr("num_shards")
         sketch = op.get_attr("sketch_width")
         self.admission_sketch_width = sketch or None
         self.layout = op.get_attr("layout").decode()
@@ -314,7 +315,8 @@ def _import(table: Table, restored: List[tf.Tensor], replace: bool,
     n, p = len(_TableSaveable.FIELDS), len(_TableSaveable.PENDING)
     keys, values, slots, counts, last_seen, versions = restored[:n]
     pending, checkpoint_format = restored[n:n + p], restored[n + p]
-    first = [_check_format(table, checkpoint_format)] + _unless_sharded(table)
+    first = ([_check_format(table, checkpoint_format), _check_sketch_shards(table, pending[3])]
+             + _unless_sharded(table))
     if removed is not None:
         with tf.control_dependencies(first):
             first = [ops.graphmod_table_remove(table.handle, removed)]
@@ -351,6 +353,24 @@ def _check_format(table: Table, checkpoint_format: tf.Tensor) -> tf.Operation:
         [f"graphmod: table '{table.name}' is saved in checkpoint format", checkpoint_format,
          f"; this graphmod reads format {CHECKPOINT_FORMAT} (a checkpoint from a newer "
          "graphmod?)"])
+
+
+def _check_sketch_shards(table: Table, sketch: tf.Tensor) -> tf.Operation:
+    """Before anything changes, what the import of a saved admission sketch
+    checks (native/table_resource.h CheckSketchShards): saved with a row of
+    counters per shard, it must have as many rows as the table has shards
+    (each shard counts its own keys); a vector (older checkpoints) passes."""
+    if not table.admission_sketch_width:
+        return tf.no_op()
+    rows = tf.shape(sketch)[0]
+    ok = tf.logical_or(tf.not_equal(tf.rank(sketch), 2),
+                       tf.logical_or(tf.equal(tf.size(sketch), 0),
+                                     tf.equal(rows, table.num_shards)))
+    return tf.debugging.Assert(ok, [
+        f"graphmod table '{table.name}': the admission sketch was saved by a table of", rows,
+        f"shards and this one has {table.num_shards}: each shard counts its own keys, so the "
+        "counters would count other keys here (create the table with num_shards=", rows,
+        "to restore its admission counts)"])
 
 
 def _saveable_to_proto(saveable, export_scope=None):
