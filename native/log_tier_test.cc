@@ -35,6 +35,7 @@
 #include "native/log_tier.h"
 #include "native/row_store.h"
 #include "native/test_check.h"
+#include "native/test_dir.h"
 
 using graphmod::LogTier;
 using graphmod::RecordHeader;
@@ -86,17 +87,7 @@ size_t SegmentFiles(const std::string& dir) {
   return n;
 }
 
-void RemoveTree(const std::string& path) {
-  struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    chmod(path.c_str(), 0755);
-    for (const std::string& name : ListDir(path)) RemoveTree(path + "/" + name);
-    rmdir(path.c_str());
-  } else {
-    unlink(path.c_str());
-  }
-}
+using graphmod_test::RemoveTree;
 
 std::string Dir(const std::string& name) { return g_base + "/" + name + "/0"; }
 
@@ -1016,13 +1007,8 @@ const Test kTests[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* tmp = std::getenv("TEST_TMPDIR");  // Bazel's scratch space
-  std::string base = std::string(tmp != nullptr ? tmp : "/tmp") + "/log_tier_test.XXXXXX";
-  if (mkdtemp(&base[0]) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  g_base = base;
+  const graphmod_test::ScratchDir scratch("log_tier_test");
+  g_base = scratch.path();
   const std::string mode = argc > 1 ? argv[1] : "";
   int status;
   if (mode == "--bench") {
@@ -1039,6 +1025,5 @@ int main(int argc, char** argv) {
     }
     status = graphmod_test::TestExit(concurrency ? "log_tier_test --concurrency" : "log_tier_test");
   }
-  RemoveTree(g_base);
   return status;
 }

@@ -22,6 +22,7 @@
 #include "native/crc32c.h"
 #include "native/segment_file.h"
 #include "native/test_check.h"
+#include "native/test_dir.h"
 
 using graphmod::SegmentHeader;
 
@@ -31,24 +32,6 @@ std::string g_base;  // this run's scratch directory
 
 bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-void RemoveTree(const std::string& path) {
-  struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    if (DIR* d = opendir(path.c_str())) {
-      std::vector<std::string> names;
-      while (const dirent* e = readdir(d))
-        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-          names.emplace_back(e->d_name);
-      closedir(d);
-      for (const std::string& name : names) RemoveTree(path + "/" + name);
-    }
-    rmdir(path.c_str());
-  } else {
-    unlink(path.c_str());
-  }
 }
 
 SegmentHeader Header(uint32_t record_bytes, uint32_t number) {
@@ -346,13 +329,8 @@ void TestMakeDirs() {
 }  // namespace
 
 int main() {
-  const char* tmp = std::getenv("TEST_TMPDIR");  // Bazel's scratch space
-  std::string base = std::string(tmp != nullptr ? tmp : "/tmp") + "/segment_file_test.XXXXXX";
-  if (mkdtemp(&base[0]) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  g_base = base;
+  const graphmod_test::ScratchDir scratch("segment_file_test");
+  g_base = scratch.path();
   TestHeaderRoundTrip();
   TestDamagedHeaderRejected();
   TestRecordFraming();
@@ -360,6 +338,5 @@ int main() {
   TestShortReadsAndFailures();
   TestNaming();
   TestMakeDirs();
-  RemoveTree(g_base);
   return graphmod_test::TestExit("segment_file_test");
 }

@@ -3,9 +3,6 @@
 // moves nothing; with a budget, Spill moves the rows its strategy gives up
 // first (never those a recent step stamped, nor staged ones) down whole, and
 // Promote brings them back byte for byte, counted as promoted or prefetched.
-#include <dirent.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +16,7 @@
 #include "native/row_buckets.h"
 #include "native/table_shard.h"
 #include "native/test_check.h"
+#include "native/test_dir.h"
 
 using graphmod::HashKey;
 using graphmod::RecordHeader;
@@ -187,30 +185,11 @@ void TestSpillAndPromote(const char* layout, const graphmod::EvictionStrategy& o
   CHECK(s.size() == 0 && s.disk.rows() == 0);
 }
 
-void RemoveTree(const std::string& dir) {
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name == "." || name == "..") continue;
-      const std::string path = dir + "/" + name;
-      if (e->d_type == DT_DIR) RemoveTree(path);
-      else unlink(path.c_str());
-    }
-    closedir(d);
-  }
-  rmdir(dir.c_str());
-}
-
 }  // namespace
 
 int main() {
-  const char* tmp = std::getenv("TEST_TMPDIR");  // Bazel's scratch space
-  std::string base = std::string(tmp != nullptr ? tmp : "/tmp") + "/shard_tier_test.XXXXXX";
-  if (mkdtemp(&base[0]) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  g_base = base;
+  const graphmod_test::ScratchDir scratch("shard_tier_test");
+  g_base = scratch.path();
   TestEmptyLayer<graphmod::IndexedArena>();
   TestEmptyLayer<graphmod::RowBuckets>();
   for (const graphmod::EvictionStrategy* order :
@@ -218,6 +197,5 @@ int main() {
     TestSpillAndPromote<graphmod::IndexedArena>("arena", *order);
     TestSpillAndPromote<graphmod::RowBuckets>("buckets", *order);
   }
-  RemoveTree(g_base);
   return graphmod_test::TestExit("shard_tier_test");
 }
