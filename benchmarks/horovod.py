@@ -63,7 +63,7 @@ def one_run(steps: int, hooked: bool, model_dir: str) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
     import graphmod
-    from graphmod.distributed.exchange import BYTES_SENT
+    from graphmod.horovod.exchange import BYTES_SENT
     tf1 = tf.compat.v1
     reference = _reference()
     hvd.init()
@@ -117,7 +117,7 @@ def one_run(steps: int, hooked: bool, model_dir: str) -> None:
 
 
 def graphmod_owners(keys: np.ndarray, size: int) -> np.ndarray:
-    """graphmod.distributed.owner_of, in numpy."""
+    """graphmod.horovod.owner_of, in numpy."""
     h = keys.astype(np.int64).view(np.uint64)
     with np.errstate(over="ignore"):
         h = h ^ (h >> np.uint64(31))

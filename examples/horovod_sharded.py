@@ -1,7 +1,7 @@
 """graphmod on several Horovod ranks: embedding tables sharded by key.
 
 Each of the 26 categorical features of synthetic.py's Criteo-like stream
-gets a table (dim 8); with `graphmod.distributed.enable()`, every key lives
+gets a table (dim 8); with `graphmod.horovod.enable()`, every key lives
 on one owner rank, and each step's lookups of all 26 tables exchange ids
 and rows with the owners in one exchange. The dense layers are
 data-parallel through `hvd.DistributedOptimizer`. Each rank trains on its
@@ -35,7 +35,7 @@ def main():
     args = ap.parse_args()
     tf1.disable_eager_execution()
     hvd.init()
-    graphmod.distributed.enable()
+    graphmod.horovod.enable()
     size, rank = hvd.size(), hvd.rank()
     cfg = data.SyntheticCriteo(seed=7)
 
@@ -58,7 +58,7 @@ def main():
     global_loss = hvd.allreduce(loss, op=hvd.Average, name="global_loss")
     sizes = tf.stack([t.size() for t in tables])
     owned = tf.reduce_all([tf.reduce_all(tf.equal(
-        graphmod.distributed.owner_of(t.export()["keys"], size), rank)) for t in tables])
+        graphmod.horovod.owner_of(t.export()["keys"], size), rank)) for t in tables])
 
     with tf1.train.SingularMonitoredSession(
             hooks=[hvd.BroadcastGlobalVariablesHook(0)]) as sess:

@@ -32,11 +32,11 @@ class GraphState:
     clocks: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # unit -> clock
     format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
     # Whether this graph's tables are sharded across Horovod ranks, as
-    # GraphModifierHook's rewrite decided (None: graphmod.distributed.enable()'s)
+    # GraphModifierHook's rewrite decided (None: graphmod.horovod.enable()'s)
     sharded: Optional[bool] = None
     # The model_dir's latest checkpoint holds tables in parts (graphmod.checkpoint.saver)
     reads_parts: bool = False
-    # Tables sharded over ps tasks (graphmod.distributed.ps): name -> its
+    # Tables sharded over ps tasks (graphmod.ps): name -> its
     # shard on each ps task, in task order (`tables` holds one of them).
     ps_shards: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
 

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from graphmod import distributed
+from graphmod import horovod
 
 tf1 = tf.compat.v1
 
@@ -265,7 +265,7 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
     hook = hook if hook is not None else GraphModifierHook()
     if steps < 1:
         raise ValueError(f"graphmod.verify: steps must be >= 1, got {steps}")
-    ranks = distributed.horovod_ranks()
+    ranks = horovod.horovod_ranks()
     if ranks > 1:
         # The hooked run starts from the unmodified run's rows by adopting its
         # step-0 checkpoint, which tables sharded across ranks cannot yet do.

@@ -14,7 +14,7 @@ from typing import List, Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod import distributed, tf_private
+from graphmod import horovod, tf_private
 from graphmod.embeddings import features
 from graphmod.embeddings.table import Table
 from graphmod.state import tables
@@ -84,7 +84,7 @@ class EvictHook(tf1.train.SessionRunHook):
         # the table's newest lookup over every rank is the step's, which
         # after_run feeds (so a rank whose keys were not read this step cuts
         # where one rank would). Evicting needs no collective.
-        sharded = distributed.active(graph)
+        sharded = horovod.active(graph)
         with tf1.name_scope("graphmod/evict"):
             self._step_now = tf1.placeholder_with_default(tf.constant(-1, tf.int64), [],
                                                           name="step_now")

@@ -20,11 +20,11 @@ of dense checkpoints) and, when asked, builds a warm start from other models
 into the variables' initialization.
 
 Under Horovod (several ranks, hvd.DistributedOptimizer), the tables are
-sharded by key across the ranks (graphmod.distributed): every rank saves its
+sharded by key across the ranks (graphmod.horovod): every rank saves its
 keys at rank 0's save steps (steps or seconds, its RunConfig's, and
 incremental_every_steps/secs) into rank 0's model_dir, whatever model_dir
 the other ranks have, and restores from there
-(graphmod.distributed.save_schedule, which begin() sets up and which refuses
+(graphmod.horovod.save_schedule, which begin() sets up and which refuses
 ranks that cannot follow rank 0); every rank must evaluate with the hook too.
 """
 import os
@@ -36,7 +36,7 @@ import tensorflow as tf
 from absl import logging
 
 from graphmod import profiles, tf_private
-from graphmod.distributed import ps
+from graphmod.ps import tables as ps
 from graphmod.embeddings import features
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
@@ -56,10 +56,10 @@ tf1 = tf.compat.v1
 def _coordinate_saves(estimator, incremental, graph):
     """Every rank saves the keys it owns, together (a save is a collective),
     at rank 0's save steps (by steps or by its clock) into rank 0's
-    model_dir, and restores from there: graphmod.distributed.save_schedule,
+    model_dir, and restores from there: graphmod.horovod.save_schedule,
     which refuses ranks that cannot. The SaveSchedule to drive (None when
     the session's saves cannot be seen: the rule is logged)."""
-    from graphmod.distributed import save_schedule  # pylint: disable=import-outside-toplevel
+    from graphmod.horovod import save_schedule  # pylint: disable=import-outside-toplevel
     return save_schedule.coordinate(estimator, incremental, graph)
 
 
@@ -67,7 +67,7 @@ def _restore_from_rank0(estimator, mode: str, sharded: bool) -> None:
     """Ranks restore rank 0's checkpoint: every rank in a sharded evaluation
     (a collective), and a rank > 0 that trained saving into rank 0's
     model_dir in its predictions (no collective)."""
-    from graphmod.distributed import save_schedule  # pylint: disable=import-outside-toplevel
+    from graphmod.horovod import save_schedule  # pylint: disable=import-outside-toplevel
     hvd = sys.modules.get("horovod.tensorflow")
     if mode == "eval" and sharded:
         save_schedule.evaluate_rank0_checkpoint()
@@ -186,7 +186,7 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         # (train_and_evaluate on one machine evaluates at each checkpoint).
         self._exporting: "weakref.WeakKeyDictionary[tf.Graph, bool]" = weakref.WeakKeyDictionary()
         self._counters: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
-        # Per graph too: a training graph's graphmod.distributed.save_schedule.SaveSchedule
+        # Per graph too: a training graph's graphmod.horovod.save_schedule.SaveSchedule
         self._schedules: "weakref.WeakKeyDictionary[tf.Graph, Any]" = weakref.WeakKeyDictionary()
         # And the training graphs this process profiles.
         self._profiled: "weakref.WeakKeyDictionary[tf.Graph, bool]" = weakref.WeakKeyDictionary()

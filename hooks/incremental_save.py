@@ -16,7 +16,7 @@ rewrite installs (this hook installs it for table-API graphs).
 
 With tables sharded across Horovod ranks every rank writes its part of a
 delta at the same step: when GraphModifierHook drives this hook, rank 0's
-settings and clock decide (graphmod.distributed.save_schedule); used alone
+settings and clock decide (graphmod.horovod.save_schedule); used alone
 there, it writes by steps only.
 """
 import os
@@ -55,7 +55,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
         self.saver: Optional[table_saver.TableSaver] = None
         self.deltas_written = 0
         # Sharded tables under GraphModifierHook: every_secs is rank 0's
-        # clock, whose decision (graphmod.distributed.save_schedule) sets
+        # clock, whose decision (graphmod.horovod.save_schedule) sets
         # due_by_time on every rank at the same step.
         self.coordinated = False
         self.due_by_time = False
@@ -124,7 +124,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
 
     def time_due(self) -> bool:
         """On rank 0, before a step: whether its clock says write a delta
-        (graphmod.distributed.save_schedule)."""
+        (graphmod.horovod.save_schedule)."""
         return self.saver is not None and not self.due_by_time and self._time_elapsed()
 
     def _write(self, session) -> None:
@@ -139,7 +139,7 @@ class IncrementalSaveHook(tf1.train.SessionRunHook):
             return
         self.deltas_written += 1
         # (parts: sharded tables; none here on a rank > 0 that sent its part
-        # to rank 0, graphmod.distributed.part_stream)
+        # to rank 0, graphmod.horovod.part_stream)
         written = (deltas.files(prefix) + deltas.part_files(prefix)
                    if tf.io.gfile.isdir(os.path.dirname(prefix)) else [])
         size = sum(tf.io.gfile.stat(f).length for f in written if tf.io.gfile.exists(f))

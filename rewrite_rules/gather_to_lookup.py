@@ -23,9 +23,9 @@ from typing import List, Tuple
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
-import graphmod
 from graphmod._ops import ops
 from graphmod.embeddings.lookup import find_or_insert
+from graphmod.embeddings.table import create_table
 from graphmod.rewrite.plan import SEGMENT_READS, Conversion, Gather
 from graphmod.rewrite.rule import Context, Refused
 
@@ -69,7 +69,7 @@ def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
     device = tf.device(conversion.variable.device) if conversion.variable.device \
         else contextlib.nullcontext()
     with rw.rule(NAME), device:
-        table = graphmod.create_table(
+        table = create_table(
             conversion.table_name, conversion.dim, initializer=conversion.initializer,
             optimizer=optimizer,
             default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,

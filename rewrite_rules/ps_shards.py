@@ -1,11 +1,11 @@
 """Rule: in a parameter-server cluster, tables are sharded by key over the ps tasks.
 
 Matches the conversions whose variable the device setter put on a ps task,
-when the cluster has several (graphmod.distributed.ps); with one ps task,
+when the cluster has several (graphmod.ps); with one ps task,
 the tables stay whole on it and only the applies change, as below. The table
 gather_to_lookup built there becomes that task's shard; a shard with the
 same settings is built on every other ps task, and a key's owner
-(graphmod.distributed.partition) holds its row. Then, like shard_exchange
+(graphmod.embeddings.partition) holds its row. Then, like shard_exchange
 for Horovod ranks:
   - lookups: those of one dependency level (and input sources) partition
     their keys by owner on the worker and become one fused lookup per ps
@@ -35,8 +35,8 @@ from typing import List
 import tensorflow as tf
 
 from graphmod._ops import ops
-from graphmod.distributed import ps
-from graphmod.distributed.partition import owner_of
+from graphmod.ps import tables as ps
+from graphmod.embeddings.partition import owner_of
 from graphmod.embeddings.table import Table
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources

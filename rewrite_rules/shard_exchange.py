@@ -1,10 +1,10 @@
 """Rule: under Horovod, tables are sharded by key across the ranks.
 
 When the model runs on several Horovod ranks, each key's row lives on one
-owner rank (graphmod.distributed). This rule moves the table ops the
+owner rank (graphmod.horovod). This rule moves the table ops the
 earlier rules built to the owners:
   - lookups: those of one dependency level become one exchange
-    (graphmod.distributed.exchanged_find_or_insert, or exchanged_find in
+    (graphmod.horovod.exchanged_find_or_insert, or exchanged_find in
     graphs that do not train): ids go to their owners, which look them up
     and send the rows back;
   - applies: each rank's gradient rows (optimizer_updates took them before
@@ -23,7 +23,7 @@ import collections
 
 import tensorflow as tf
 
-from graphmod import distributed
+from graphmod import horovod
 from graphmod.embeddings import fused
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
@@ -81,9 +81,9 @@ def _exchange_lookups(rw, lookups) -> None:
         if kind == "GraphmodTableFindOrInsert":
             # "sum": the hook's gradients do not flow back through the rows
             # (they travel by _exchange_applies), so no scaling is built.
-            rows = distributed.exchanged_find_or_insert(tables, keys, combine="sum")
+            rows = horovod.exchanged_find_or_insert(tables, keys, combine="sum")
         else:
-            rows = distributed.exchanged_find(tables, keys)
+            rows = horovod.exchanged_find(tables, keys)
         for (_, _, old), new in zip(group, rows):
             rw.reroute(old, new)
 
@@ -98,7 +98,7 @@ def _exchange_applies(rw, applies) -> None:
     for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
         tables = [table for table, _ in group]
         old = [op for _, op in group]
-        owned = distributed.exchanged_gradients(
+        owned = horovod.exchanged_gradients(
             tables, [op.inputs[1] for op in old], [op.inputs[2] for op in old])
         with tf.compat.v1.name_scope("graphmod/owner_apply"):
             apply = fused.apply([t.handle for t in tables], [k for k, _ in owned],

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     tf1.disable_eager_execution()
     steps, out = int(sys.argv[1]), sys.argv[2]
     hvd.init()
-    graphmod.distributed.enable()
+    graphmod.horovod.enable()
     size, rank = hvd.size(), hvd.rank()
     B = 24
     rng = np.random.default_rng(0)
@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent("""
     tables = {t.name: dict(t.export(), **{"pending_" + k: v for k, v in
                                            t.export_pending().items() if k != "sketch"})
               for t in (user, item)}
-    owners = {t: graphmod.distributed.owner_of(x["keys"], size) for t, x in tables.items()}
+    owners = {t: graphmod.horovod.owner_of(x["keys"], size) for t, x in tables.items()}
     # Read-only lookups (evaluation): each rank's own ids, seen and unseen.
     probe = tf1.placeholder(tf.int64, [None])
     read = graphmod.sparse_lookup(item, probe, is_training=False)
@@ -190,7 +190,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent("""
     tf1.disable_eager_execution()
     mode, folder, out = sys.argv[1:4]  # out last, as run_script passes it
     hvd.init()
-    graphmod.distributed.enable()
+    graphmod.horovod.enable()
     size, rank = hvd.size(), hvd.rank()
     ids = tf1.placeholder(tf.int64, [None, 2])
     step = tf1.train.get_or_create_global_step()
@@ -211,7 +211,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent("""
     tables = {t.name: dict(t.export(), **{"pending_" + k: v for k, v in
                                            t.export_pending().items() if k != "sketch"})
               for t in (user, item)}
-    owners = {t: graphmod.distributed.owner_of(x["keys"], size) for t, x in tables.items()}
+    owners = {t: graphmod.horovod.owner_of(x["keys"], size) for t, x in tables.items()}
     rng = np.random.default_rng(rank)
     with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
@@ -266,7 +266,7 @@ MISMATCH_SCRIPT = textwrap.dedent("""
     tf1 = tf.compat.v1
     tf1.disable_eager_execution()
     hvd.init()
-    graphmod.distributed.enable()
+    graphmod.horovod.enable()
     ids = tf1.placeholder(tf.int64, [None])
     table = graphmod.create_table("user", 4)
     rows = graphmod.sparse_lookup(table, ids)

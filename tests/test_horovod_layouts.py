@@ -5,7 +5,7 @@ hvd.rank() == 0 else None`: the Estimator makes a temporary one on the other
 ranks) or every rank its own, and keep the RunConfig default (a save every
 600 seconds, by each rank's clock). With GraphModifierHook the tables are
 sharded across the ranks, and a save is a collective: rank 0 decides when
-(graphmod.distributed.save_schedule) and every rank writes its part into
+(graphmod.horovod.save_schedule) and every rank writes its part into
 rank 0's model_dir at that step. Each case trains on 2 real ranks (Gloo over
 loopback) against the same model with the hook on 1 rank on the same global
 batches: equal losses, evaluation and predictions (on every rank); one case

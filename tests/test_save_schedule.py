@@ -1,8 +1,9 @@
-"""graphmod.distributed.save_schedule pieces that need no Horovod ranks
+"""graphmod.horovod.save_schedule pieces that need no Horovod ranks
 (tests/test_horovod_layouts.py runs them on ranks)."""
 import os
 
-from graphmod.distributed.save_schedule import SharedTimer, absolute
+from graphmod.checkpoint.parts import absolute
+from graphmod.horovod.save_schedule import SharedTimer
 
 
 def test_urls_stay_as_they_are_and_local_paths_become_absolute():

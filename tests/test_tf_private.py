@@ -125,11 +125,11 @@ class SessionProbe(tf1.train.SessionRunHook):
 
 
 def test_the_beginning_session_s_saver_hooks_and_checkpoint_are_found_and_redirected(tmp_path):
-    """What graphmod.distributed.save_schedule relies on: the session's
+    """What graphmod.horovod.save_schedule relies on: the session's
     CheckpointSaverHook saves when the timer it is given says, and its
     session creator restores the checkpoint (or the dir's latest) it is
     pointed at."""
-    from graphmod.distributed.save_schedule import SharedTimer
+    from graphmod.horovod.save_schedule import SharedTimer
 
     def model_fn(features, labels, mode):
         w = tf1.get_variable("w", [3, 1], initializer=tf1.zeros_initializer())

@@ -181,7 +181,7 @@ def test_horovod_ranks_are_refused_before_training(tmp_path, monkeypatch):
     """Under Horovod the hooked run could not start from the unmodified
     run's rows (no adoption into sharded tables): verify says so at once,
     before either run trains."""
-    monkeypatch.setattr(graphmod.distributed, "horovod_ranks", lambda: 2)
+    monkeypatch.setattr(graphmod.horovod, "horovod_ranks", lambda: 2)
     estimator = tf.estimator.Estimator(model_fn, str(tmp_path / "m"),
                                        params={"optimizer": "adagrad"})
     with pytest.raises(ValueError, match=r"under Horovod \(2 ranks\).*verify on one process"):

@@ -125,7 +125,7 @@ def temp_prefix(base: str, index: int) -> str:
 
 def part_files(prefix: str) -> List[str]:
     """The files of the parts of sharded tables' delta at `prefix`
-    (graphmod.distributed.checkpoints), every rank's."""
+    (graphmod.checkpoint.parts), every rank's."""
     folder, name = os.path.split(prefix)
     part = re.compile(re.escape(name) + r"\.tables-\d{5}-of-\d{5}\.(index|data-\d{5}-of-\d{5})")
     return sorted(os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)

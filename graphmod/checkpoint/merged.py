@@ -2,7 +2,7 @@
 
 A model_dir's latest state is its latest full checkpoint, the committed
 deltas after it (graphmod.checkpoint.deltas) and, for tables sharded across
-Horovod ranks, every rank's part (graphmod.distributed.checkpoints). This
+Horovod ranks, every rank's part (graphmod.checkpoint.parts). This
 restores all of it into a stand-in graph of the checkpoint's own variables
 and tables and saves it as one checkpoint of the usual entries (`<table>-keys`,
 `-values`, ... and each variable by name): what `graphmod ckpt compact`
@@ -88,7 +88,7 @@ def latest(model_dir: str) -> State:
 
 def table_entries(checkpoint: str) -> Dict[str, dict]:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
-    from graphmod.distributed.checkpoints import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.parts import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
     readers = [checkpoint]
     if TableParts.is_sharded(checkpoint):
         with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
@@ -132,12 +132,12 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     local directory), tables whose rows in the checkpoint and its `deltas`
     may take more than STAND_IN_BUDGET bytes keep that much in memory and
     the rest there."""
-    import graphmod  # pylint: disable=import-outside-toplevel
+    from graphmod.embeddings.table import create_table  # pylint: disable=import-outside-toplevel
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
     from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
     graph_state().reads_parts = True  # a sharded checkpoint's parts
     # Read here as one whole, never sharded across Horovod ranks (a rank
-    # exporting while it trains with graphmod.distributed.enable()).
+    # exporting while it trains with graphmod.horovod.enable()).
     graph_state().sharded = False
     entries = table_entries(checkpoint)
     delta_rows = _rows_written(deltas) if storage else {}
@@ -151,7 +151,7 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
         rows = e["keys"][0] + delta_rows.get(name, 0)
         large = storage and rows * row_bytes > STAND_IN_BUDGET
         tier = dict(memory_budget=STAND_IN_BUDGET, storage_path=storage) if large else {}
-        tables.append(graphmod.create_table(name, e["values"][1], optimizer=opt, **tier))
+        tables.append(create_table(name, e["values"][1], optimizer=opt, **tier))
     variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
                  for name, (shape, dtype) in sorted(dense_entries(checkpoint, entries).items())]
     return tables, variables
@@ -159,7 +159,7 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
 
 def _rows_written(deltas: Sequence[str]) -> Dict[str, int]:
     """{table: rows} the deltas write, whole or in parts (Horovod ranks, ps
-    tasks: distributed.checkpoints.part_prefix): an estimate from their
+    tasks: graphmod.checkpoint.parts.part_prefix): an estimate from their
     indexes; an unreadable one counts none (the restore then names it)."""
     rows: Dict[str, int] = {}
     for delta in deltas:

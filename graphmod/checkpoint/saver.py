@@ -33,10 +33,10 @@ from tensorflow.core.protobuf import saver_pb2
 from tensorflow.python.ops import variables as tf_variables
 from tensorflow.python.training import saver as saver_lib
 
-from graphmod.checkpoint import deltas
 from graphmod._ops import ops
-from graphmod.distributed import checkpoints, ps
-from graphmod.distributed.partition import owner_of
+from graphmod.checkpoint import deltas, parts as part_files
+from graphmod.ps import tables as ps
+from graphmod.embeddings.partition import owner_of
 from graphmod.embeddings import features
 from graphmod.settings import UNITS
 from graphmod.state import graph_state
@@ -122,8 +122,8 @@ def _by_kind(saveables) -> List[list]:
 
 
 def _sharded() -> bool:
-    from graphmod import distributed  # pylint: disable=import-outside-toplevel
-    return distributed.enabled(tf1.get_default_graph())
+    from graphmod import horovod  # pylint: disable=import-outside-toplevel
+    return horovod.enabled(tf1.get_default_graph())
 
 
 def _reads_parts() -> bool:
@@ -165,12 +165,12 @@ class TableSaver(tf1.train.Saver):
         self._since: Dict[str, tf.Tensor] = {}
         self._versions: Dict[str, tf.Tensor] = {}
         self._track: Dict[str, tf.Tensor] = {}
-        self._sharded_tables = None  # graphmod.distributed.checkpoints.ShardedTables
-        self._ps_tables = None  # graphmod.distributed.ps.PsTables
+        self._sharded_tables = None  # graphmod.checkpoint.parts.ShardedTables
+        self._ps_tables = None  # graphmod.ps.PsTables
         self._parts = None  # a TableParts, when the tables are not sharded
         self._dense_reader: Optional[tf1.train.Saver] = None  # the dense variables alone
         # Sharded tables: where every rank's save goes, rank 0's model_dir
-        # (set by graphmod.distributed.save_schedule; None: the path save() is given)
+        # (set by graphmod.horovod.save_schedule; None: the path save() is given)
         self.rank0_dir: Optional[str] = None
         # ... and, where the ranks share no file system, (PartStream, local staging folder)
         self.part_stream: Optional[tuple] = None
@@ -183,13 +183,13 @@ class TableSaver(tf1.train.Saver):
         tables = [x for x in saveables if _is_table(x)]
         dense = [x for x in saveables if not _is_table(x)]
         if not built and tables and _sharded():
-            # Every rank saves the keys it owns (graphmod.distributed.checkpoints);
+            # Every rank saves the keys it owns (graphmod.checkpoint.parts);
             # the ordinary save and restore hold the rest.
             self._var_list = dense
             self._allow_empty = self._allow_empty or not dense  # the tables are saved
-            self._sharded_tables = checkpoints.ShardedTables(tables)
+            self._sharded_tables = part_files.ShardedTables(tables)
         elif not built and tables and graph_state().ps_shards:
-            # Every ps task saves its shards (graphmod.distributed.ps).
+            # Every ps task saves its shards (graphmod.ps).
             self._var_list = dense
             self._allow_empty = self._allow_empty or not dense
             self._ps_tables = ps.PsTables(_ps_layout(tables))
@@ -206,9 +206,9 @@ class TableSaver(tf1.train.Saver):
         if self._is_empty:
             return
         if tables and _reads_parts():
-            # Checkpoints of sharded tables (graphmod.distributed.checkpoints)
+            # Checkpoints of sharded tables (graphmod.checkpoint.parts)
             # restore into these tables, which then hold every rank's keys.
-            self._parts = checkpoints.TableParts(tables)
+            self._parts = part_files.TableParts(tables)
             if dense:
                 self._dense_reader = tf1.train.Saver(var_list=dense, sharded=False,
                                                      allow_empty=True)
@@ -404,8 +404,8 @@ class TableSaver(tf1.train.Saver):
             # the step it restored) holds what its old deltas added, and its
             # tables (written in parts by several ranks before) are in it now.
             deltas.drop(path)
-            checkpoints.remove_parts(path)
-            checkpoints.remove_orphans(os.path.dirname(path))
+            part_files.remove_parts(path)
+            part_files.remove_orphans(os.path.dirname(path))
             self.chain = (path, 0)
             if self.marks is not None:
                 self.marks = versions
@@ -427,7 +427,7 @@ class TableSaver(tf1.train.Saver):
             self.build()
         if self.rank0_dir:
             # Every rank writes its part into rank 0's model_dir, whatever its
-            # own (graphmod.distributed.save_schedule).
+            # own (graphmod.horovod.save_schedule).
             save_path = os.path.join(self.rank0_dir, os.path.basename(save_path))
         checkpoint = save_path
         if global_step is not None:
@@ -453,7 +453,7 @@ class TableSaver(tf1.train.Saver):
         if parts.rank == 0 and not self._is_empty:  # else tables alone
             path = super().save(sess, save_path, global_step, *args, **kwargs)
             # (a tables-only Saver keeps no list of checkpoints to delete)
-            checkpoints.remove_orphans(os.path.dirname(path))
+            part_files.remove_orphans(os.path.dirname(path))
             for name in deltas.remove_orphans(os.path.dirname(path)):
                 logging.info("graphmod: removed the deltas of %s with it", name)
         if self._sharded_tables is not None:
@@ -516,7 +516,7 @@ class TableSaver(tf1.train.Saver):
 
 
 def _ps_layout(tables) -> List[list]:
-    """The tables' shards on each ps task (graphmod.distributed.ps), in one
+    """The tables' shards on each ps task (graphmod.ps), in one
     table order; an error naming the tables that are not sharded, which no
     part of the checkpoint would hold."""
     shards = graph_state().ps_shards

@@ -205,7 +205,7 @@ def inspect(model_dir: str, fv) -> int:
     chain = [dict(name=os.path.basename(latest), kind="full")] + [
         dict(name=d["name"], kind="delta", step=d["step"], files=len(d["files"]),
              verified=i < len(good)) for i, d in enumerate(entries)]
-    from graphmod.distributed.checkpoints import TableParts  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.parts import TableParts  # pylint: disable=import-outside-toplevel
     counters = _counters(model_dir)
     for t in tables:
         t["counters"] = counters.get(t["table"])

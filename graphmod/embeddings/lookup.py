@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from graphmod import distributed
+from graphmod import horovod
 from graphmod.embeddings import features, fused
 from graphmod._ops import ops
 from graphmod.state import Lookup, graph_state
@@ -37,10 +37,10 @@ def lookup_rows(table: Table, keys: tf.Tensor, is_training: bool) -> tf.Tensor:
     see graphmod.embeddings.features), stamp them with the graph's clock, and are
     recorded (graphmod.training_lookups) so the sparse optimizers can find
     their gradients and row handles. Sharded across Horovod ranks
-    (graphmod.distributed), the keys' owners look them up.
+    (graphmod.horovod), the keys' owners look them up.
     """
-    if distributed.active(table.graph):
-        lookup = distributed.exchanged_find_or_insert if is_training else distributed.exchanged_find
+    if horovod.active(table.graph):
+        lookup = horovod.exchanged_find_or_insert if is_training else horovod.exchanged_find
         return lookup([table], [keys])[0]
     if not is_training:
         return ops.graphmod_table_find(table.handle, keys, dim=table.dim)
@@ -107,9 +107,9 @@ def fused_lookup(tables: Sequence[Table], ids: Sequence[Ids], is_training: bool 
     with tf.compat.v1.name_scope(name, "graphmod_fused_lookup"):
         prepared = [_prepare(t, i, is_training, c) for t, i, c in zip(tables, ids, combiners)]
         keys = [k for k, _ in prepared]
-        if distributed.active(tables[0].graph):
-            lookup = (distributed.exchanged_find_or_insert if is_training
-                      else distributed.exchanged_find)
+        if horovod.active(tables[0].graph):
+            lookup = (horovod.exchanged_find_or_insert if is_training
+                      else horovod.exchanged_find)
             rows = lookup(tables, keys)
         elif is_training:
             rows, handles = fused.find_or_insert(tables, keys)

@@ -236,7 +236,7 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
     """Writes the entries of tables' saveables (all _TableSaveable, or all
     _TableDeltaSaveable) as one checkpoint at `prefix`, a chunk of rows at a
     time (a part of a sharded checkpoint: graphmod.checkpoint.saver). part: the keys
-    this rank owns of sharded tables (graphmod.distributed.checkpoints)."""
+    this rank owns of sharded tables (graphmod.checkpoint.parts)."""
     kinds = {type(s) for s in saveables}
     if len(kinds) != 1 or not kinds <= {_TableSaveable, _TableDeltaSaveable}:
         raise TypeError(f"graphmod: write_tables takes saveables of one kind of table "
@@ -254,12 +254,12 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
 def _unless_sharded(table: Table) -> List[tf.Operation]:
     """Control inputs for a table's save or restore by a Saver other than
     graphmod's TableSaver: an op that fails it, naming the table, while
-    tables are sharded across Horovod ranks (graphmod.distributed), since
+    tables are sharded across Horovod ranks (graphmod.horovod), since
     that Saver would treat this rank's keys as all of them; none otherwise.
     A failure when the save or restore runs, not when the Saver is built:
     MonitoredTrainingSession builds one for every graph."""
-    from graphmod import distributed  # pylint: disable=import-outside-toplevel
-    if not distributed.active(table.graph):
+    from graphmod import horovod  # pylint: disable=import-outside-toplevel
+    if not horovod.active(table.graph):
         return []
     # Not a constant condition: TensorFlow would fail the graph's building.
     never = tf1.placeholder_with_default(False, [], name=f"graphmod/{table.name}/unsharded")
@@ -337,7 +337,7 @@ def _restore_from(table: Table, prefix: tf.Tensor, replace: bool, with_removed: 
     one stored slice at a time (a restore of a table larger than memory);
     the kernel checks the format and every type and shape first. part: the
     entries are a sharded table's part of a checkpoint
-    (graphmod.distributed.checkpoints); then only the rows and pending ids
+    (graphmod.checkpoint.parts); then only the rows and pending ids
     whose keys rank owner[0] of owner[1] owns are imported, and with more
     than one owner not the admission sketch."""
     with tf.control_dependencies([] if part else _unless_sharded(table)):

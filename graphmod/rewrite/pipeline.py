@@ -17,10 +17,10 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from graphmod import distributed
+from graphmod import horovod
 from graphmod.embeddings import features
-from graphmod.distributed import ps
-from graphmod.distributed.checkpoints import TableParts
+from graphmod.ps import tables as ps
+from graphmod.checkpoint.parts import TableParts
 from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.index import GraphIndex
@@ -60,7 +60,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
 
     if mode not in MODES:
         raise ValueError(f"graphmod: mode must be one of {MODES}, got {mode!r}")
-    if settings.warm_start is not None and mode == "train" and distributed.horovod_ranks() > 1:
+    if settings.warm_start is not None and mode == "train" and horovod.horovod_ranks() > 1:
         raise ValueError("graphmod: a warm start (GraphModifierHook(warm_start=...)) into "
                          "tables sharded across Horovod ranks is not built")
     start = time.time()
@@ -81,7 +81,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     rw = Rewriter(graph, index)
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
-                      ranks=distributed.horovod_ranks() if mode != "predict" else 1,
+                      ranks=horovod.horovod_ranks() if mode != "predict" else 1,
                       ps_tasks=ps.ps_tasks(graph),
                       checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current,
                       # a fresh start (no checkpoint in model_dir) imports the sources' rows
@@ -103,7 +103,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     planned = time.time()
     state = graph_state(graph)
     try:
-        if ready and distributed.horovod_ranks() > 1:
+        if ready and horovod.horovod_ranks() > 1:
             # Under Horovod, training and evaluation shard the tables across
             # the ranks (lookups exchange ids with the keys' owners, every
             # rank saves the keys it owns); a prediction or export graph

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphmod.distributed.partition import owner_of
+from graphmod.embeddings.partition import owner_of
 from graphmod.rewrite.rule import Refused
 from graphmod.rewrite_rules import (dense_reads, fuse_table_ops, ps_shards, shard_exchange)
 from graphmod.state import graph_state

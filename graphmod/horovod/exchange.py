@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphmod.embeddings import features, fused
-from graphmod.distributed.partition import owner_of
+from graphmod.embeddings.partition import owner_of
 from graphmod.state import Lookup, graph_state
 
 tf1 = tf.compat.v1

@@ -1,7 +1,7 @@
 """Files of sharded checkpoints sent between Horovod ranks that share no file system.
 
 Where rank 0's model_dir is not on a file system every rank sees
-(graphmod.distributed.save_schedule finds out), a rank > 0 writes its part
+(graphmod.horovod.save_schedule finds out), a rank > 0 writes its part
 of a checkpoint or delta into a local staging folder (one table shard at a
 time, as always) and PartStream.to_rank0 sends the part's files to rank 0,
 which writes them beside its own part, before it commits the checkpoint;

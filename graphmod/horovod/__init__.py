@@ -1,8 +1,8 @@
 """Tables sharded by key across Horovod ranks.
 
-Each key has one owner rank (graphmod.distributed.partition). A training
+Each key has one owner rank (graphmod.embeddings.partition). A training
 step's lookups of all tables exchange ids and rows with their owners in
-all-to-alls (graphmod.distributed.exchange), and the sparse optimizers apply
+all-to-alls (graphmod.horovod.exchange), and the sparse optimizers apply
 each key's gradient once, on its owner. Dense layers stay data-parallel
 (Horovod's own DistributedOptimizer).
 
@@ -20,19 +20,19 @@ Two ways in:
 
 Checkpoints of sharded tables are written by graphmod.checkpoint.saver.TableSaver on
 every rank at the same steps (each rank its keys, full checkpoints and
-deltas: graphmod.distributed.checkpoints) and restore on any number of
+deltas: graphmod.checkpoint.parts) and restore on any number of
 ranks; another Saver's save or restore of a sharded table fails when it
 runs, naming it. Every rank must run every fetch that reads a sharded table
 (a lookup is a collective).
 
 >>> import horovod.tensorflow as hvd, graphmod
->>> hvd.init(); graphmod.distributed.enable()
+>>> hvd.init(); graphmod.horovod.enable()
 >>> rows = graphmod.sparse_lookup(table, ids)   # ids of this rank's batch
 """
-from graphmod.distributed.exchange import (active, enable, enabled, exchanged_find,
+from graphmod.horovod.exchange import (active, enable, enabled, exchanged_find,
                                            exchanged_find_or_insert, exchanged_gradients,
                                            horovod_ranks)
-from graphmod.distributed.partition import owner_of
+from graphmod.embeddings.partition import owner_of
 
 __all__ = ["active", "enable", "enabled", "exchanged_find", "exchanged_find_or_insert",
            "exchanged_gradients", "horovod_ranks", "owner_of"]

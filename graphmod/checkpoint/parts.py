@@ -2,7 +2,7 @@
 
 A save runs on every rank at once (graphmod.checkpoint.saver.TableSaver under
 sharding; under GraphModifierHook at rank 0's save steps, into rank 0's
-model_dir: graphmod.distributed.save_schedule): rank r writes the keys it owns as a part of the checkpoint,
+model_dir: graphmod.horovod.save_schedule): rank r writes the keys it owns as a part of the checkpoint,
 `<checkpoint>.tables-0000r-of-0000N` (the tables' usual entries, written
 a chunk of rows at a time), all ranks meet in an allreduce once their parts
 are written, and rank 0 then commits `<checkpoint>.tables.json` (the number
@@ -11,7 +11,7 @@ and the `checkpoint` state file. A checkpoint without its manifest was never
 complete: TableSaver's restore refuses it, naming it.
 
 A restore on M ranks (any M, one included) has rank m read only the parts
-whose hash ranges (graphmod.distributed.partition) overlap its own and
+whose hash ranges (graphmod.embeddings.partition) overlap its own and
 import the keys it owns: with M == N exactly its own part. A checkpoint
 written without sharding (tables in the checkpoint itself) restores as one
 part. Admission sketches are restored when M == N only (each rank's counted
@@ -21,16 +21,20 @@ import hashlib
 import json
 import os
 import re
-from typing import List
+from typing import List, Optional
 
 import tensorflow as tf
 
-from graphmod.distributed.save_schedule import absolute
 from graphmod.checkpoint import deltas
 from graphmod.embeddings.table import (_restore_from, _TableDeltaSaveable, _TableSaveable,
                                        write_tables)
 
 tf1 = tf.compat.v1
+
+
+def absolute(path: Optional[str]) -> Optional[str]:
+    """A local path made absolute; a URL (gs://, hdfs://, s3://) as it is."""
+    return path if not path or "://" in path else os.path.abspath(path)
 
 
 def part_prefix(checkpoint: str, rank: int, size: int) -> str:
@@ -172,7 +176,7 @@ class ShardedTables(TableParts):
             self._committed = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                             name="graphmod_checkpoint_committed")
         # Where rank 0's model_dir is on no file system this rank shares: a
-        # graphmod.distributed.part_stream.PartStream and the local folder
+        # graphmod.horovod.part_stream.PartStream and the local folder
         # its parts are written in before they go to rank 0 (set by TableSaver).
         self.stream, self.staging = None, None
 

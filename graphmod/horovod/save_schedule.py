@@ -1,6 +1,6 @@
 """When tables sharded across Horovod ranks are saved: rank 0 decides, every rank writes.
 
-A save of sharded tables is a collective (graphmod.distributed.checkpoints):
+A save of sharded tables is a collective (graphmod.checkpoint.parts):
 every rank writes the keys it owns as a part of one checkpoint, at the same
 step. Horovod's examples lay training out so that the ranks' own saver
 hooks would not agree on that: rank 0 alone has the model_dir (the
@@ -24,7 +24,7 @@ when GraphModifierHook begins training with sharded tables:
   rank0_dir) where it sees it (rank 0 writes a marker file there, which
   every rank looks for). Where some rank does not, ranks > 0 write their
   parts (of checkpoints and deltas) locally and send them to rank 0
-  (graphmod.distributed.part_stream), and rank 0 sends the checkpoint to
+  (graphmod.horovod.part_stream), and rank 0 sends the checkpoint to
   restore to the ranks > 0 (training and evaluation).
 - Ranks > 0 restore rank 0's latest checkpoint (their session creator is
   pointed at rank 0's model_dir), and note rank 0's model_dir in their own
@@ -50,6 +50,7 @@ import tensorflow as tf
 from absl import logging
 
 from graphmod import tf_private
+from graphmod.checkpoint.parts import absolute
 
 tf1 = tf.compat.v1
 
@@ -117,11 +118,6 @@ def _gather(obj, name: str) -> list:
             got_sizes, got = sess.run([sizes, every], {size: [len(data)], sent: data})
     ends = np.cumsum(got_sizes)
     return [json.loads(got[end - n:end].tobytes().decode()) for n, end in zip(got_sizes, ends)]
-
-
-def absolute(path: Optional[str]) -> Optional[str]:
-    """A local path made absolute; a URL (gs://, hdfs://, s3://) as it is."""
-    return path if not path or "://" in path else os.path.abspath(path)
 
 
 def _refuse(ranks: List[int], what: str) -> None:
@@ -257,8 +253,8 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
     unseen = [r for r, s in enumerate(seen) if not s]
     if unseen:
         # Rank 0's model_dir is on no file system these ranks share: the
-        # parts travel to rank 0 (graphmod.distributed.part_stream).
-        from graphmod.distributed.part_stream import PartStream  # pylint: disable=import-outside-toplevel
+        # parts travel to rank 0 (graphmod.horovod.part_stream).
+        from graphmod.horovod.part_stream import PartStream  # pylint: disable=import-outside-toplevel
         stream = PartStream()
         logging.info("graphmod: ranks %s do not see rank 0's model_dir %s: every rank > 0 "
                      "sends its parts of checkpoints and deltas to rank 0", unseen, rank0_dir)
@@ -346,8 +342,8 @@ def evaluate_rank0_checkpoint() -> None:
     seen = _gather(first is None or tf.io.gfile.exists(first + ".index"),
                    "graphmod_evaluated_checkpoint_seen")
     path = first
-    if not all(seen):  # a copy sent by rank 0 (graphmod.distributed.part_stream)
-        from graphmod.distributed.part_stream import PartStream  # pylint: disable=import-outside-toplevel
+    if not all(seen):  # a copy sent by rank 0 (graphmod.horovod.part_stream)
+        from graphmod.horovod.part_stream import PartStream  # pylint: disable=import-outside-toplevel
         stream = PartStream()
         try:
             path = _mirror_rank0_checkpoint(stream, first if hvd.rank() == 0 else None)

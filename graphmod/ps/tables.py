@@ -3,7 +3,7 @@
 Under TF_CONFIG with ps tasks, the Estimator's replica_device_setter puts
 each variable on one ps task. A converted variable's table is instead cut
 into one shard per ps task (rewrite_rules.ps_shards): shard i lives on
-`/job:ps/task:i` and holds the keys whose owner (graphmod.distributed.partition,
+`/job:ps/task:i` and holds the keys whose owner (graphmod.embeddings.partition,
 the same hash ranges as Horovod's ranks) is i. Workers hold no rows: a step's
 lookups and applies run on the owning ps tasks.
 
@@ -12,7 +12,7 @@ chief): each ps task writes its shards of every table as a part of the
 checkpoint, `<checkpoint>.tables-0000i-of-0000N`, a chunk of rows at a time,
 then the chief commits the manifest `<checkpoint>.tables.json` before the
 dense variables and the `checkpoint` state file; deltas alike. It is the
-layout Horovod ranks write (graphmod.distributed.checkpoints), so a
+layout Horovod ranks write (graphmod.checkpoint.parts), so a
 checkpoint restores on any number of ps tasks, on Horovod ranks, and in one
 process with no cluster (evaluate, predict, export, the CLI).
 """
@@ -23,7 +23,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from graphmod.checkpoint import deltas
-from graphmod.distributed import checkpoints
+from graphmod.checkpoint import parts as checkpoints
 from graphmod.embeddings.table import _TableDeltaSaveable, _TableSaveable, write_tables
 
 tf1 = tf.compat.v1
@@ -60,7 +60,7 @@ def shard_device(device: str, task: int) -> str:
 
 class PsTables:
     """The save and restore of tables sharded over ps tasks; the interface of
-    graphmod.distributed.checkpoints.TableParts that TableSaver uses.
+    graphmod.checkpoint.parts.TableParts that TableSaver uses.
 
     shards[i]: the tables' shards on ps task i, in one table order. The ops
     of shard i (its part's write, its restore and import) run on its task, so
