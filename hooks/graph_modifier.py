@@ -30,7 +30,7 @@ ranks that cannot follow rank 0); every rank must evaluate with the hook too.
 import os
 import sys
 import weakref
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import tensorflow as tf
 from absl import logging
@@ -38,6 +38,7 @@ from absl import logging
 from graphmod import profiles, tf_private
 from graphmod.ps import tables as ps
 from graphmod.embeddings import features
+from graphmod.horovod import save_schedule
 from graphmod.hooks.evict import EvictHook
 from graphmod.hooks.incremental_save import IncrementalSaveHook
 from graphmod.hooks.profile import ProfileHook
@@ -53,45 +54,50 @@ from graphmod.state import tables as graphmod_tables
 tf1 = tf.compat.v1
 
 
-def _coordinate_saves(estimator, incremental, graph):
-    """Every rank saves the keys it owns, together (a save is a collective),
-    at rank 0's save steps (by steps or by its clock) into rank 0's
-    model_dir, and restores from there: graphmod.horovod.save_schedule,
-    which refuses ranks that cannot. The SaveSchedule to drive (None when
-    the session's saves cannot be seen: the rule is logged)."""
-    from graphmod.horovod import save_schedule  # pylint: disable=import-outside-toplevel
-    return save_schedule.coordinate(estimator, incremental, graph)
-
-
-def _restore_from_rank0(estimator, mode: str, sharded: bool) -> None:
-    """Ranks restore rank 0's checkpoint: every rank in a sharded evaluation
-    (a collective), and a rank > 0 that trained saving into rank 0's
-    model_dir in its predictions (no collective)."""
-    from graphmod.horovod import save_schedule  # pylint: disable=import-outside-toplevel
+def _rank() -> int:
+    """This process's Horovod rank (0 where Horovod does not run)."""
     hvd = sys.modules.get("horovod.tensorflow")
-    if mode == "eval" and sharded:
-        save_schedule.evaluate_rank0_checkpoint()
-    elif (estimator is not None and hvd is not None and hvd.is_initialized()
-          and hvd.rank() > 0):
-        save_schedule.restore_from_rank0(estimator.model_dir)
+    return hvd.rank() if hvd is not None and hvd.is_initialized() else 0
 
 
 def _chief(estimator) -> bool:
     """The Estimator's chief, and Horovod's rank 0 where Horovod runs."""
-    hvd = sys.modules.get("horovod.tensorflow")
-    rank = hvd.rank() if hvd is not None and hvd.is_initialized() else 0
-    return estimator.config.is_chief and rank == 0
+    return estimator.config.is_chief and _rank() == 0
 
 
-def _process(estimator, report: RewriteReport) -> str:
+def _process(estimator) -> str:
     """This process's name among those training the model (its profile's
     file): its Horovod rank, its cluster task, or "train"."""
-    if report.sharded_ranks > 1 or (sys.modules.get("horovod.tensorflow") is not None
-                                    and sys.modules["horovod.tensorflow"].is_initialized()):
-        return f"rank{sys.modules['horovod.tensorflow'].rank()}"
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is not None and hvd.is_initialized():
+        return f"rank{hvd.rank()}"
     if estimator is not None and estimator.config.cluster_spec.jobs:
         return f"{estimator.config.task_type}{estimator.config.task_id}"
     return "train"
+
+
+class _Run(NamedTuple):
+    """The graph begin() rewrites, and where its results go."""
+    graph: tf.Graph
+    estimator: Any  # the Estimator running it, if any
+    mode: str
+    model_dir: Optional[str]  # where the plan lives: beside the checkpoints it describes
+    out_dir: Optional[str]  # where reports and graph dumps go (the hook's model_dir= first)
+
+    @staticmethod
+    def of(graph: tf.Graph, hook_dir: Optional[str]) -> "_Run":
+        estimator = tf_private.running_estimator()
+        estimator_dir = estimator.model_dir if estimator is not None else None
+        return _Run(graph, estimator, graph_mode(graph, estimator is not None),
+                    estimator_dir or hook_dir, hook_dir or estimator_dir)
+
+
+def _check_ps_op_library(run: _Run) -> None:
+    """A ps task without graphmod's ops fails here, named, before training."""
+    config = run.estimator.config if run.estimator is not None else None
+    if run.mode == "train" and config is not None and config.master and any(
+            ps.ps_task(t.handle.device) is not None for t in graphmod_tables(run.graph)):
+        ps.check_op_library(config.master, ps.ps_tasks(run.graph), config.session_config)
 
 
 class GraphModifierHook(tf1.train.SessionRunHook):
@@ -193,72 +199,93 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         self.report: Optional[RewriteReport] = None
 
     def begin(self) -> None:
-        graph = tf1.get_default_graph()
         # The same hook may serve train, then evaluate or predict: nothing of
         # an earlier graph carries over (the EvictHook starts over in its begin()).
-        estimator = tf_private.running_estimator()
-        estimator_dir = estimator.model_dir if estimator is not None else None
-        # The plan lives beside the checkpoints it describes (the Estimator's
-        # model_dir); model_dir= only redirects the reports and graph dumps.
-        model_dir = estimator_dir or self.model_dir
-        out_dir = self.model_dir or estimator_dir
-        mode = graph_mode(graph, estimator is not None)
-        before = graph.as_graph_def() if self.dump_graph else None
+        run = _Run.of(tf1.get_default_graph(), self.model_dir)
+        before = run.graph.as_graph_def() if self.dump_graph else None
+        self.report = self._rewrite(run)
+        self.report.log()
+        _check_ps_op_library(run)
+        self._follow_rank0(run)
+        self._start_serving_export(run)
+        self._write_report(run, before)
+        self._start_profile(run)
+        self._start_table_hooks(run)
+
+    def _rewrite(self, run: "_Run") -> RewriteReport:
         timestamp, ts_name = None, ""
         try:
-            if mode == "train" and self.timestamp_feature is not None:
+            if run.mode == "train" and self.timestamp_feature is not None:
                 ts = self.timestamp_feature
                 timestamp = tf_private.input_feature(ts) if isinstance(ts, str) else ts
                 ts_name = ts if isinstance(ts, str) else ts.name
-            self.report = rewrite(graph, self.settings, mode, rules=RULES, model_dir=model_dir,
-                                  timestamp=timestamp, timestamp_name=ts_name,
-                                  full_check=self.full_check,
-                                  estimator_training=estimator is not None and mode == "train")
+            return rewrite(run.graph, self.settings, run.mode, rules=RULES,
+                           model_dir=run.model_dir, timestamp=timestamp, timestamp_name=ts_name,
+                           full_check=self.full_check,
+                           estimator_training=run.estimator is not None and run.mode == "train")
         except Exception as e:
             raise RuntimeError(f"graphmod: the rewrite failed and was undone: {e}") from e
-        self.report.log()
-        if mode == "train" and estimator is not None and estimator.config.master and any(
-                ps.ps_task(t.handle.device) is not None for t in graphmod_tables(graph)):
-            # A ps task without graphmod's ops fails here, named.
-            ps.check_op_library(estimator.config.master, ps.ps_tasks(graph),
-                                estimator.config.session_config)
-        if mode == "train" and self.incremental_hook is not None:
+
+    def _follow_rank0(self, run: "_Run") -> None:
+        """Sharded ranks save together, at rank 0's save steps (by steps or by
+        its clock), into rank 0's model_dir (the SaveSchedule to drive; None
+        when the session's saves cannot be seen: the rule is logged). They
+        restore rank 0's checkpoint: every rank in a sharded evaluation (a
+        collective), a rank > 0 that trained so in its predictions."""
+        sharded = self.report.sharded_ranks > 1
+        if run.mode == "train" and self.incremental_hook is not None:
             self.incremental_hook.coordinated = False  # until this graph's ranks coordinate
-        if self.report.sharded_ranks > 1 and mode == "train":
-            self._schedules[graph] = _coordinate_saves(estimator, self.incremental_hook, graph)
-        elif mode != "train":
-            _restore_from_rank0(estimator, mode, self.report.sharded_ranks > 1)
-        self._exporting[graph] = (self.serving_export is not None and mode == "train"
-                                  and estimator is not None and _chief(estimator))
-        if self._exporting[graph]:
-            self.serving_export.start(estimator, RULES)
-        if out_dir and (estimator is None or estimator.config.is_chief
-                        or estimator.config.task_type == "evaluator"):
-            # (Workers of a parameter-server cluster share the chief's model_dir.)
-            out = os.path.join(out_dir, "graphmod")
+        if run.mode == "train" and sharded:
+            self._schedules[run.graph] = save_schedule.coordinate(
+                run.estimator, self.incremental_hook, run.graph)
+        elif run.mode == "eval" and sharded:
+            save_schedule.evaluate_rank0_checkpoint()
+        elif run.mode != "train" and run.estimator is not None and _rank() > 0:
+            save_schedule.restore_from_rank0(run.estimator.model_dir)
+
+    def _start_serving_export(self, run: "_Run") -> None:
+        self._exporting[run.graph] = (self.serving_export is not None and run.mode == "train"
+                                      and run.estimator is not None and _chief(run.estimator))
+        if self._exporting[run.graph]:
+            self.serving_export.start(run.estimator, RULES)
+
+    def _write_report(self, run: "_Run", before) -> None:
+        """The report (and the graphs before and after, for `graphmod diff
+        MODEL_DIR`) under <model_dir>/graphmod/, by the chief or an evaluator:
+        the workers of a parameter-server cluster share the chief's model_dir."""
+        if run.out_dir and (run.estimator is None or run.estimator.config.is_chief
+                            or run.estimator.config.task_type == "evaluator"):
+            out = os.path.join(run.out_dir, "graphmod")
             self.report.write(out)
-            if before is not None:  # for `graphmod diff MODEL_DIR`
-                tf.io.write_graph(before, out, f"graph_before_{mode}.pbtxt")
-                tf.io.write_graph(graph.as_graph_def(), out, f"graph_after_{mode}.pbtxt")
+            if before is not None:
+                tf.io.write_graph(before, out, f"graph_before_{run.mode}.pbtxt")
+                tf.io.write_graph(run.graph.as_graph_def(), out, f"graph_after_{run.mode}.pbtxt")
                 self.report.write_record(out)
-        # Evictions and deltas change the tables every task shares: in a
-        # parameter-server cluster the chief alone runs them (as it alone
-        # saves); Horovod ranks each run them on the keys they own.
-        drives = (estimator is None or estimator.config.is_chief
+
+    def _start_profile(self, run: "_Run") -> None:
+        self._profiled[run.graph] = (self.profile_hook is not None and run.mode == "train"
+                                     and run.out_dir is not None)
+        if self._profiled[run.graph]:  # every process its own steps
+            self.profile_hook.start(
+                profiles.path_for(run.out_dir, _process(run.estimator)),
+                self.report.counters or {})
+
+    def _start_table_hooks(self, run: "_Run") -> None:
+        """Evictions and deltas in a training graph with tables. They change
+        the tables every task shares: in a parameter-server cluster the chief
+        alone runs them (as it alone saves); Horovod ranks each run them on
+        the keys they own."""
+        drives = (run.estimator is None or run.estimator.config.is_chief
                   or self.report.sharded_ranks > 1)
-        self._profiled[graph] = (self.profile_hook is not None and mode == "train"
-                                 and out_dir is not None)
-        if self._profiled[graph]:  # every process its own steps
-            self.profile_hook.start(profiles.path_for(out_dir, _process(estimator, self.report)),
-                                    self.report.counters or {})
-        if self.report.counters and drives:  # a training graph with tables
-            self._counters[graph] = self.report.counters
-            self.evict_hook.table_names = [t.name for t in graphmod_tables(graph)
-                                           if t.name in self.report.counters
-                                           and features.policy_of(t).evicts]
-            self.evict_hook.begin()
-            if self.incremental_hook is not None:
-                self.incremental_hook.begin()
+        if not (self.report.counters and drives):
+            return
+        self._counters[run.graph] = self.report.counters
+        self.evict_hook.table_names = [t.name for t in graphmod_tables(run.graph)
+                                       if t.name in self.report.counters
+                                       and features.policy_of(t).evicts]
+        self.evict_hook.begin()
+        if self.incremental_hook is not None:
+            self.incremental_hook.begin()
 
     # The EvictHook and IncrementalSaveHook run inside this hook, in training
     # graphs with tables; first, with sharded tables, the SaveSchedule that
