@@ -169,3 +169,35 @@ def test_the_beginning_session_s_saver_hooks_and_checkpoint_are_found_and_redire
     assert probe.seen[0]["checkpoint"] is None and probe.seen[0]["savers"] == []
     np.testing.assert_allclose(got, want)
     assert np.abs(want).max() > 0  # trained, not the zeros a fresh start predicts
+
+
+def test_clearing_control_dependencies_also_leaves_a_v1_loop():
+    """graphmod.embeddings.features.clock builds one clock per graph under
+    control_dependencies(None), from inside a while loop's body, a
+    control_dependencies block and a name scope, and every lookup of the step
+    then reads it (a loop in a v2 FuncGraph is another graph: the clock's
+    cache is per graph)."""
+    with tf.Graph().as_default() as graph:
+        x = tf.constant(1.0, name="x")
+        built = []
+
+        def body(i):
+            with tf1.control_dependencies([x.op]), tf1.name_scope("inner"):
+                with graph.control_dependencies(None), tf1.name_scope(None):
+                    built.append(tf.constant(2, name="at_root"))
+                built.append(tf.constant(3, name="inside"))
+            return [i + built[-1]]
+
+        tf1.disable_control_flow_v2()  # v1 loops keep a context on the graph
+        try:
+            tf1.while_loop(lambda i: i < 10, body, [tf.constant(0)])
+        finally:
+            tf1.enable_control_flow_v2()
+        root, inside = built
+        assert root.op.name == "at_root"
+        assert root.op.control_inputs == []
+        assert root.op._control_flow_context is None  # pylint: disable=protected-access
+        # and the loop's own ops still are inside it: the context came back
+        assert inside.op.name.endswith("inner/inside")
+        assert inside.op._control_flow_context is not None  # pylint: disable=protected-access
+        assert inside.op.control_inputs  # (x as the loop sees it, and the loop's pivot)

@@ -137,15 +137,11 @@ def clock(graph: tf.Graph, unit: str) -> tf.Tensor:
     graph and unit, so every lookup of a step agrees)."""
     state = graph_state(graph)
     if unit not in state.clocks:
-        # Built at the root of the graph: outside the caller's control flow and
-        # control dependencies, so every lookup can use it.
-        context = graph._get_control_flow_context()  # pylint: disable=protected-access
-        graph._set_control_flow_context(None)  # pylint: disable=protected-access
-        try:
-            with graph.control_dependencies(None), tf1.name_scope(None):
-                state.clocks[unit] = _build_clock(graph, unit, state.timestamp)
-        finally:
-            graph._set_control_flow_context(context)  # pylint: disable=protected-access
+        # Built at the root of the graph, so every lookup can use it: outside
+        # the caller's dependencies, name scope and (TF clears it with the
+        # dependencies) v1 control flow context.
+        with graph.control_dependencies(None), tf1.name_scope(None):
+            state.clocks[unit] = _build_clock(graph, unit, state.timestamp)
     return state.clocks[unit]
 
 
