@@ -8,8 +8,13 @@ converts) already use onto them.
 TableInitializer(kind='truncated_normal', a=0.0, b=0.01)
 """
 import dataclasses
+import functools
 import math
+import types
 from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
 
 from graphmod import folding
 from graphmod.rewrite.index import strip_identity
@@ -144,3 +149,116 @@ def _constant_and_other(op):
         if value is not None and value.size == 1:
             return float(value.reshape(-1)[0]), other
     return None, None
+
+
+# --- the initial row of (key, seed): native/initializer.cc's formula, once ---
+# Written against a tiny ops namespace, so one code runs on numpy and as
+# stock TF ops (a portable SavedModel's unseen keys), bit for bit the native
+# InitialValues (tests/test_initializer_formula.py). The C++ draws from a
+# counter-based stream: base = Mix(key ^ Mix(seed ^ S)), draw c = Mix(base +
+# GOLDEN * c), Mix being murmur3's fmix64 (native/bits.h). In int64 only
+# (older servers lack uint64 kernels): Mul and Add wrap mod 2^64 like uint64,
+# and a logical shift is an arithmetic one masked.
+NUMPY_OPS = types.SimpleNamespace(
+    const=np.asarray, cast=lambda x, dtype: np.asarray(x).astype(dtype), xor=np.bitwise_xor,
+    and_=np.bitwise_and, shift=np.right_shift, gather=np.take, where=np.where, equal=np.equal,
+    log=np.log, sqrt=np.sqrt, stack=np.stack, reshape=np.reshape, size=len,
+    fill=lambda n, dim, value: np.full((n, dim), value, np.float32))
+TF_OPS = types.SimpleNamespace(
+    const=tf.constant, cast=tf.cast, xor=tf.bitwise.bitwise_xor, and_=tf.bitwise.bitwise_and,
+    shift=tf.bitwise.right_shift, gather=tf.gather, where=tf.where, equal=tf.equal,
+    log=tf.math.log, sqrt=tf.sqrt, stack=tf.stack, reshape=tf.reshape,
+    size=lambda keys: tf.shape(keys)[0],
+    fill=lambda n, dim, value: tf.fill(tf.stack([n, dim]), value))
+_C1, _C2 = 0xff51afd7ed558ccd, 0xc4ceb9fe1a85ec53
+_GOLDEN, _SEED_MIX = 0x9e3779b97f4a7c15, 0x5851f42d4c957f2d
+_BINS = 4096
+# Acklam's inverse normal CDF coefficients (initializer.cc NormalQuantile).
+_A = [-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+      1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00]
+_B = [-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
+      6.680131188771972e+01, -1.328068155288572e+01, 1.0]
+_C = [-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+      -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00]
+_D = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+      3.754408661907416e+00, 1.0]
+_TAIL = 0.02425
+
+
+def initial_rows(keys, kind: str, seed: int, dim: int, ab, ops=TF_OPS):
+    """keys int64 [n] -> float32 [n, dim], a table's initial rows, in numpy
+    (ops=NUMPY_OPS) or stock TF ops. ab: float32 [3], (a, b, b - a); in TF,
+    read from a variable, so Grappler cannot reassociate the float arithmetic."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown initializer kind {kind!r}, expected one of {KINDS}")
+    n = ops.size(keys)
+    if kind in ("zeros", "constant"):
+        return ops.fill(n, dim, ab[0] if kind == "constant" else np.float32(0))
+    base = _mix(ops.xor(keys, _mix(ops.const([_s64(seed ^ _SEED_MIX)], np.int64), ops)), ops)
+    draws = dim if kind == "uniform" else (dim + 1) // 2
+    steps = ops.const([_s64(_GOLDEN * c) for c in range(1, draws + 1)], np.int64)
+    x = _mix(base[:, None] + steps[None, :], ops)  # [n, draws]
+    if kind == "uniform":  # a + (b - a) * Uniform01: 24 bits
+        u = (ops.cast(_srl(x, 40, ops), np.float32) + np.float32(0.5)) \
+            * np.float32(1.0 / 16777216.0)
+        return ab[0] + ab[2] * u
+    # Two 32-bit draws per 64-bit one, the high half first; 12 bits pick the
+    # quantile bin, 20 place the value inside it.
+    r = ops.reshape(ops.stack([_srl(x, 32, ops), ops.and_(x, 0xFFFFFFFF)], 2),
+                    [-1, 2 * draws])[:, :dim]
+    bins = _srl(r, 20, ops)
+    frac = (ops.cast(ops.and_(r, 0xFFFFF), np.float32) + np.float32(0.5)) \
+        * np.float32(1.0 / 1048576.0)
+    table = _quantile_table(kind == "truncated_normal")
+    lo, hi = ops.gather(table, bins), ops.gather(table, bins + 1)
+    z = lo + frac * (hi - lo)
+    if kind == "normal":  # its outermost bins reach to infinity: invert exactly
+        p = (ops.cast(bins, np.float64) + ops.cast(frac, np.float64)) / _BINS
+        z = ops.where(ops.equal(bins, 0) | ops.equal(bins, _BINS - 1),
+                      ops.cast(_quantile(p, ops), np.float32), z)
+    return ab[0] + ab[1] * z
+
+
+def _s64(u: int) -> int:
+    """uint64 bits as the int64 of the same bits."""
+    u &= (1 << 64) - 1
+    return u - (1 << 64) if u >> 63 else u
+
+
+def _srl(x, n: int, ops):
+    return ops.and_(ops.shift(x, n), (1 << (64 - n)) - 1)
+
+
+def _mix(k, ops):
+    for c in (_C1, _C2):
+        k = ops.xor(k, _srl(k, 33, ops)) * ops.const(_s64(c), np.int64)
+    return ops.xor(k, _srl(k, 33, ops))
+
+
+def _horner(coefficients, x):
+    out = coefficients[0]
+    for c in coefficients[1:]:
+        out = out * x + c
+    return out
+
+
+def _quantile(p, ops):
+    """NormalQuantile on float64 values, in the C++'s order of operations."""
+    lower = p < _TAIL
+    q = ops.sqrt(-2.0 * ops.log(ops.where(lower, p, 1.0 - p)))
+    tail = _horner(_C, q) / _horner(_D, q)
+    c = p - 0.5
+    return ops.where(lower | (p > 1.0 - _TAIL), ops.where(lower, tail, -tail),
+                     _horner(_A, c * c) * c / _horner(_B, c * c))
+
+
+@functools.lru_cache(maxsize=2)
+def _quantile_table(truncated: bool) -> np.ndarray:
+    """initializer.cc MakeQuantileTable: 4097 float32 quantiles (16 KB)."""
+    low = 0.022750131948179195  # Phi(-2)
+    u = np.arange(_BINS + 1) / _BINS
+    if truncated:
+        return _quantile(low + (1.0 - 2.0 * low) * u, NUMPY_OPS).astype(np.float32)
+    t = np.zeros(_BINS + 1, np.float32)  # the normal's outer bins are inverted exactly
+    t[1:-1] = _quantile(u[1:-1], NUMPY_OPS)
+    return t
