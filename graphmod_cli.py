@@ -17,6 +17,7 @@ usage or input error (the message names the file).
 # library, seconds), which is why it sits beside the package, not in it.
 # A command imports graphmod.cli's modules once its arguments are good.
 import os
+import re
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -78,9 +79,10 @@ def _export_flags(fv):
                         "variables", flag_values=fv)
     flags.DEFINE_integer("min_count", 0, "leave out rows seen fewer than N times",
                          flag_values=fv)
-    flags.DEFINE_integer("seen_since", None, "leave out rows last seen before T (the "
-                         "table's clock: global steps, or seconds with "
-                         "eviction_unit='seconds')", flag_values=fv)
+    flags.DEFINE_string("seen_since", None, "leave out rows last seen before T: a value of "
+                        "the tables' clock (global steps, or seconds with eviction_unit="
+                        "'seconds'), or a time ago, 7d, 36h, 90m or 45s (--portable "
+                        "--model-dir=MODEL_DIR, whose graph must count seconds)", flag_values=fv)
     flags.DEFINE_boolean("watch", False, "write a numbered version into OUT after each "
                          "new state of MODEL_DIR", flag_values=fv)
     flags.DEFINE_string("template", None, "--watch: the SavedModel graphmod.export_saved_model "
@@ -132,20 +134,23 @@ def _export(fv, args: List[str]) -> int:
     if len(args) != 2:
         raise UsageError("export --portable takes SOURCE OUT" if fv.portable
                          else "export --watch takes MODEL_DIR OUT")
+    if fv.seen_since is not None and not re.fullmatch(r"-?\d+|\d+[dhms]", fv.seen_since):
+        raise UsageError(f"--seen-since={fv.seen_since}: neither a clock value (an integer) nor "
+                         "a time ago (7d, 36h, 90m, 45s)")
     if fv.portable:
         if fv.template is not None or fv.until_step is not None:
             raise UsageError("--template and --until-step go with --watch")
         from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
-        return commands.export_portable(args[0], args[1], model_dir=fv.model_dir,
-                                        min_count=fv.min_count, seen_since=fv.seen_since)
+        return commands.export_portable(args[0], args[1], fv)
     if fv.model_dir is not None:
         raise UsageError("--watch MODEL_DIR OUT takes the model_dir as its first argument")
     if fv.keep < 1 or fv.poll_secs <= 0:
         raise UsageError("--keep must be >= 1 and --poll-secs > 0")
+    if fv.seen_since and fv.seen_since[-1].isalpha():  # each version would need its own now
+        raise UsageError(f"--seen-since={fv.seen_since}: a time ago goes with --portable; "
+                         "--watch takes a clock value")
     from graphmod.cli import commands  # pylint: disable=import-outside-toplevel
-    return commands.export_watch(args[0], args[1], template=fv.template, keep=fv.keep,
-                                 poll_secs=fv.poll_secs, until_step=fv.until_step,
-                                 min_count=fv.min_count, seen_since=fv.seen_since)
+    return commands.export_watch(args[0], args[1], fv)
 
 
 def _ckpt(fv, args: List[str]) -> int:
@@ -256,11 +261,17 @@ COMMANDS: Dict[str, tuple] = {
 
 
 def _underscored(arg: str) -> str:
-    """--dry-run as --dry_run (absl's flag names): both spellings work."""
+    """--dry-run as --dry_run (absl's names): both work; help and errors say --dry-run."""
     if not arg.startswith("--") or arg == "--":
         return arg
     flag, eq, value = arg[2:].partition("=")
     return "--" + flag.replace("-", "_") + eq + value
+
+
+def _dashed(text: str) -> str:
+    """absl's --[no]dry_run, flag 'dry_run' and its suggestions as --[no]dry-run."""
+    text = re.sub(r"mean: (.*) \?", lambda m: "mean --" + m[1].replace(", ", ", --") + "?", text)
+    return re.sub(r"(--(?:\[no\])?|flag ')(\w+)", lambda m: m[1] + m[2].replace("_", "-"), text)
 
 
 def _usage() -> str:
@@ -292,9 +303,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = fv([f"graphmod {name}"] + [_underscored(a) for a in argv[2:]])[1:]
     except flags.Error as e:
-        return _fail(name, e)
+        return _fail(name, _dashed(str(e)))
     if fv.help:
-        print(f"usage: {usage}\n\n{about}\n\nflags:\n{fv.get_help()}")
+        print(f"usage: {usage}\n\n{about}\n\nflags:\n{_dashed(fv.get_help())}")
         return OK
     # TensorFlow's start-up lines (CPU features and the like) are not the
     # command's output; its warnings and errors still show.
@@ -318,8 +329,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def run() -> None:
-    """The console script's entry point."""
-    sys.exit(main())
+    """The console script's entry point. A reader that stops early (`graphmod
+    diff ... | head -1`) ends the command quietly, as a SIGPIPE ends `git log`."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # what stdout still holds goes nowhere, not to a 2nd error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + 13  # 128 + SIGPIPE, the status a shell gives a tool that SIGPIPE ended
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # bazel run //:graphmod_cli -- COMMAND ...

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -347,6 +348,100 @@ def test_the_command_runs_as_a_module_and_as_the_installed_script():
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stderr == (
         "graphmod inspect: /nonexistent/model_dir: no such directory\n"), done.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["export", "--help"], ["diff", "MODEL_DIR"]])
+def test_a_reader_that_closes_early_ends_the_command_without_a_traceback(args, model_dir):
+    """`graphmod --help | head -1`: the reader gone (here before the command
+    writes at all), the command ends quietly, as a SIGPIPE ends other tools."""
+    script = os.path.join(os.path.dirname(sys.executable), "graphmod")
+    for command in ([script], [sys.executable, "-m", "graphmod"]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run(command + [model_dir if a == "MODEL_DIR" else a for a in args],
+                                  stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write)
+        assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+        assert "Broken pipe" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_help_usage_errors_and_docs_spell_each_flag_one_way(capsys):
+    """--min-count, never --min_count: in each command's usage and help, in
+    absl's errors (a bad value, an unknown flag's suggestion) and in the docs."""
+    import graphmod_cli
+    underscored = set()
+    for name, (define, _, usage, about) in graphmod_cli.COMMANDS.items():
+        names = [f for f in graphmod_cli._flag_values(define) if "_" in f]
+        underscored.update(f"--{f}" for f in names)
+        code, out, _ = run(capsys, name, "--help")
+        assert code == 0 and "usage: " + usage in out
+        for f in names:
+            assert f"--{f.replace('_', '-')}:" in out or \
+                f"--[no]{f.replace('_', '-')}:" in out, (f, out)
+    assert {"--min_count", "--seen_since", "--dry_run", "--poll_secs"} <= underscored
+    docs = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), p)
+            for p in ("README.md", "docs/cli.md", "docs/serving.md")]
+    for text in [run(capsys, n, "--help")[1] for n in graphmod_cli.COMMANDS] + \
+            [graphmod_cli._usage()] + [open(p).read() for p in docs]:
+        said = {w.split("=")[0].replace("[no]", "") for w in text.split() if w.startswith("--")}
+        assert not {w.strip("`,.;:()[]'") for w in said} & underscored, text[:300]
+    for args, dashed in [(["export", "--min_count=x", "a", "b"], "--min-count=x"),
+                         (["export", "--poll-sec=1", "a", "b"], "--poll-secs?"),
+                         (["rewrite", "--dry-runn", "m"], "--dry-run?")]:
+        code, out, err = run(capsys, *args)
+        assert code == 2 and dashed in err and "_" not in err.split(":", 1)[1], err
+
+
+def receiver_fn():
+    ids = {n: tf1.placeholder(tf.int64, [None], name=n) for n in ("user", "item", "country")}
+    return tf.estimator.export.ServingInputReceiver(ids, ids)
+
+
+def test_seen_since_takes_a_time_ago_where_the_tables_count_seconds(tmp_path, capsys):
+    """--seen-since=7d: rows last seen in the last 7 days (now minus 7 days in
+    the tables' clock, seconds); a bad value or a model whose tables count
+    global steps: one line naming the flag, exit status 2."""
+    for bad in ("7x", "d7", "7.5h", "-7d", ""):
+        code, out, err = run(capsys, "export", "--portable", f"--seen-since={bad}", "a", "b")
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith(f"graphmod export: --seen-since={bad}: neither a clock value"), err
+    code, _, err = run(capsys, "export", "--watch", "--seen-since=7d", "a", "b")
+    assert code == 2 and "--seen-since=7d: a time ago goes with --portable" in err, err
+    code, _, err = run(capsys, "export", "--portable", "--seen-since=36h", "a", "b")
+    assert code == 2 and "--seen-since=36h: a time ago needs --model-dir" in err, err
+    model_dir = str(tmp_path / "model")
+    estimator = tf.estimator.Estimator(model_fn, model_dir)
+    estimator.train(input_fn, steps=2, hooks=[graphmod.GraphModifierHook()])
+    trained = time.time()
+    source = graphmod.export_saved_model(estimator, receiver_fn, str(tmp_path / "src")).decode()
+    reports = {}
+    for since in ("7d", "36h", "90m", "1s"):
+        if since == "1s":
+            time.sleep(max(0.0, trained + 2.1 - time.time()))  # every row stamped >= 2 s ago
+        code, out, err = run(capsys, "export", "--portable", f"--model-dir={model_dir}",
+                             f"--seen-since={since}", source, tmp_path / since)
+        assert code == 0, err
+        reports[since] = {t["table"]: (t["rows_kept"], t["rows"]) for t in
+                          json.loads(out)["tables"]}
+    assert set(reports["7d"]) == {"user_embedding", "item_embedding"}
+    for since in ("7d", "36h", "90m"):
+        assert all(0 < kept == rows for kept, rows in reports[since].values()), reports
+    assert all(kept == 0 < rows for kept, rows in reports["1s"].values()), reports
+    # Tables stamping rows with global steps: a time ago means nothing.
+    steps_dir = str(tmp_path / "steps")
+    tf.estimator.Estimator(model_fn, steps_dir).train(input_fn, steps=1, hooks=[
+        graphmod.GraphModifierHook(tables={"user_embedding": dict(
+            eviction_threshold=100, eviction_unit="steps")})])
+    code, out, err = run(capsys, "export", "--portable", f"--model-dir={steps_dir}",
+                         "--seen-since=7d", source, tmp_path / "never")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("graphmod export: --seen-since=7d: ") and "global steps" in err, err
+    assert not os.path.exists(tmp_path / "never")
+    code, out, err = run(capsys, "export", "--portable", f"--model-dir={steps_dir}",
+                         "--seen-since=1", source, tmp_path / "steps_out")
+    assert code == 0, err  # a clock value (a step) it takes
 
 
 def table_entries(checkpoint, table):

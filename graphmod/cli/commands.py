@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Optional
 
 import tensorflow as tf
@@ -12,7 +13,7 @@ from google.protobuf import message
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow.python.framework import meta_graph as meta_graph_lib
 
-from graphmod.checkpoint import merged
+from graphmod.checkpoint import deltas, merged
 from graphmod.cli import graph_diff, render
 from graphmod.cli.graphs import InputError, dumps, load_file, load_json, read_plan
 from graphmod.settings import MIN_ROWS
@@ -180,7 +181,6 @@ def _table_entries(checkpoint: str) -> dict:
 
 def inspect(model_dir: str, fv) -> int:
     """Exit status 1 when a delta of the latest checkpoint is torn."""
-    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     if not tf.io.gfile.isdir(model_dir):
         raise InputError(f"{model_dir}: no such directory")
     latest = merged.latest_checkpoint(model_dir)
@@ -210,8 +210,7 @@ def inspect(model_dir: str, fv) -> int:
     for t in tables:
         t["counters"] = counters.get(t["table"])
     out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.is_sharded(latest),
-               tables=tables,
-        plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
+               tables=tables, plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
     if fv.format == "json":
         print(json.dumps(out, indent=1))
     else:
@@ -283,26 +282,38 @@ def _inspect_text(out: dict) -> str:
 
 # --- export --portable / --watch ---------------------------------------------
 
-def export_portable(source: str, out: str, *, model_dir: Optional[str] = None,
-                    min_count: int = 0, seen_since: Optional[int] = None) -> int:
+def export_portable(source: str, out: str, fv) -> int:
     from graphmod.checkpoint import serving_versions  # pylint: disable=import-outside-toplevel
     from graphmod.checkpoint.portable import portable_saved_model  # pylint: disable=import-outside-toplevel
+    keep = dict(min_count=fv.min_count, seen_since=_seen_since(fv.seen_since, fv.model_dir))
     with _export_errors(out):
-        if model_dir is None:
-            report = portable_saved_model(source, out, min_count=min_count,
-                                          seen_since=seen_since)
+        if fv.model_dir is None:
+            report = portable_saved_model(source, out, **keep)
         else:
-            report = serving_versions.export_state(source, model_dir, out, min_count=min_count,
-                                                   seen_since=seen_since)
+            report = serving_versions.export_state(source, fv.model_dir, out, **keep)
     print(json.dumps(report, indent=1))
     return OK
 
 
-def export_watch(model_dir: str, base: str, *, template: Optional[str], keep: int,
-                 poll_secs: float, until_step: Optional[int], min_count: int,
-                 seen_since: Optional[int]) -> int:
+def _seen_since(value: Optional[str], model_dir: Optional[str]) -> Optional[int]:
+    """--seen-since as the tables' clock value: T, or now minus T ago (7d, 36h,
+    90m, 45s) where model_dir's training graph stamps rows with seconds."""
+    if value is None or not value[-1].isalpha():
+        return None if value is None else int(value)
+    latest = merged.latest_checkpoint(model_dir) if model_dir else None
+    if latest is None or not tf.io.gfile.exists(latest + ".meta"):
+        raise InputError(f"--seen-since={value}: a time ago needs --model-dir, whose training "
+                         "graph (latest checkpoint's .meta) tells seconds from global steps")
+    if any(n.name.startswith("graphmod/clock_steps") for n in
+           load_file(latest + ".meta").graph_def.node):
+        raise InputError(f"--seen-since={value}: {latest}.meta stamps rows with global steps "
+                         "(eviction_unit='steps'), where a time ago means nothing: give a step")
+    return int(time.time()) - int(value[:-1]) * dict(d=86400, h=3600, m=60, s=1)[value[-1]]
+
+
+def export_watch(model_dir: str, base: str, fv) -> int:
     from graphmod.checkpoint import serving_versions  # pylint: disable=import-outside-toplevel
-    template = template or os.path.join(base, ".template")
+    template = fv.template or os.path.join(base, ".template")
     if not os.path.isfile(os.path.join(template, "saved_model.pb")):
         raise InputError(f"{template}: no SavedModel to take the serving graph from (give "
                          "--template=a SavedModel graphmod.export_saved_model wrote of this "
@@ -318,15 +329,16 @@ def export_watch(model_dir: str, base: str, *, template: Optional[str], keep: in
               flush=True)
 
     def reached():
-        return until_step is not None and bool(newest) and newest[0] >= until_step
+        return fv.until_step is not None and bool(newest) and newest[0] >= fv.until_step
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt  # so a version half written is removed on the way out
     signal.signal(signal.SIGTERM, interrupted)
     with _export_errors(base):
         try:
-            serving_versions.watch(template, model_dir, base, keep=keep, poll_secs=poll_secs,
-                                   min_count=min_count, seen_since=seen_since, stop=reached,
+            serving_versions.watch(template, model_dir, base, keep=fv.keep,
+                                   poll_secs=fv.poll_secs, min_count=fv.min_count,
+                                   seen_since=_seen_since(fv.seen_since, None), stop=reached,
                                    on_version=report)
         except KeyboardInterrupt:
             pass
@@ -336,12 +348,13 @@ def export_watch(model_dir: str, base: str, *, template: Optional[str], keep: in
 @contextlib.contextmanager
 def _export_errors(out: str):
     """An export's failures as one line (exit status 2)."""
-    from graphmod.checkpoint.merged import StateError  # pylint: disable=import-outside-toplevel
     from graphmod.checkpoint.portable import NotPortable  # pylint: disable=import-outside-toplevel
     try:
         yield
-    except (NotPortable, StateError) as e:
+    except (NotPortable, merged.StateError) as e:
         raise InputError(render.printable(str(e))) from None
+    except BrokenPipeError:
+        raise  # stdout's reader left (graphmod_cli.run ends quietly), not OUT unwritable
     except OSError as e:
         raise InputError(f"{e.filename or out}: cannot be written ({e.strerror})") from None
 

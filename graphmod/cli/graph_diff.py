@@ -68,10 +68,6 @@ class GraphDiff:
                     left_dense=self.skipped)
 
 
-def _inputs(node) -> List[str]:
-    return list(node.input)
-
-
 def _source(name: str) -> str:
     """The node an input string names ("^a", "a:1" -> "a")."""
     return name.lstrip("^").split(":")[0]
@@ -82,26 +78,18 @@ def diff(before: graph_pb2.GraphDef, after: graph_pb2.GraphDef,
     old = {n.name: n for n in before.node}
     new = {n.name: n for n in after.node}
     built = (record or {}).get("built", {})
-    edge_rules: Dict[tuple, str] = {}
-    for e in (record or {}).get("edges", []):
-        edge_rules[(e["op"], str(e["input"]))] = e["rule"]
-    changes = []
-    for name, node in new.items():
-        if name not in old:
-            changes.append(Change("added", name, node.op, built.get(name)))
-    for name, node in old.items():
-        if name not in new:
-            changes.append(Change("removed", name, node.op, None))
-    for name, node in new.items():
-        if name in old and _inputs(old[name]) != _inputs(node):
-            changes.append(_rerouted(old[name], node, edge_rules))
+    edge_rules = {(e["op"], str(e["input"])): e["rule"] for e in (record or {}).get("edges", [])}
+    changes = [Change("added", n, node.op, built.get(n)) for n, node in new.items() if n not in old]
+    changes += [Change("removed", n, node.op, None) for n, node in old.items() if n not in new]
+    changes += [_rerouted(old[n], node, edge_rules) for n, node in new.items()
+                if n in old and old[n].input != node.input]
     groups = _group(changes, old, new, report)
     skipped = list((report or {}).get("skipped", []))
     return GraphDiff(len(old), len(new), groups, skipped, old, new)
 
 
 def _rerouted(old, new, edge_rules) -> Change:
-    a, b = _inputs(old), _inputs(new)
+    a, b = list(old.input), list(new.input)
     data_a = [x for x in a if not x.startswith("^")]
     data_b = [x for x in b if not x.startswith("^")]
     parts, rules = [], []
@@ -113,10 +101,8 @@ def _rerouted(old, new, edge_rules) -> Change:
             rules.append(edge_rules.get((new.name, str(i))))
     control_a = {x for x in a if x.startswith("^")}
     control_b = {x for x in b if x.startswith("^")}
-    for x in sorted(control_a - control_b):
-        parts.append(f"waits no more for {x}")
-    for x in sorted(control_b - control_a):
-        parts.append(f"waits for {x}")
+    parts += [f"waits no more for {x}" for x in sorted(control_a - control_b)]
+    parts += [f"waits for {x}" for x in sorted(control_b - control_a)]
     if control_a != control_b:
         rules.append(edge_rules.get((new.name, "control")))
     rule = next((r for r in rules if r), None)
