@@ -106,7 +106,8 @@ def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys,
     # its stand-in's budget through a disk tier: the same state, bit for bit.
     from graphmod.checkpoint import merged
     from graphmod.checkpoint.saver import TableSaver
-    budget, create, save, stand_ins, on_disk = (merged.STAND_IN_BUDGET, graphmod.create_table,
+    from graphmod.embeddings import table as table_module
+    budget, create, save, stand_ins, on_disk = (merged.STAND_IN_BUDGET, table_module.create_table,
                                                 TableSaver.save, [], [])
 
     def create_table(*args, **kwargs):
@@ -116,12 +117,12 @@ def test_a_table_four_times_its_budget_trains_as_all_in_memory(tmp_path, capsys,
     def saved(self, sess, *args, **kwargs):  # the stand-in's rows on disk as it saves
         on_disk.extend(sess.run([t.tier_info()["disk_rows"] for t in stand_ins]))
         return save(self, sess, *args, **kwargs)
-    monkeypatch.setattr(graphmod, "create_table", create_table)
+    monkeypatch.setattr(table_module, "create_table", create_table)
     monkeypatch.setattr(TableSaver, "save", saved)
     monkeypatch.setattr(merged, "STAND_IN_BUDGET", 4096)  # a row or so a shard
     tiered = checkpoint_state(disk_dir)
     monkeypatch.setattr(merged, "STAND_IN_BUDGET", budget)
-    monkeypatch.setattr(graphmod, "create_table", create)
+    monkeypatch.setattr(table_module, "create_table", create)
     monkeypatch.setattr(TableSaver, "save", save)
     assert [t.memory_budget for t in stand_ins] == [4096]
     assert on_disk[0] > 0.9 * len(b[f"{TABLE}-keys"]), on_disk
