@@ -6,13 +6,9 @@ GraphModifierHook all validate here, naming what they configure.
 """
 import dataclasses
 import fnmatch
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 MIN_ROWS = 10_000  # identity-indexed variables this large convert (GraphModifierHook)
-NUM_SHARDS = 16
-WHEN_FULL = ("lru", "lfu", "refuse")
-# Shard layouts (native/shard_storage.h): one memory miss a key, or fewer bytes.
-LAYOUTS = ("buckets", "arena")
 UNITS = ("seconds", "steps")
 
 
@@ -20,58 +16,93 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_table(owner: str, num_shards, max_rows, when_full, admission_sketch_width,
-                layout="arena", memory_budget=None, storage_path=None) -> None:
-    """Raises ValueError naming owner (a table or pattern) for a bad table setting."""
-    if not _is_int(num_shards) or not 1 <= num_shards <= 4096 or num_shards & (num_shards - 1):
-        raise ValueError(f"{owner}: num_shards must be a power of two in [1, 4096], "
-                         f"got {num_shards!r}")
-    if max_rows is not None and (not _is_int(max_rows) or max_rows <= 0):
-        raise ValueError(f"{owner}: max_rows must be a positive integer or None, "
-                         f"got {max_rows!r}")
-    if admission_sketch_width is not None and (not _is_int(admission_sketch_width) or
-                                               not 0 < admission_sketch_width <= 2**32):
-        raise ValueError(f"{owner}: admission_sketch_width must be None or an integer in "
-                         f"[1, 2**32], got {admission_sketch_width!r}")
-    if when_full not in WHEN_FULL:
-        raise ValueError(f"{owner}: when_full must be 'lru', 'lfu' or 'refuse', "
-                         f"got {when_full!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"{owner}: layout must be 'buckets' or 'arena', got {layout!r}")
-    check_tier(owner, memory_budget, storage_path)
-    if memory_budget is not None and max_rows is not None:
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A field of TableSettings, its default and what it must be (`valid`, in
+    words `must`). With an `attr`, a create_table keyword kept as a `kind` in
+    that attribute of the table op (native/ops.cc): None as `unset`, or as
+    the bool attribute `none_attr` where no value of the kind is free."""
+    name: str
+    kind: Any
+    default: Any = None
+    must: str = ""
+    valid: Optional[Callable[[Any], bool]] = None
+    attr: Optional[str] = None
+    unset: Any = None
+    none_attr: Optional[str] = None
+
+    def op_attrs(self, value) -> Dict[str, Any]:
+        attrs = {self.none_attr: value is None} if self.none_attr else {}
+        return {**attrs, self.attr: self.unset if value is None else self.kind(value)}
+
+    def read(self, op) -> Any:
+        value = op.get_attr(self.attr)
+        value = value.decode() if isinstance(value, bytes) else value
+        unset = op.get_attr(self.none_attr) if self.none_attr else value == self.unset
+        return None if unset else value
+
+
+# TableSettings' fields in its constructor's order; docs/extending.md (d)
+# adds one, tests/test_settings_declaration.py holds the table op to them.
+SETTINGS = (
+    Setting("initializer", Any),
+    Setting("default_value", float, attr="default_value", unset=0.0,
+            none_attr="missing_is_initializer"),
+    Setting("max_rows", int, None, "a positive integer or None",
+            lambda v: v is None or _is_int(v) and v > 0, "max_rows", -1),
+    Setting("when_full", str, "lru", "'lru', 'lfu' or 'refuse'",
+            lambda v: v in ("lru", "lfu", "refuse"), "when_full"),
+    Setting("num_shards", int, 16, "a power of two in [1, 4096]",
+            lambda v: _is_int(v) and 1 <= v <= 4096 and not v & (v - 1), "num_shards"),
+    *(Setting(name, int, -1, "an integer >= -1 (-1 disables)", lambda v: _is_int(v) and v >= -1)
+      for name in ("access_threshold", "eviction_threshold")),
+    Setting("eviction_unit", str, "seconds", f"one of {UNITS}", lambda v: v in UNITS),
+    Setting("admission_sketch_width", int, None, "None or an integer in [1, 2**32]",
+            lambda v: v is None or _is_int(v) and 0 < v <= 2**32, "sketch_width", 0),
+    # Shard layouts (native/shard_storage.h): one memory miss a key, or fewer bytes.
+    Setting("layout", str, "arena", "'buckets' or 'arena'", lambda v: v in ("buckets", "arena"),
+            "layout"),
+    Setting("memory_budget", float, None, "None (every row in memory), a fraction of rows in "
+            "(0, 1] or a number of bytes (an integer > 1)",
+            lambda v: v is None or _is_int(v) and v >= 1 or isinstance(v, float) and 0 < v <= 1,
+            "memory_budget", 0.0),
+    Setting("storage_path", str, None, "a directory path",
+            lambda v: v is None or isinstance(v, str) and v != "", "storage_path", ""),
+    Setting("prefetch", bool, True),
+    Setting("convert", bool, True),
+)
+TABLE_SETTINGS = tuple(s for s in SETTINGS if s.attr)
+
+
+def check(owner: str, values: Dict[str, Any]) -> None:
+    """Raises ValueError naming owner (a table, feature or pattern) for a bad setting."""
+    for s in SETTINGS:
+        if s.name in values and s.valid is not None and not s.valid(values[s.name]):
+            raise ValueError(f"{owner}: {s.name} must be {s.must}, got {values[s.name]!r}")
+    memory_budget, storage_path = values.get("memory_budget"), values.get("storage_path")
+    if (memory_budget is None) != (storage_path is None):
+        raise ValueError(f"{owner}: memory_budget and storage_path go together (what stays in "
+                         f"memory, and the local directory for the rest), got memory_budget="
+                         f"{memory_budget!r}, storage_path={storage_path!r}")
+    if memory_budget is not None and values.get("max_rows") is not None:
         raise ValueError(f"{owner}: max_rows and a memory_budget together are not supported "
                          f"yet (a full table would evict among the rows in memory, the most "
                          f"recently used); bound the table by eviction_threshold instead")
 
 
-def check_tier(owner: str, memory_budget, storage_path) -> None:
-    """A disk tier: memory_budget a fraction of rows in (0, 1] or bytes (an
-    integer > 1), and a storage_path (a local directory) with it; or neither."""
-    if memory_budget is not None and (isinstance(memory_budget, bool) or
-                                      not isinstance(memory_budget, (int, float)) or
-                                      not 0 < memory_budget <= 1 and not
-                                      (_is_int(memory_budget) and memory_budget > 1)):
-        raise ValueError(f"{owner}: memory_budget must be None (every row in memory), a "
-                         f"fraction of rows in (0, 1] or a number of bytes (an integer > 1), "
-                         f"got {memory_budget!r}")
-    if storage_path is not None and (not isinstance(storage_path, str) or not storage_path):
-        raise ValueError(f"{owner}: storage_path must be a directory path, got {storage_path!r}")
-    if (memory_budget is None) != (storage_path is None):
-        raise ValueError(f"{owner}: memory_budget and storage_path go together (what stays in "
-                         f"memory, and the local directory for the rest), got memory_budget="
-                         f"{memory_budget!r}, storage_path={storage_path!r}")
-
-
 def check_policy(owner: str, access_threshold, eviction_threshold, eviction_unit) -> None:
-    """Raises ValueError naming owner (a table, feature or pattern) for bad settings."""
-    for what, value in (("access_threshold", access_threshold),
-                        ("eviction_threshold", eviction_threshold)):
-        if not _is_int(value) or value < -1:
-            raise ValueError(f"{owner}: {what} must be an integer >= -1 (-1 disables), "
-                             f"got {value!r}")
-    if eviction_unit not in UNITS:
-        raise ValueError(f"{owner}: eviction_unit must be one of {UNITS}, got {eviction_unit!r}")
+    check(owner, dict(access_threshold=access_threshold, eviction_threshold=eviction_threshold,
+                      eviction_unit=eviction_unit))
+
+
+def table_attrs(owner: str, given: Dict[str, Any]) -> Dict[str, Any]:
+    """The table op's attributes for create_table's settings given and defaults, checked."""
+    unknown = sorted(set(given) - {s.name for s in TABLE_SETTINGS})
+    if unknown:
+        raise TypeError(f"{owner}: create_table has no setting {', '.join(unknown)}")
+    values = {s.name: given.get(s.name, s.default) for s in TABLE_SETTINGS}
+    check(owner, values)
+    return {a: v for s in TABLE_SETTINGS for a, v in s.op_attrs(values[s.name]).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +121,8 @@ NO_POLICY = TablePolicy()
 
 
 @dataclasses.dataclass
-class TableSettings:
+class TableSettings(dataclasses.make_dataclass(
+        "TableSettings", [(s.name, s.kind, s.default) for s in SETTINGS])):
     """Per-table settings of the hook; None inherits from the variable / defaults.
 
     Training decides them; evaluation and prediction graphs of a model read
@@ -107,31 +139,15 @@ class TableSettings:
     access_threshold, eviction_threshold and eviction_unit those of
     graphmod.FeatureSpec; convert=False keeps the variable dense.
     """
-    initializer: Any = None
-    default_value: Optional[float] = None
-    max_rows: Optional[int] = None
-    when_full: str = "lru"
-    num_shards: int = NUM_SHARDS
-    access_threshold: int = -1
-    eviction_threshold: int = -1
-    eviction_unit: str = "seconds"
-    admission_sketch_width: Optional[int] = None
-    layout: str = "arena"
-    memory_budget: Optional[float] = None
-    storage_path: Optional[str] = None
-    prefetch: bool = True
-    convert: bool = True
-
     def __post_init__(self):
-        check_policy("TableSettings", self.access_threshold, self.eviction_threshold,
-                     self.eviction_unit)
-        check_table("TableSettings", self.num_shards, self.max_rows, self.when_full,
-                    self.admission_sketch_width, self.layout, self.memory_budget,
-                    self.storage_path)
+        check("TableSettings", {s.name: getattr(self, s.name) for s in SETTINGS})
 
     @property
     def policy(self) -> TablePolicy:
         return TablePolicy(self.access_threshold, self.eviction_threshold, self.eviction_unit)
+
+    def table_kwargs(self) -> Dict[str, Any]:
+        return {s.name: getattr(self, s.name) for s in TABLE_SETTINGS}
 
 
 @dataclasses.dataclass

@@ -30,7 +30,7 @@ and every other reader keeps the bucket ids it always read; an error names
 the table when even that path cannot carry 63-bit keys (a cast to 32 bits).
 """
 import dataclasses
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, NamedTuple, Optional, Set
 
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
@@ -50,7 +50,15 @@ class Keys:
     names: List[str]
     types: List[str]
 
+    def table_entry(self) -> dict:
+        return dict(unsqueezed=self.names)
 
+    def plan_entry(self) -> dict:
+        return dict(unsqueezed=self.names, unsqueezed_types=self.types)
+
+
+# For the report: the squeezing ops unsqueezed, and those kept ({op, reason})
+Unsqueezed = NamedTuple("Unsqueezed", [("unsqueezed_keys", list), ("squeezed_keys_kept", list)])
 # Consumers that only look at how many ids there are.
 _POSITIONAL = {"Shape", "Size", "Rank"}
 # Comparisons `ids OP c` whose answer is the same for every non-negative id
@@ -206,6 +214,7 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
     converted = {g.op.name for c in conversions for g in c.gathers}
     replaced_ops = {op.name for c in conversions if c.update is not None for op in c.update.ops}
     decided: Dict[str, Optional[str]] = {}  # source -> refusal reason (None: unsqueezed)
+    outcome = Unsqueezed([], [])
     for c in conversions:
         if c.planned_keys is None and context.held_densely(c):
             for source in sources([g.op.inputs[1] for g in c.gathers]):
@@ -231,18 +240,19 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
                                      c.table_name)
                     decided[source.name] = None
                 if decided[source.name] is None:
-                    context.unsqueezed.append(source.name)
+                    outcome.unsqueezed_keys.append(source.name)
             reason = decided[source.name]
             if reason is None:
                 keys.names.append(source.name)
                 keys.types.append(source.type)
-            elif (source.name, reason) not in context.squeezed_kept:
-                context.squeezed_kept.append((source.name, reason))
-        context.build(NAME, c, keys)
+            elif dict(op=source.name, reason=reason) not in outcome.squeezed_keys_kept:
+                outcome.squeezed_keys_kept.append(dict(op=source.name, reason=reason))
+        context.build(keys, c)
         if keys.names:
             context.approximate(
                 c, "keyed by the full ids of " + ", ".join(keys.names) + ": ids that shared a "
                 "row (hash-bucket or modulo collisions) have rows of their own")
+    context.build(outcome)
 
 
 def _as_planned(c: Conversion, found: List[tf.Operation], planned: List[str]

@@ -22,21 +22,23 @@ the fused apply. The fused op's outputs equal the ops' (graphmod.embeddings.fuse
 this rule changes no number.
 """
 import collections
-from typing import Dict, List
+from typing import Dict, List, NamedTuple
 
 import tensorflow as tf
 
 from graphmod.embeddings import fused
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.rule import Context
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "fuse_table_ops"
 AFTER = ("optimizer_updates", "shard_exchange", "ps_shards")  # fuses the table ops they leave
+Fused = NamedTuple("Fused", [("fused", dict)])  # for the report: op type -> [fused, built]
 
 
 def rewrite(rw, conversions, context: Context) -> None:
     # Fusing refuses nothing: what cannot be fused stays as it is.
-    handles = {context.built("gather_to_lookup", c).table.handle.name for c in conversions}
+    handles = {context.built(Lookups, c).table.handle.name for c in conversions}
     # (A single op an earlier rule replaced, e.g. shard_exchange's one-rank
     # lookups, is used no more and must not join a live fused op.)
     candidates = [op for op in rw.index.of_type(*fused.FUSES)
@@ -46,6 +48,7 @@ def rewrite(rw, conversions, context: Context) -> None:
     if len(candidates) < 2:
         return
     levels, sources = levels_and_sources(candidates)
+    done = Fused({})
     groups: Dict[tuple, List[tf.Operation]] = collections.defaultdict(list)
     for op in candidates:
         apply = op.type == "GraphmodTableApply"
@@ -65,7 +68,8 @@ def rewrite(rw, conversions, context: Context) -> None:
                 for old, t in zip(op.outputs, new):
                     rw.reroute(old, t)
                 rw.replace_control_input(op, fused_op)
-        done = context.fused.setdefault(kind, [0, 0])
-        done[0] += len(ops)
-        done[1] += 1
+        counts = done.fused.setdefault(kind, [0, 0])
+        counts[0] += len(ops)
+        counts[1] += 1
+    context.build(done)
 

@@ -13,8 +13,7 @@ the variable's static shape become constants. Gradients are not taken here:
 the optimizer rule takes the one the variable's update consumes, so whatever
 the model did between tf.gradients and the update still applies.
 Refuses gathers with batch dimensions, on another axis, or with non-integer ids.
-Builds, per conversion, its Lookups: the table, each lookup's keys and rows,
-and the tensors the gathers' consumers now read.
+Builds, per conversion, its Lookups: the table, and each lookup's keys and rows.
 """
 import contextlib
 import dataclasses
@@ -23,6 +22,7 @@ from typing import List, Tuple
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
+from graphmod import optimizers
 from graphmod._ops import ops
 from graphmod.embeddings.lookup import find_or_insert
 from graphmod.embeddings.table import create_table
@@ -37,7 +37,10 @@ AFTER = ("collisionless_keys",)  # lookups read the keys as that rule left them
 class Lookups:
     table: "graphmod.Table"
     reads: List[Tuple[tf.Tensor, tf.Tensor]]  # (int64 keys, rows read) of each lookup
-    outputs: List[tf.Tensor]                  # what the variable's readers now read
+
+    def table_entry(self) -> dict:
+        return dict(table=self.table.name, slots=self.table.num_slots,
+                    initializer=dataclasses.asdict(self.table.initializer))
 
 
 def check(conversion: Conversion, context: Context) -> None:
@@ -55,13 +58,12 @@ def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
         # The table keeps the slots of the update optimizer_updates matched
         # (none in a registry without it, or in a graph that does not train).
-        translation = context.match("optimizer_updates", c)
-        context.build(NAME, c, _rewrite_one(rw, c, translation.layout if translation else None))
+        context.build(_rewrite_one(rw, c, context.built(optimizers.SparseOptimizer, c)), c)
 
 
 def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
     s = conversion.settings
-    reads, outputs = [], []
+    reads = []
     # The table lives where the variable did: on the ps task the Estimator's
     # replica_device_setter gave it (a GraphmodTable is not one of the op
     # types it places). Its lookups and updates follow it there: TF's placer
@@ -71,11 +73,8 @@ def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
     with rw.rule(NAME), device:
         table = create_table(
             conversion.table_name, conversion.dim, initializer=conversion.initializer,
-            optimizer=optimizer,
-            default_value=s.default_value, num_shards=s.num_shards, max_rows=s.max_rows,
-            when_full=s.when_full, admission_sketch_width=s.admission_sketch_width,
-            layout=s.layout, memory_budget=s.memory_budget, storage_path=s.storage_path,
-            seed=conversion.seed, shape_hint=[conversion.rows, conversion.dim])
+            optimizer=optimizer, seed=conversion.seed,
+            shape_hint=[conversion.rows, conversion.dim], **s.table_kwargs())
         for g in conversion.gathers:
             with tf.compat.v1.name_scope(f"graphmod/{table.name}/lookup"):
                 keys = g.op.inputs[1]  # the current input: keys may have been unsqueezed
@@ -89,12 +88,11 @@ def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:
                 if g.op.type in SEGMENT_READS:
                     rows = _combine_by_segment(g, rows)
             rw.reroute(g.op.outputs[0], rows)
-            outputs.append(rows)
         for read in conversion.shape_reads:  # the variable is never initialized now
             rows, dim = conversion.rows, conversion.dim
             value = {"Rank": 2, "Size": rows * dim}.get(read.op.type, [rows, dim])
             rw.reroute(read, tf.constant(value, read.dtype))
-    return Lookups(table, reads, outputs)
+    return Lookups(table, reads)
 
 
 def _combine_by_segment(read: Gather, rows: tf.Tensor) -> tf.Tensor:

@@ -13,16 +13,20 @@ dense instead. Builds, per conversion trained under a penalty, the penalty's
 gradient parts [(rows * g, keys)], which optimizer_updates adds to the
 gradient the table's apply takes.
 """
+from typing import NamedTuple
+
 import tensorflow as tf
 
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "l2_penalties"
 AFTER = ("gather_to_lookup",)
 APPROXIMATION = ("its L2 penalty covers the distinct rows each step reads, not the whole "
                  "variable: rows outside the batch get no update (a dense update would "
                  "shrink them and, with momentum or Adam, keep moving them)")
+PenaltyGrads = NamedTuple("PenaltyGrads", [("parts", list)])  # [(rows * g, keys)]
 
 
 def check(conversion: Conversion, context: Context) -> None:
@@ -48,7 +52,7 @@ def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
         if not c.penalties:
             continue
-        lookups = context.built("gather_to_lookup", c)
+        lookups = context.built(Lookups, c)
         with rw.rule(NAME), tf.compat.v1.name_scope(f"graphmod/{lookups.table.name}/l2_penalty"):
             if not lookups.reads:  # a graph that reads no rows of it: no penalty
                 for penalty in c.penalties:
@@ -58,4 +62,4 @@ def rewrite(rw, conversions, context: Context) -> None:
             for penalty in c.penalties:
                 rw.reroute(penalty.outputs[0], tf.nn.l2_loss(rows))
             if c.training and c.update is not None:
-                context.build(NAME, c, [(rows * g, keys) for g in c.update.penalty_grads])
+                context.build(PenaltyGrads([(rows * g, keys) for g in c.update.penalty_grads]), c)

@@ -20,17 +20,20 @@ Refuses (the variable then stays dense): centered RMSProp, Keras momentum and
 Adam forms, TF1 Adam when exact=True (a table's Adam is lazy: rows outside
 the batch keep their moments, which the report states otherwise), and
 anything else it does not recognise. Its match (check) is the update's
-Translation, which gather_to_lookup builds the table's slots from; it builds
-the table's apply op per conversion.
+Translation and the optimizer gather_to_lookup builds the table's slots
+from; it builds the table's Apply per conversion.
 """
-from typing import List, Optional, Tuple, Union
+import dataclasses
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
 
 from graphmod import folding, optimizers
 from graphmod._ops import ops
-from graphmod.rewrite.plan import Combined, Conversion, Update
+from graphmod.rewrite.plan import Combined, Conversion, Update, checkpoint_name
 from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.l2_penalties import PenaltyGrads
 
 NAME = "optimizer_updates"
 AFTER = ("gather_to_lookup", "l2_penalties")  # applies to the table, with the penalty's rows
@@ -43,6 +46,8 @@ UNREAD_ROWS = ("its gradient is dense, and the dense {} update moves rows the ba
 class Untranslatable(Refused):
     pass
 
+
+Apply = NamedTuple("Apply", [("op", tf.Operation)])  # the table's apply op
 
 # op type -> (table optimizer kind, {hyper-parameter (optimizers.SPECS) or slot
 # name: the op's input arg holding it, or a constant}). Keyed by the op type
@@ -64,18 +69,15 @@ _FUSED = {
 }
 
 
+@dataclasses.dataclass(eq=False)
 class Translation:
     """What the table's apply needs: kind, hyper-parameter tensors, slot layout."""
-
-    def __init__(self, kind: str, hparams: List[Union[tf.Tensor, float]],
-                 slot_vars: List[tf.Variable],
-                 nesterov: bool = False, dense: bool = False):
-        self.kind = kind
-        self.hparams = hparams
-        self.slot_vars = slot_vars
-        self.nesterov = nesterov
-        self.dense = dense  # the update is a dense Apply op (every row, every step)
-        self.layout: Optional[optimizers.SparseOptimizer] = None  # set by check()
+    kind: str
+    hparams: List[Union[tf.Tensor, float]]
+    slot_vars: List[tf.Variable]
+    nesterov: bool = False
+    dense: bool = False  # the update is a dense Apply op (every row, every step)
+    layout: Optional[optimizers.SparseOptimizer] = None  # set by check()
 
     def slot_layout(self) -> optimizers.SparseOptimizer:
         """A graphmod optimizer whose slot rows start as the variable's slots did."""
@@ -84,6 +86,14 @@ class Translation:
         if len(init) != keeps:
             raise Untranslatable(f"found {len(init)} slot variables, {self.kind} keeps {keeps}")
         return optimizers.with_slots(self.kind, init)
+
+    def table_entry(self) -> dict:
+        # The dense slots the table's slots stand for, in its slot order.
+        return dict(slot_variables=[s.op.name for s in self.slot_vars], optimizer=self.kind)
+
+    def plan_entry(self) -> dict:
+        return dict(slots=[[checkpoint_name(v), float(init)]
+                           for v, init in zip(self.slot_vars, self.layout.slot_init)])
 
 
 def _constant(t: tf.Tensor, what: str) -> float:
@@ -211,6 +221,7 @@ def check(conversion: Conversion, context: Context) -> Optional[Translation]:
                                  "not read (exact=True keeps it dense)")
         context.approximate(conversion, UNREAD_ROWS.format(translation.kind))
     translation.layout = translation.slot_layout()  # refuses slots a table cannot start as
+    context.build(translation.layout, conversion)
     return translation
 
 
@@ -233,10 +244,9 @@ def rewrite(rw, conversions, context: Context) -> None:
     hparams = {}  # one stacked vector per distinct set of hyper-parameters
     for c in conversions:
         if c.training:
-            apply = _rewrite_one(rw, context.built("gather_to_lookup", c).table, c.update,
-                                 context.match(NAME, c), context.built("l2_penalties", c, []),
-                                 hparams)
-            context.build(NAME, c, apply)
+            context.build(Apply(_rewrite_one(
+                rw, context.built(Lookups, c).table, c.update, context.built(Translation, c),
+                (context.built(PenaltyGrads, c) or PenaltyGrads([])).parts, hparams)), c)
 
 
 def _as_rows(t: tf.Tensor, shape: List[int], dtype: tf.DType) -> tf.Tensor:

@@ -30,7 +30,7 @@ A dense checkpoint in model_dir is adopted as on one machine: each ps task
 imports the rows it owns (graphmod.checkpoint.saver).
 """
 import collections
-from typing import List
+from typing import List, NamedTuple
 
 import tensorflow as tf
 
@@ -42,16 +42,20 @@ from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.optimizer_updates import Apply
 from graphmod.state import graph_state
 
 NAME = "ps_shards"
 AFTER = ("optimizer_updates", "dense_reads")
 _LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
-# The table op's attributes a shard copies (all but the op's name).
-_TABLE_ATTRS = ("table_name", "shared_name", "dim", "num_slots", "slot_init", "initializer",
-                "init_a", "init_b", "seed", "num_shards", "missing_is_initializer",
-                "default_value", "max_rows", "when_full", "sketch_width", "layout",
-                "memory_budget", "storage_path")
+
+
+class Shards(NamedTuple):
+    tables: List[Table]  # a table's shard on each ps task, in task order
+
+    def table_entry(self) -> dict:
+        return dict(ps_shards=len(self.tables))
 
 
 def _sharded(conversion: Conversion, context: Context) -> bool:
@@ -87,30 +91,31 @@ def check(conversion: Conversion, context: Context) -> None:
 def rewrite(rw, conversions, context: Context) -> None:
     if context.ps_tasks < 1 or context.ranks > 1:
         return
-    built = {c.name: context.built("gather_to_lookup", c) for c in conversions}
+    built = {c.name: context.built(Lookups, c) for c in conversions}
     if context.ps_tasks == 1:
         # One ps task holds every table whole: only the gradient rows change
         # (summed per key, and sent as one tensor).
         on_ps = [c for c in conversions if c.training and ps.ps_task(c.variable.device) == 0]
         with rw.rule(NAME):
-            _shard_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
-                                for c in on_ps],
+            _shard_applies(rw, [(built[c.name].table, context.built(Apply, c).op) for c in on_ps],
                            {built[c.name].table.name: [built[c.name].table] for c in on_ps})
         return
-    state = graph_state(context.graph)
     with rw.rule(NAME):
-        for lookups in built.values():
-            state.ps_shards[lookups.table.name] = _shards(lookups.table, context.ps_tasks)
-        _shard_lookups(rw, list(built.values()), state.ps_shards)
-        _shard_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
-                            for c in conversions if c.training], state.ps_shards)
+        shards = {lk.table.name: _shards(lk.table, context.ps_tasks) for lk in built.values()}
+        rw.set_state("ps_shards", {**graph_state(context.graph).ps_shards, **shards})
+        _shard_lookups(rw, list(built.values()), shards)
+        _shard_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
+                            for c in conversions if c.training], shards)
+    for c in conversions:
+        context.build(Shards(shards[built[c.name].table.name]), c)
 
 
 def _shards(table: Table, n: int) -> List[Table]:
     """The table's shard on each of n ps tasks: itself on its own task, a
     table with its settings (and name: the checkpoint's) on each other one."""
     op = table.handle.op
-    attrs = {a: op.get_attr(a) for a in _TABLE_ATTRS}
+    # Every attribute the op declares: a setting added to it is copied too.
+    attrs = {a.name: op.get_attr(a.name) for a in op.op_def.attr}
     mine = ps.ps_task(table.handle.device)
     shards = []
     for i in range(n):
@@ -204,7 +209,7 @@ def _shard_applies(rw, applies, shards) -> None:
                         handles, _unpack(ids, sizes, [None] * len(group)),
                         _unpack(grads, _times(sizes, dims), dims),
                         [op.inputs[3] for _, op in group],
-                        optimizers=[_text(op.get_attr("optimizer")) for _, op in group],
+                        optimizers=[op.get_attr("optimizer").decode() for _, op in group],
                         nesterov=[op.get_attr("nesterov") for _, op in group],
                         by_address=False))
             apply = tf.group(per_task)
@@ -251,7 +256,3 @@ def _step_of(rw, apply: tf.Operation):
             above = rw.index.control_consumers(op)
         waiting.add(op.name)
     return frozenset(waiting), frozenset(c.name for c in apply.control_inputs)
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value

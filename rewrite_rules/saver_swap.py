@@ -9,15 +9,17 @@ checkpoint. The same goes for summaries of the dense variable (the canned
 linear models' fraction of zero weights): Estimators merge the SUMMARIES
 collection after begin(). Matches every conversion; refuses nothing.
 """
+from typing import NamedTuple
+
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context
 
 NAME = "saver_swap"
+Freed = NamedTuple("Freed", [("dense_bytes_freed", int)])  # for the report
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    for c in conversions:
-        context.dense_bytes_freed += _rewrite_one(rw, c)
+    context.build(Freed(sum(_rewrite_one(rw, c) for c in conversions)))
 
 
 def _rewrite_one(rw, conversion: Conversion) -> int:

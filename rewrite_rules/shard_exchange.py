@@ -29,6 +29,8 @@ from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.optimizer_updates import Apply
 
 NAME = "shard_exchange"
 AFTER = ("optimizer_updates", "dense_reads")
@@ -57,10 +59,10 @@ def check(conversion: Conversion, context: Context) -> None:
 def rewrite(rw, conversions, context: Context) -> None:
     if context.ranks <= 1:
         return
-    built = {c.name: context.built("gather_to_lookup", c) for c in conversions}
+    built = {c.name: context.built(Lookups, c) for c in conversions}
     with rw.rule(NAME):
         _exchange_lookups(rw, list(built.values()))
-        _exchange_applies(rw, [(built[c.name].table, context.built("optimizer_updates", c))
+        _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
                                for c in conversions if c.training])
 
 
@@ -103,11 +105,7 @@ def _exchange_applies(rw, applies) -> None:
         with tf.compat.v1.name_scope("graphmod/owner_apply"):
             apply = fused.apply([t.handle for t in tables], [k for k, _ in owned],
                                 [g for _, g in owned], [op.inputs[3] for op in old],
-                                [_text(op.get_attr("optimizer")) for op in old],
+                                [op.get_attr("optimizer").decode() for op in old],
                                 [op.get_attr("nesterov") for op in old], by_address=False)
         for op in old:
             rw.replace_control_input(op, apply)
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value

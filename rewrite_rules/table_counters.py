@@ -6,16 +6,20 @@ see graphmod.embeddings.features.add_summaries) and adds it to the SUMMARIES
 collection, which Estimators merge after the hooks' begin(). Refuses nothing.
 The counters are also handed to the hook, which logs them at the end.
 """
+from typing import NamedTuple
+
 from graphmod.embeddings import features
 from graphmod.rewrite.rule import Context
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "table_counters"
 AFTER = ("gather_to_lookup",)
+Counters = NamedTuple("Counters", [("counters", dict)])  # for the report: {table: {name: tensor}}
 
 
 def rewrite(rw, conversions, context: Context) -> None:
-    tables = [context.built("gather_to_lookup", c).table for c in conversions if c.training]
+    tables = [context.built(Lookups, c).table for c in conversions if c.training]
     if not tables:
         return
     with rw.rule(NAME):
-        context.counters, _ = features.add_summaries(tables)
+        context.build(Counters(features.add_summaries(tables)[0]))

@@ -25,19 +25,21 @@ Refuses (the variable stays dense, as the checkpoint holds it):
 - a graph whose Saver cannot become a TableSaver (see above), or an
   Estimator model whose Scaffold brings its own Saver.
 """
-from typing import List
-
+from typing import List, NamedTuple
 
 from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite.plan import Conversion, checkpoint_name
 from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.optimizer_updates import Translation
 
 NAME = "table_saver"
 AFTER = ("gather_to_lookup",)
+Adopted = NamedTuple("Adopted", [("adopted", list)])  # for the report
 
 
 def _slot_names(conversion: Conversion, context: Context) -> List[str]:
-    translation = context.match("optimizer_updates", conversion)
+    translation = context.built(Translation, conversion)
     slots = translation.slot_vars if translation is not None else []
     return [checkpoint_name(s) for s in slots]
 
@@ -76,11 +78,11 @@ def rewrite(rw, conversions: List[Conversion], context: Context) -> None:
     except table_saver.NotReplaceable:
         return  # no conversion was adopted (check refused them): the graph's Saver stays
     adopted = [c for c in conversions if context.held_densely(c)]
-    tables = {c.name: context.built("gather_to_lookup", c).table for c in adopted}
+    tables = {c.name: context.built(Lookups, c).table for c in adopted}
     with rw.rule(NAME):
         table_saver.install(rw, context.graph, [
             table_saver.Adoption(tables[c.name], checkpoint_name(c.variable),
                                  _slot_names(c, context) if tables[c.name].num_slots else [],
                                  c.rows)
             for c in adopted])
-    context.adopted.extend(c.variable.op.name for c in adopted)
+    context.build(Adopted([c.variable.op.name for c in adopted]))

@@ -19,16 +19,18 @@ in the report: keys computed with state (a vocabulary table, a variable), a
 one-shot iterator or feed_dict input, and tables sharded over Horovod ranks
 or ps tasks (their next keys are known only after the exchange).
 """
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
 from graphmod.rewrite.index import GraphIndex, walk
 from graphmod.rewrite.rule import Context
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "tier_prefetch"
 AFTER = ("gather_to_lookup",)
+Prefetch = NamedTuple("Prefetch", [("prefetch", dict)])  # for the report: table -> "" or why not
 
 
 class _NoPrefetch(Exception):
@@ -41,7 +43,7 @@ def rewrite(rw, conversions, context: Context) -> None:
     why_not: Dict[str, str] = {}  # table -> why (one of) its lookups' keys are not prefetched
     wanted = {}
     for c in conversions:
-        lookups = context.built("gather_to_lookup", c)
+        lookups = context.built(Lookups, c)
         if not c.training or not lookups.table.memory_budget:
             continue
         if not c.settings.prefetch:
@@ -73,10 +75,9 @@ def rewrite(rw, conversions, context: Context) -> None:
         with rw.rule(NAME):
             rw.reroute(rw.index.data_input(make), ahead, consumers=[make])
         prefetched.update(table.name for table, _, _ in keyed)
-    for name, why in why_not.items():
-        context.prefetch[name] = (f"some of its lookups: {why}" if name in prefetched else why)
-    for name in prefetched - set(why_not):
-        context.prefetch[name] = ""
+    reported = {name: f"some of its lookups: {why}" if name in prefetched else why
+                for name, why in why_not.items()}
+    context.build(Prefetch({**reported, **{name: "" for name in prefetched - set(why_not)}}))
 
 
 def _pure_path(keys: tf.Tensor, index: GraphIndex) -> Tuple[tf.Operation, List[tf.Operation]]:

@@ -18,6 +18,7 @@ dense).
 import tensorflow as tf
 
 from graphmod.rewrite.rule import Context
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "warm_start"
 AFTER = ("gather_to_lookup",)
@@ -28,7 +29,7 @@ def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
         if c.warm_start is None:
             continue
-        table = context.built("gather_to_lookup", c).table
+        table = context.built(Lookups, c).table
         flag_name = f"graphmod/{table.name}/graphmod_warm_started"
         if context.checkpoint_names and flag_name not in context.checkpoint_names:
             continue  # the model's checkpoint (from before the warm start) restores the table

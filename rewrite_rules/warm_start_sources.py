@@ -9,11 +9,14 @@ runs exactly when the model is initialized and never after a restore.
 Refuses nothing: a mapping naming no table or variable of the graph is an
 error (the rewrite fails and is undone).
 """
+from typing import NamedTuple
+
 from graphmod.rewrite.rule import Context
 from graphmod.checkpoint.warm_start import WarmStarter
 
 NAME = "warm_start_sources"
 AFTER = ("gather_to_lookup", "saver_swap")  # the graph's tables, and its variables left dense
+WarmStarted = NamedTuple("WarmStarted", [("warm_started", list)])  # for the report
 
 
 def rewrite(rw, conversions, context: Context) -> None:
@@ -21,4 +24,4 @@ def rewrite(rw, conversions, context: Context) -> None:
     if context.warm_start is None:
         return
     with rw.rule(NAME):
-        context.warm_started.extend(WarmStarter(context.warm_start, context.graph).started)
+        context.build(WarmStarted(WarmStarter(context.warm_start, context.graph).started))

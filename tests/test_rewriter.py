@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from graphmod.rewrite.index import GraphIndex as GraphView
 from graphmod.rewrite.rewriter import Rewriter
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 
@@ -58,6 +59,18 @@ def test_the_record_names_the_rule_that_built_each_op():
         tf.identity(x, name="after")
         assert rw.record()["built"] == {"one/y": "first", "one": "first", "two": "inner",
                                         "three": "outer"}
+
+
+def test_per_graph_state_changes_through_the_rewriter_and_undo_restores_it():
+    with tf.Graph().as_default() as g:
+        rw = Rewriter(g)
+        with rw.rule("demo"):
+            rw.set_state("sharded", True)
+            rw.set_state("reads_parts", False)  # as it was: no change to record
+        assert graph_state(g).sharded is True
+        assert rw.summary()["demo"] == {"state": 1}
+        rw.undo()
+        assert graph_state(g).sharded is None
 
 
 def test_graph_view_networkx_index_matches_the_graph():

@@ -9,6 +9,7 @@ saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
 ...                               optimizer=graphmod.optimizers.Adagrad(0.05))
 >>> emb = graphmod.sparse_lookup(table, features["user_id"], is_training=True)
 """
+import inspect
 import math
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -20,7 +21,7 @@ from tensorflow.python.training.saving import saveable_object
 
 from graphmod._ops import ops
 from graphmod.embeddings.initializers import TableInitializer, to_table_initializer
-from graphmod.settings import NUM_SHARDS, check_table
+from graphmod.settings import TABLE_SETTINGS, table_attrs
 from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
@@ -43,17 +44,8 @@ class Table:
         self.slot_init = tuple(op.get_attr("slot_init"))
         self.initializer = TableInitializer(op.get_attr("initializer").decode(),
                                             op.get_attr("init_a"), op.get_attr("init_b"))
-        self.default_value = (None if op.get_attr("missing_is_initializer")
-                              else op.get_attr("default_value"))
-        max_rows = op.get_attr("max_rows")
-        self.max_rows = None if max_rows < 0 else max_rows
-        self.when_full = op.get_attr("when_full").decode()
-        self.num_shards = op.get_attr("num_shards")
-        sketch = op.get_attr("sketch_width")
-        self.admission_sketch_width = sketch or None
-        self.layout = op.get_attr("layout").decode()
-        self.memory_budget = op.get_attr("memory_budget") or None
-        self.storage_path = op.get_attr("storage_path").decode() or None
+        for setting in TABLE_SETTINGS:  # default_value, max_rows, ... as create_table's
+            setattr(self, setting.name, setting.read(op))
         self.optimizer = optimizer
 
     def __repr__(self) -> str:
@@ -404,12 +396,8 @@ def _check_name(name: Any) -> str:
 
 
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
-                 default_value: Optional[float] = None, num_shards: int = NUM_SHARDS,
-                 seed: Optional[int] = None, max_rows: Optional[int] = None,
-                 when_full: str = "lru", admission_sketch_width: Optional[int] = None,
-                 layout: str = "arena", memory_budget: Optional[float] = None,
-                 storage_path: Optional[str] = None,
-                 shape_hint: Optional[List[int]] = None) -> Table:
+                 seed: Optional[int] = None, shape_hint: Optional[List[int]] = None,
+                 **settings) -> Table:
     """Creates a dynamic embedding table in the default graph.
 
     Args:
@@ -466,9 +454,9 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
     if optimizer is not None and not isinstance(optimizer, SparseOptimizer):
         raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
                         f"optimizer, got {type(optimizer).__name__}")
-    check_table(f"graphmod table '{name}'", num_shards, max_rows, when_full,
-                admission_sketch_width, layout, memory_budget, storage_path)
-    if max_rows is not None and when_full != "refuse" and max_rows < 64 * num_shards:
+    attrs = table_attrs(f"graphmod table '{name}'", settings)
+    max_rows, num_shards = attrs["max_rows"], attrs["num_shards"]
+    if 0 <= max_rows < 64 * num_shards and attrs["when_full"] != "refuse":
         from absl import logging
         logging.warning("graphmod table '%s': max_rows %d over %d shards leaves about %d rows "
                         "a shard; a new id only evicts within its own shard, so some will be "
@@ -495,13 +483,15 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
             num_slots=len(optimizer.slot_init) if optimizer is not None else 0,
             slot_init=list(optimizer.slot_init) if optimizer is not None else [],
             initializer=init.kind, init_a=init.a, init_b=init.b, seed=int(seed),
-            num_shards=num_shards, missing_is_initializer=default_value is None,
-            default_value=0.0 if default_value is None else float(default_value),
-            max_rows=-1 if max_rows is None else max_rows, when_full=when_full,
-            sketch_width=admission_sketch_width or 0, layout=layout,
-            memory_budget=float(memory_budget or 0), storage_path=storage_path or "",
-            name=f"graphmod/{name}/table")
+            name=f"graphmod/{name}/table", **attrs)
     table = Table(handle, optimizer)
     state.tables[name] = table
     tf1.add_to_collection(tf1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(table))
     return table
+
+
+# help() and the docs' checks see each setting (graphmod.settings) as a keyword.
+create_table.__signature__ = inspect.signature(create_table).replace(parameters=[
+    *list(inspect.signature(create_table).parameters.values())[:-1],
+    *(inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default)
+      for s in TABLE_SETTINGS)])

@@ -11,7 +11,6 @@ collections and graphmod's per-graph state) and raised.
 >>> report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "train",
 ...                  rules=graphmod.rewrite_rules.RULES, model_dir="/tmp/model")
 """
-import dataclasses
 import time
 from typing import List, Optional, Sequence
 
@@ -24,24 +23,13 @@ from graphmod.checkpoint.parts import TableParts
 from graphmod.checkpoint import saver as table_saver
 from graphmod.rewrite import plan_file, validate
 from graphmod.rewrite.index import GraphIndex
-from graphmod.rewrite.plan import (PlanMismatch, RewriteSettings, checkpoint_name, plan,
-                                   trains_anything)
+from graphmod.rewrite.plan import PlanMismatch, RewriteSettings, plan, trains_anything
 from graphmod.rewrite.report import RewriteReport
 from graphmod.rewrite.rewriter import Rewriter
 from graphmod.rewrite.rule import Context, Refused, Rule
-from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 MODES = ("train", "eval", "predict")
-
-
-def _latest(model_dir: Optional[str]) -> Optional[str]:
-    return tf.train.latest_checkpoint(model_dir) if model_dir else None
-
-
-def _checkpoint_names(ckpt: Optional[str]) -> frozenset:
-    """Names in checkpoint ckpt (empty for None)."""
-    return frozenset(n for n, _ in tf.train.list_variables(ckpt)) if ckpt else frozenset()
 
 
 def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Sequence[Rule],
@@ -70,15 +58,14 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     training = mode == "train" and trains_anything(index)
     replay = plan_file.read(model_dir)
     conversions, skipped = plan(index, settings, training, replay)
-    latest = _latest(model_dir)
-    names = _checkpoint_names(latest)
+    latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
+    names = frozenset(n for n, _ in tf.train.list_variables(latest)) if latest else frozenset()
     # exact=True: keys stay as the model squeezed them (collisions included).
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
-    # (Not undone: the checkpoint's layout, whatever becomes of the rewrite.)
-    graph_state(graph).reads_parts = latest is not None and TableParts.is_sharded(latest)
     rw = Rewriter(graph, index)
+    rw.set_state("reads_parts", latest is not None and TableParts.is_sharded(latest))
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
                       ranks=horovod.horovod_ranks() if mode != "predict" else 1,
@@ -88,37 +75,37 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
                       warm_start=settings.warm_start if training and not names else None)
     ready = []
     for c in conversions:
-        name = c.name
         try:
             for rule in rules:
                 if rule.check is not None:
-                    context.matched(rule.name, c, rule.check(c, context))
+                    context.build(rule.check(c, context), c)
         except Refused as e:
-            if replay is not None and name in replay:
-                raise PlanMismatch(f"graphmod: '{name}' was converted to a table when training, "
-                                   f"but cannot be in this graph: {e}") from None
-            skipped.append((name, str(e)))
+            if replay is not None and c.name in replay:
+                raise PlanMismatch(f"graphmod: '{c.name}' was converted to a table when "
+                                   f"training, but cannot be in this graph: {e}") from None
+            skipped.append((c.name, str(e)))
             continue
         ready.append(c)
     planned = time.time()
-    state = graph_state(graph)
     try:
         if ready and horovod.horovod_ranks() > 1:
             # Under Horovod, training and evaluation shard the tables across
             # the ranks (lookups exchange ids with the keys' owners, every
             # rank saves the keys it owns); a prediction or export graph
             # holds every key (its restore reads every rank's part).
-            state.sharded = context.ranks > 1
+            rw.set_state("sharded", context.ranks > 1)
         if training and timestamp is not None:
             features.set_timestamp(timestamp, timestamp_name, graph)
         for c in ready:
             features.set_policy(c.table_name, c.settings.policy, graph)
+        # What reads the variables or waits for their updates: the rules make
+        # it read or wait for what they build instead (the validity check's roots).
+        roots = [op for c in ready for t in [g.op.outputs[0] for g in c.gathers] + c.dense_reads
+                 for op in index.consumers(t)]
+        roots += [op for c in ready if c.training
+                  for op in index.control_consumers(c.update.update_op)]
         for rule in rules:
             rule.rewrite(rw, ready, context)
-        outputs = [t for c in ready for t in _outputs(c, context)]
-        roots = [op for t in outputs for op in t.consumers()]
-        roots += [op for c in ready if context.built("optimizer_updates", c) is not None
-                  for op in rw.index.control_consumers(context.built("optimizer_updates", c))]
         rewritten = time.time()
         validate.check(graph, [c.variable for c in ready], roots, training=training,
                        full=full_check)
@@ -127,7 +114,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     except Exception:
         rw.undo()  # graph, collections and graphmod's state: the rewrite can run again
         raise
-    report = RewriteReport(
+    return RewriteReport(
         graph=mode,
         seconds=time.time() - start,
         phase_seconds=dict(plan=planned - start, rewrite=rewritten - planned,
@@ -136,61 +123,39 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
         skipped=[dict(variable=v, reason=r) for v, r in skipped],
         approximations=[dict(variable=c.name, what=a)
                         for c in ready for a in context.approximations.get(c.name, [])],
-        rules=rw.summary(), dense_bytes_freed=context.dense_bytes_freed,
-        unsqueezed_keys=context.unsqueezed,
-        squeezed_keys_kept=[dict(op=o, reason=r) for o, r in context.squeezed_kept],
-        replayed_plan=replay is not None, fused=context.fused, adopted=context.adopted,
-        warm_started=context.warm_started, prefetch=context.prefetch,
-        sharded_ranks=context.ranks if ready else 1,
-        counters=context.counters, record=rw.record())
-    return report
+        rules=rw.summary(), replayed_plan=replay is not None,
+        sharded_ranks=context.ranks if ready else 1, record=rw.record(),
+        **{k: v for r in context.results() for k, v in r._asdict().items()})
 
 
-def _outputs(c, context: Context) -> List[tf.Tensor]:
-    """What the converted variable's readers read now (lookups, dense reads)."""
-    dense = context.built("dense_reads", c)
-    return context.built("gather_to_lookup", c).outputs + ([dense] if dense is not None else [])
+def _entry(results: list, kind: str) -> dict:
+    """The fields results give an entry of kind "table_entry" or "plan_entry"."""
+    return {k: v for r in results if hasattr(r, kind) for k, v in getattr(r, kind)().items()}
 
 
 def _table_entry(c, context: Context) -> dict:
-    table = context.built("gather_to_lookup", c).table
-    translation = context.match("optimizer_updates", c)
-    keys = context.built("collisionless_keys", c)
-    return dict(variable=c.name, table=table.name, rows=c.rows, dim=c.dim,
-                slots=table.num_slots, lookups=len(c.gathers),
-                # The dense slots the table's slots stand for, in its slot order.
-                slot_variables=[s.op.name for s in translation.slot_vars] if translation else [],
-                optimizer=translation.kind if translation else None,
-                initializer=dataclasses.asdict(table.initializer),
-                unsqueezed=keys.names if keys is not None else None,
-                dense_reads=len(c.dense_reads), warm_started=c.warm_start is not None,
-                ranks_combine=_ranks_combine(c),
-                ps_shards=len(graph_state(table.graph).ps_shards.get(table.name, [])))
-
-
-def _ranks_combine(c) -> str:
-    """How Horovod combines the variable's gradient over ranks ("average",
-    "sum"), as its table's owners then do; "" when it does not."""
+    # How Horovod combines the variable's gradient over ranks ("average",
+    # "sum"), as its table's owners then do ("" when it does not).
     combined = c.update.combined if c.update is not None else None
-    return combined.collective.combine if combined is not None and \
-        combined.collective.runs else ""
+    combine = combined.collective.combine if combined and combined.collective.runs else ""
+    # Fields in the report's order, with what they say when no rule gives them.
+    entry = dict(variable=c.name, table=None, rows=c.rows, dim=c.dim, slots=0,
+                 lookups=len(c.gathers), slot_variables=[], optimizer=None, initializer=None,
+                 unsqueezed=None, dense_reads=len(c.dense_reads),
+                 warm_started=c.warm_start is not None, ranks_combine=combine, ps_shards=0)
+    return dict(entry, **_entry(context.results(c), "table_entry"))
 
 
 def _save_plan(model_dir: str, replay, ready: List, context: Context) -> None:
     """The training graph's decisions, added to those of earlier runs."""
     planned = dict(replay or {})
     for c in ready:
-        t = context.match("optimizer_updates", c)
-        keys = context.built("collisionless_keys", c)
-        slots = [[checkpoint_name(v), float(init)]
-                 for v, init in zip(t.slot_vars, t.layout.slot_init)] if t is not None else []
         info = getattr(c.variable, "_save_slice_info", None)
         part_of = [info.full_name, int(info.var_offset[0]), int(info.full_shape[0])] \
             if info is not None else None
         planned[c.variable.op.name] = plan_file.Planned(
             c.variable.op.name, c.table_name, c.rows, c.dim, c.settings, c.initializer,
-            c.seed, list(keys.names) if keys else [], list(keys.types) if keys else [], slots,
-            part_of)
+            c.seed, part_of=part_of, **_entry(context.results(c), "plan_entry"))
     plan_file.write(model_dir, planned)
 
 

@@ -33,8 +33,9 @@ class Planned:
     settings: TableSettings      # initializer resolved into `initializer`
     initializer: TableInitializer
     seed: Optional[int]
-    unsqueezed: List[str]        # squeezing ops whose full keys feed the table
-    unsqueezed_types: List[str]  # their op types (matched when names differ by mode)
+    # squeezing ops whose full keys feed the table; their types match when names differ
+    unsqueezed: List[str] = dataclasses.field(default_factory=list)
+    unsqueezed_types: List[str] = dataclasses.field(default_factory=list)
     # For `graphmod ckpt convert --to=dense`, which writes the variable back:
     # the optimizer's slot variables the table's slot rows stand for, in the
     # table's order, as checkpoints name them, with the value each started
@@ -59,15 +60,9 @@ def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
         if version > FORMAT:
             raise ValueError(f"it has format {version}, this graphmod reads up to {FORMAT}: "
                              "upgrade graphmod")
-        out = {}
-        for v in data["variables"]:
-            settings = TableSettings(**v["settings"])
-            out[v["variable"]] = Planned(
-                v["variable"], v["table"], v["rows"], v["dim"], settings,
-                TableInitializer(**v["initializer"]), v["seed"], list(v["unsqueezed"]),
-                list(v["unsqueezed_types"]), [list(s) for s in v.get("slots", [])],
-                v.get("part_of"))
-        return out
+        return {v["variable"]: Planned(**dict(v, settings=TableSettings(**v["settings"]),
+                                              initializer=TableInitializer(**v["initializer"])))
+                for v in data["variables"]}
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise ValueError(f"graphmod: cannot read the conversion plan {path(model_dir)}: {e}"
                          ) from None
@@ -75,15 +70,9 @@ def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
 
 def write(model_dir: str, planned: Dict[str, Planned]) -> None:
     """Writes the plan aside and renames it, so a failed write keeps the old one."""
-    variables = []
-    for p in planned.values():
-        settings = dataclasses.asdict(p.settings)
-        settings["initializer"] = None  # resolved: `initializer` holds it
-        variables.append(dict(variable=p.variable, table=p.table, rows=p.rows, dim=p.dim,
-                              settings=settings, initializer=dataclasses.asdict(p.initializer),
-                              seed=p.seed, unsqueezed=p.unsqueezed,
-                              unsqueezed_types=p.unsqueezed_types, slots=p.slots,
-                              part_of=p.part_of))
+    variables = [dataclasses.asdict(p) for p in planned.values()]
+    for v in variables:
+        v["settings"]["initializer"] = None  # resolved: `initializer` holds it
     tf.io.gfile.makedirs(os.path.dirname(path(model_dir)))
     # A name of its own: workers of one model may write at the same time.
     tmp = f"{path(model_dir)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"

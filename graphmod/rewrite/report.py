@@ -18,10 +18,11 @@ class RewriteReport:
     skipped: List[dict]             # variables left dense, with the reason
     approximations: List[dict]      # converted variables that do not train exactly as dense
     rules: Dict[str, Dict[str, int]]
-    dense_bytes_freed: int
-    unsqueezed_keys: List[str]      # hash-bucket / modulo ops whose full keys now feed tables
-    squeezed_keys_kept: List[dict]  # those left alone, with the reason
-    replayed_plan: bool             # the model's saved plan decided the conversions
+    dense_bytes_freed: int = 0
+    # hash-bucket / modulo ops whose full keys now feed tables; those kept ({op, reason})
+    unsqueezed_keys: List[str] = dataclasses.field(default_factory=list)
+    squeezed_keys_kept: List[dict] = dataclasses.field(default_factory=list)
+    replayed_plan: bool = False     # the model's saved plan decided the conversions
     # single-table op type -> [ops, fused ops that replaced them]
     fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
     # variables whose tables start from the dense checkpoint's trained rows

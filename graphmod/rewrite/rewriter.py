@@ -26,7 +26,7 @@ from graphmod.state import graph_state
 @dataclasses.dataclass
 class Change:
     rule: str
-    kind: str      # "reroute", "control", "collection_remove", "collection_add", "build"
+    kind: str      # "reroute", "control", "collection_remove", "collection_add", "build", "state"
     detail: str
 
 
@@ -161,6 +161,12 @@ class Rewriter:
                 if id(x) not in before:
                     self._record("collection_add", f"{_label(x)} to {key}")
             self._known[key] = list(coll)
+
+    def set_state(self, name: str, value: Any) -> None:
+        """Sets a field of graphmod's per-graph state (graphmod.state); undo restores it."""
+        if getattr(graph_state(self.graph), name) is not value:
+            self._record("state", name)
+        setattr(graph_state(self.graph), name, value)
 
     def current(self, item: Any) -> Any:
         """What replaced the op or tensor item, after every replacement so far

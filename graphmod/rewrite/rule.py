@@ -6,17 +6,20 @@ A rule is a module (one per rule in graphmod.rewrite_rules) defining
   check(conversion, context) -> result or None (optional; default: accepts):
     raises Refused(reason) when the rule cannot rewrite this variable
     faithfully (the variable then stays dense and the report says why); what
-    it returns is its match, which any rule's rewrite may read with
-    context.match(NAME, conversion);
+    it returns (its match) is filed as its result for the conversion;
   rewrite(rw, conversions, context) -> None: makes its changes for the
     conversions every rule accepted, only through rw (a Rewriter), and files
-    what it built for a variable with context.build(NAME, conversion, result);
-    later rules read it with context.built(NAME, conversion) and never
-    change it.
+    what it built with context.build(result, conversion) (no conversion: for
+    the whole graph); any rule reads a result by its class (each rule has its
+    own), context.built(TheClass, conversion), and never changes it.
 The pipeline (graphmod.rewrite.pipeline) runs every check, then every rewrite
-in registry order. Conversions (the planner's facts) are frozen; when a later
-rule replaces an op or tensor a result holds (fusing, sharding), reading the
-result gives the replacement (the Rewriter records every replacement).
+in registry order, and reads every result alike, naming no rule: one filed
+for the whole graph is a NamedTuple of RewriteReport fields; one filed for a
+conversion may define table_entry() and plan_entry() (fields of its entries
+in the report's tables and in the saved plan). Conversions (the planner's
+facts) are frozen; when a later rule replaces an op or tensor a result holds
+(fusing, sharding), reading the result gives the replacement (the Rewriter
+records every replacement).
 """
 import dataclasses
 import types
@@ -58,8 +61,8 @@ def registry(*modules: types.ModuleType) -> Tuple[Rule, ...]:
 
 @dataclasses.dataclass
 class Context:
-    """What rules share during one rewrite (facts every rule reads, each
-    rule's match and results), and what they report back."""
+    """What rules share during one rewrite: facts every rule reads, the
+    approximations they accept, and what each matched and built."""
     graph: tf.Graph
     training: bool
     collision_free: bool
@@ -80,22 +83,10 @@ class Context:
     warm_start: Any = None
     # Follows a replaced op or tensor to its replacement (Rewriter.current).
     current: Callable[[Any], Any] = lambda x: x
-    # What the rules report (see graphmod.rewrite.report).
-    unsqueezed: List[str] = dataclasses.field(default_factory=list)
-    squeezed_kept: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
-    dense_bytes_freed: int = 0
-    # single-table op type -> [ops fused, fused ops built] (fuse_table_ops)
-    fused: Dict[str, List[int]] = dataclasses.field(default_factory=dict)
-    # variables whose tables adopt their rows from a dense checkpoint (table_saver)
-    adopted: List[str] = dataclasses.field(default_factory=list)
-    counters: Dict[str, Dict[str, tf.Tensor]] = dataclasses.field(default_factory=dict)
-    warm_started: List[str] = dataclasses.field(default_factory=list)  # warm_start_sources
-    # tiered table -> "" (the input pipeline prefetches its rows) or why not (tier_prefetch)
-    prefetch: Dict[str, str] = dataclasses.field(default_factory=dict)
     # variable -> the approximations rules accepted for it
     approximations: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
-    _matches: Dict[Tuple[str, str], Any] = dataclasses.field(default_factory=dict)
-    _built: Dict[Tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+    # conversion name (None: the whole graph) -> the results filed for it
+    _results: Dict[Optional[str], List[Any]] = dataclasses.field(default_factory=dict)
 
     def held_densely(self, conversion) -> bool:
         """The latest checkpoint holds the variable densely (not as a table):
@@ -110,21 +101,21 @@ class Context:
         if what not in notes:
             notes.append(what)
 
-    def matched(self, rule: str, conversion, value: Any) -> None:
-        self._matches[(rule, conversion.name)] = value
+    def build(self, result: Any, conversion=None) -> None:
+        """Files a rule's result (None: nothing) for the conversion, or for the whole graph."""
+        if result is not None:
+            self._results.setdefault(getattr(conversion, "name", None), []).append(result)
 
-    def match(self, rule: str, conversion) -> Any:
-        """What rule's check returned for the conversion (None: nothing)."""
-        return self._matches.get((rule, conversion.name))
+    def built(self, kind: type, conversion=None) -> Any:
+        """The result of class kind filed for the conversion or the graph (None: none)."""
+        return next(iter(self.results(conversion, kind)), None)
 
-    def build(self, rule: str, conversion, result: Any) -> None:
-        """Files what rule built for the conversion."""
-        self._built[(rule, conversion.name)] = result
-
-    def built(self, rule: str, conversion, default: Any = None) -> Any:
-        """What rule built for the conversion, with every op and tensor in it
-        that a later rule replaced followed to its replacement."""
-        return _follow(self._built.get((rule, conversion.name), default), self.current)
+    def results(self, conversion=None, kind: type = object) -> List[Any]:
+        """The results (of class kind) filed for the conversion or the whole
+        graph, with every op and tensor in them that a later rule replaced
+        followed to its replacement."""
+        filed = self._results.get(getattr(conversion, "name", None), [])
+        return [_follow(r, self.current) for r in filed if isinstance(r, kind)]
 
 
 def _follow(value: Any, current: Callable[[Any], Any]) -> Any:

@@ -18,6 +18,7 @@ import graphmod
 from graphmod.embeddings import features
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.plan import Conversion, RewriteSettings, plan
+from graphmod.rewrite.report import RewriteReport
 from graphmod.rewrite.rewriter import Rewriter
 from graphmod.rewrite.rule import Context, Refused, registry
 from graphmod.rewrite_rules import (collisionless_keys, gather_to_lookup, l2_penalties,
@@ -94,6 +95,12 @@ class Applied:
         return sorted(graph.get_operation_by_name(name).type
                       for name, r in self.rw.record()["built"].items() if r == rule)
 
+    def reported(self, field: str):
+        """A field of the RewriteReport as the rules' results for the whole
+        graph give it (its default when none does), as the pipeline reads them."""
+        fields = {k: v for r in self.context.results() for k, v in r._asdict().items()}
+        return getattr(RewriteReport("train", 0.0, {}, [], [], [], {}, **fields), field)
+
     def only(self) -> Conversion:
         assert len(self.conversions) == 1, (self.conversions, self.refused, self.skipped)
         return self.conversions[0]
@@ -117,7 +124,7 @@ def apply_rules(graph: tf.Graph, *modules, training: bool = True, replay=None,
         try:
             for rule in rules:
                 if rule.check is not None:
-                    context.matched(rule.name, c, rule.check(c, context))
+                    context.build(rule.check(c, context), c)
         except Refused as e:
             refused[c.name] = str(e)
             continue

@@ -3,6 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphmod.rewrite.plan import TableSettings
+from graphmod.rewrite_rules import collisionless_keys, gather_to_lookup
 
 from .helpers import (READING_RULES, TRAINING_RULES, apply_rules, exported, settings,
                       the_table, tiny_model)
@@ -23,12 +24,13 @@ def test_a_modulo_feeds_the_table_the_raw_ids():
         raw, squeezed, m = _modulo_model(tf1.train.AdagradOptimizer(0.1))
         applied = apply_rules(g, *TRAINING_RULES)
         c = applied.only()
-        keys = applied.context.built("collisionless_keys", c)
+        keys = applied.context.built(collisionless_keys.Keys, c)
         assert (keys.names, keys.types) == (["bucket"], ["FloorMod"])
-        assert applied.context.unsqueezed == ["bucket"] and applied.context.squeezed_kept == []
+        assert applied.reported("unsqueezed_keys") == ["bucket"]
+        assert applied.reported("squeezed_keys_kept") == []
         assert "full ids of bucket" in applied.context.approximations["emb"][0]
         # The lookup reads the raw ids, kept non-negative; nothing reads the modulo.
-        lookup_keys = applied.context.built("gather_to_lookup", c).reads[0][0]
+        lookup_keys = applied.context.built(gather_to_lookup.Lookups, c).reads[0][0]
         assert lookup_keys.op.type == "BitwiseAnd" and lookup_keys.op.inputs[0] is raw
         assert not squeezed.consumers()
         assert "BitwiseAnd" in applied.built_by("collisionless_keys")
@@ -45,9 +47,9 @@ def test_a_hash_bucket_feeds_the_table_the_full_fingerprints():
         bucket = tf.strings.to_hash_bucket_fast(strings, 2, name="bucket")
         m = tiny_model(ids=bucket)  # 2 rows: 4 words must share
         applied = apply_rules(g, *READING_RULES, training=False)
-        keys = applied.context.built("collisionless_keys", applied.only())
+        keys = applied.context.built(collisionless_keys.Keys, applied.only())
         assert (keys.names, keys.types) == (["bucket"], ["StringToHashBucketFast"])
-        lookup_keys = applied.context.built("gather_to_lookup", applied.only()).reads[0][0]
+        lookup_keys = applied.context.built(gather_to_lookup.Lookups, applied.only()).reads[0][0]
         with tf1.Session() as sess:
             got = sess.run(lookup_keys, {strings: words})
             buckets = sess.run(bucket, {strings: words})
@@ -67,7 +69,7 @@ def test_a_sign_check_does_not_stop_it():
         kept = tf.boolean_mask(squeezed, squeezed >= 0)
         tiny_model(rows=BUCKETS, ids=kept)
         applied = apply_rules(g, *READING_RULES, training=False)
-        assert applied.context.unsqueezed == ["bucket"]
+        assert applied.reported("unsqueezed_keys") == ["bucket"]
 
 
 def test_keeps_squeezed_ids_that_also_index_a_dense_variable():
@@ -81,12 +83,12 @@ def test_keeps_squeezed_ids_that_also_index_a_dense_variable():
         applied = apply_rules(g, *READING_RULES, training=False, rewrite_settings=settings(
             tables={"bias": TableSettings(convert=False)}))
         assert [c.name for c in applied.conversions] == ["emb"]
-        assert applied.context.squeezed_kept == [
-            ("bucket", "its ids also index 'bias', which stays dense")]
-        assert applied.context.unsqueezed == []
-        keys = applied.context.built("collisionless_keys", applied.only())
+        assert applied.reported("squeezed_keys_kept") == [
+            dict(op="bucket", reason="its ids also index 'bias', which stays dense")]
+        assert applied.reported("unsqueezed_keys") == []
+        keys = applied.context.built(collisionless_keys.Keys, applied.only())
         assert keys.names == [] and "emb" not in applied.context.approximations
-        lookup_keys = applied.context.built("gather_to_lookup", applied.only()).reads[0][0]
+        lookup_keys = applied.context.built(gather_to_lookup.Lookups, applied.only()).reads[0][0]
         assert lookup_keys is squeezed  # the table is keyed by bucket
         assert applied.built_by("collisionless_keys") == []
 
@@ -98,8 +100,9 @@ def test_keeps_squeezed_ids_that_reach_a_narrowing_cast():
         tiny_model(rows=BUCKETS, ids=squeezed)
         tf.cast(squeezed, tf.int32, name="narrow")
         applied = apply_rules(g, *READING_RULES, training=False)
-        assert applied.context.squeezed_kept == [
-            ("bucket", "its ids also reach a cast to int32 'narrow', which reads their values")]
+        assert applied.reported("squeezed_keys_kept") == [dict(
+            op="bucket", reason="its ids also reach a cast to int32 'narrow', which reads their "
+            "values")]
 
 
 def test_keeps_the_buckets_of_a_variable_adopted_from_a_dense_checkpoint():
@@ -107,9 +110,9 @@ def test_keeps_the_buckets_of_a_variable_adopted_from_a_dense_checkpoint():
     with tf.Graph().as_default() as g:
         _modulo_model(tf1.train.AdagradOptimizer(0.1))
         applied = apply_rules(g, *TRAINING_RULES, checkpoint_names=frozenset({"emb"}))
-        (kept,) = applied.context.squeezed_kept
-        assert kept[0] == "bucket" and "adopted from the dense checkpoint" in kept[1]
-        assert applied.context.unsqueezed == []
+        (kept,) = applied.reported("squeezed_keys_kept")
+        assert kept["op"] == "bucket" and "adopted from the dense checkpoint" in kept["reason"]
+        assert applied.reported("unsqueezed_keys") == []
 
 
 def test_collision_free_off_or_exact_leaves_the_ids_alone():
@@ -118,7 +121,8 @@ def test_collision_free_off_or_exact_leaves_the_ids_alone():
             raw, squeezed, _ = _modulo_model()
             applied = apply_rules(g, *READING_RULES, training=False,
                                   rewrite_settings=settings(**kw))
-            assert applied.context.unsqueezed == [] and applied.context.squeezed_kept == []
-            assert applied.context.built("collisionless_keys", applied.only()) is None
+            assert applied.reported("unsqueezed_keys") == []
+            assert applied.reported("squeezed_keys_kept") == []
+            assert applied.context.built(collisionless_keys.Keys, applied.only()) is None
             assert applied.built_by("collisionless_keys") == []
             assert squeezed.consumers()  # the lookup reads the buckets

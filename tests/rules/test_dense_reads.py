@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from graphmod.rewrite import pipeline, plan_file
 from graphmod.rewrite_rules import RULES, dense_reads
+from graphmod.rewrite_rules.dense_reads import DenseRead
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 from .helpers import READING_RULES, apply_rules, settings, tiny_model
 
@@ -36,7 +38,7 @@ def test_a_whole_read_reads_the_tables_rows_of_ids_0_to_rows(tmp_path):
         applied = apply_rules(g, *READING_RULES, dense_reads, training=False, replay=replay)
         c = applied.only()
         assert [t.op.type for t in c.dense_reads] == ["ReadVariableOp"]
-        rows = applied.context.built("dense_reads", c)
+        rows = applied.context.built(DenseRead, c).rows
         assert rows.op.type == "EnsureShape" and rows.shape.as_list() == [8, 2]
         assert scores.op.inputs[1] is rows  # the matmul reads the table's rows now
         built = applied.built_by("dense_reads")
@@ -46,7 +48,7 @@ def test_a_whole_read_reads_the_tables_rows_of_ids_0_to_rows(tmp_path):
         with tf1.Session() as sess:
             got, whole = sess.run([scores, rows], {user: vector})
             looked_up = sess.run(m.rows, {m.ids: np.arange(8)})
-            size = sess.run(applied.context.built("gather_to_lookup", c).table.size())
+            size = sess.run(applied.context.built(Lookups, c).table.size())
         np.testing.assert_array_equal(whole, looked_up)  # row i is the lookup of id i
         np.testing.assert_allclose(got, vector @ looked_up.T, rtol=1e-6)
         assert not np.allclose(looked_up[0], looked_up[1])
@@ -59,5 +61,5 @@ def test_a_graph_without_whole_reads_gets_nothing(tmp_path):
         tiny_model(initializer=SEED)
         applied = apply_rules(g, *READING_RULES, dense_reads, training=False, replay=replay)
         assert applied.only().dense_reads == []
-        assert applied.context.built("dense_reads", applied.only()) is None
+        assert applied.context.built(DenseRead, applied.only()) is None
         assert applied.built_by("dense_reads") == []

@@ -5,6 +5,8 @@ import tensorflow as tf
 from graphmod.rewrite_rules import (collisionless_keys, dense_reads, fuse_table_ops,
                                     gather_to_lookup, l2_penalties, optimizer_updates,
                                     ps_shards, shard_exchange)
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.optimizer_updates import Apply
 
 from .helpers import apply_rules, exported, tiny_model
 
@@ -33,7 +35,7 @@ def _run(fuse: bool):
             for ids in STEPS:
                 sess.run(train, {a.ids: ids})
             read = sess.run([a.rows, b.rows], {a.ids: [5, 1]})
-            tables = {c.name: exported(sess, applied.context.built("gather_to_lookup", c).table)
+            tables = {c.name: exported(sess, applied.context.built(Lookups, c).table)
                       for c in applied.conversions}
         return applied, a, b, train, read, tables
 
@@ -41,20 +43,21 @@ def _run(fuse: bool):
 def test_the_lookups_and_applies_of_one_step_become_one_op_each():
     applied, a, b, train, _, _ = _run(fuse=True)
     context = applied.context
-    assert context.fused == {"GraphmodTableFindOrInsert": [2, 1], "GraphmodTableApply": [2, 1]}
+    assert applied.reported("fused") == {"GraphmodTableFindOrInsert": [2, 1],
+                                         "GraphmodTableApply": [2, 1]}
     assert applied.built_by("fuse_table_ops").count("GraphmodFusedFindOrInsert") == 1
     assert applied.built_by("fuse_table_ops").count("GraphmodFusedApply") == 1
     ca, cb = applied.conversions
     # The readers read the fused lookup; the train op waits for the fused apply.
     assert a.rows.op.inputs[0].op.type == "GraphmodFusedFindOrInsert"
     assert a.rows.op.inputs[0].op is b.rows.op.inputs[0].op
-    fused_apply = context.built("optimizer_updates", ca)
+    fused_apply = context.built(Apply, ca).op
     assert fused_apply.type == "GraphmodFusedApply"
-    assert fused_apply is context.built("optimizer_updates", cb)
+    assert fused_apply is context.built(Apply, cb).op
     assert fused_apply in train.control_inputs
     assert not any(op.type == "GraphmodTableApply" for op in train.control_inputs)
     # Results the other rules filed follow the replacement (nobody patched them).
-    assert context.built("gather_to_lookup", ca).reads[0][1].op.type == "GraphmodFusedFindOrInsert"
+    assert context.built(Lookups, ca).reads[0][1].op.type == "GraphmodFusedFindOrInsert"
 
 
 def test_fusing_changes_no_number():
@@ -76,7 +79,7 @@ def test_lookups_of_different_inputs_stay_apart():
         a, b, _ = _two_tables(shared_ids=False)
         applied = apply_rules(g, *UNFUSED, fuse_table_ops)
         assert len(applied.conversions) == 2
-        assert "GraphmodTableFindOrInsert" not in applied.context.fused
+        assert "GraphmodTableFindOrInsert" not in applied.reported("fused")
         assert a.rows.op.inputs[0].op.type == "GraphmodTableFindOrInsert"
         assert a.rows.op.inputs[0].op is not b.rows.op.inputs[0].op
 
@@ -85,4 +88,4 @@ def test_a_single_table_has_nothing_to_fuse():
     with tf.Graph().as_default() as g:
         tiny_model(tf1.train.AdagradOptimizer(0.1))
         applied = apply_rules(g, *UNFUSED, fuse_table_ops)
-        assert applied.context.fused == {} and applied.built_by("fuse_table_ops") == []
+        assert applied.reported("fused") == {} and applied.built_by("fuse_table_ops") == []

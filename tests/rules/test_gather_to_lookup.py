@@ -9,6 +9,7 @@ from graphmod._ops import ops
 from graphmod.rewrite.plan import Gather
 from graphmod.rewrite.rule import Refused
 from graphmod.rewrite_rules import gather_to_lookup
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 from .helpers import (READING_RULES, TRAINING_RULES, apply_rules, context_for, exported,
                       only_conversion, the_table, tiny_model)
@@ -31,13 +32,13 @@ def test_each_gather_becomes_a_training_lookup_reading_the_tables_rows():
         assert [x.op for x in c.gathers] == old_gathers
         assert [x.op.type for x in c.gathers] == ["ResourceGather"] * 2
 
-        lookups = applied.context.built("gather_to_lookup", c)
+        lookups = applied.context.built(Lookups, c)
         assert lookups.table.name == "emb" and lookups.table.num_slots == 1  # Adagrad's accum
         assert [rows.op.type for _, rows in lookups.reads] == ["GraphmodTableFindOrInsert"] * 2
         assert [keys.op.type for keys, _ in lookups.reads] == ["Placeholder"] * 2  # int64: no cast
         # The gathers' readers read the lookups now; nothing reads the gathers.
-        assert m.rows.op.inputs[0] is lookups.outputs[0]
-        assert second.op.inputs[0] is lookups.outputs[1]
+        assert m.rows.op.inputs[0] is lookups.reads[0][1]
+        assert second.op.inputs[0] is lookups.reads[1][1]
         assert not any(t.consumers() for op in old_gathers for t in op.outputs)
         assert applied.built_by("gather_to_lookup").count("GraphmodTableFindOrInsert") == 2
         assert applied.built_by("gather_to_lookup").count("GraphmodTable") == 1
@@ -60,7 +61,7 @@ def test_outside_training_lookups_only_find():
     with tf.Graph().as_default() as g:
         m = tiny_model(initializer=tf1.random_normal_initializer(seed=3))
         applied = apply_rules(g, *READING_RULES, training=False)
-        lookups = applied.context.built("gather_to_lookup", applied.only())
+        lookups = applied.context.built(Lookups, applied.only())
         assert [rows.op.type for _, rows in lookups.reads] == ["GraphmodTableFind"]
         assert lookups.table.num_slots == 0
         assert "GraphmodTableFindOrInsert" not in applied.built_by("gather_to_lookup")
@@ -86,10 +87,9 @@ def test_a_fused_sparse_segment_read_combines_the_looked_up_rows():
         assert [x.op.type for x in c.gathers] == ["SparseSegmentSum"]
         built = applied.built_by("gather_to_lookup")
         assert built.count("GraphmodTableFind") == 1 and built.count("SparseSegmentSum") == 1
-        lookups = applied.context.built("gather_to_lookup", c)
-        assert combined.op.inputs[0] is lookups.outputs[0]
-        assert lookups.outputs[0].op.type == "SparseSegmentSum"
-        assert lookups.outputs[0].op.inputs[0] is lookups.reads[0][1]  # over the looked-up rows
+        lookups = applied.context.built(Lookups, c)
+        assert combined.op.inputs[0].op.type == "SparseSegmentSum"
+        assert combined.op.inputs[0].op.inputs[0] is lookups.reads[0][1]  # over the looked-up rows
         table = lookups.table
         single = ops.graphmod_table_find(table.handle, tf.constant([1, 2], tf.int64), dim=2)
         feed = {sparse: tf1.SparseTensorValue([[0, 0], [0, 1], [1, 0]], [1, 2, 2], [2, 2])}

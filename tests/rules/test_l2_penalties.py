@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from graphmod.rewrite.rule import Refused
 from graphmod.rewrite_rules import l2_penalties
+from graphmod.rewrite_rules.l2_penalties import PenaltyGrads
+from graphmod.rewrite_rules.optimizer_updates import Apply
 
 from .helpers import (READING_RULES, TRAINING_RULES, apply_rules, context_for, exported,
                       only_conversion, settings, the_table, tiny_model)
@@ -43,12 +45,12 @@ def test_the_penalty_covers_the_distinct_rows_read_and_trains_them():
         reader = tf.identity(penalty)  # what reads the penalty
         applied = apply_rules(g, *TRAINING_RULES)
         c = applied.only()
-        parts = applied.context.built("l2_penalties", c)
+        parts = applied.context.built(PenaltyGrads, c).parts
         assert len(parts) == 1  # [(rows * g, keys)] for optimizer_updates
         assert "L2Loss" in applied.built_by("l2_penalties")
         assert "Unique" in applied.built_by("l2_penalties")
         assert reader.op.inputs[0].op.type == "L2Loss" and reader.op.inputs[0] is not penalty
-        apply = applied.context.built("optimizer_updates", c)
+        apply = applied.context.built(Apply, c).op
         assert apply.get_attr("optimizer") == b"sgd"
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
@@ -70,7 +72,7 @@ def test_outside_training_only_the_forward_penalty_changes():
         reader = tf.identity(penalty)
         applied = apply_rules(g, *READING_RULES, l2_penalties, training=False)
         c = applied.only()
-        assert applied.context.built("l2_penalties", c) is None  # no gradient parts
+        assert applied.context.built(PenaltyGrads, c) is None  # no gradient parts
         with tf1.Session() as sess:
             rows, value = sess.run([m.rows, reader], {m.ids: [4, 4]})
         np.testing.assert_allclose(value, 0.5 * np.sum(rows[0] ** 2), rtol=1e-6)
@@ -84,7 +86,7 @@ def test_a_variable_without_a_penalty_is_left_alone():
         assert l2_penalties.check(c, context) is None and context.approximations == {}
         applied = apply_rules(g, *TRAINING_RULES)
         assert applied.built_by("l2_penalties") == []
-        assert applied.context.built("l2_penalties", applied.only()) is None
+        assert applied.context.built(PenaltyGrads, applied.only()) is None
 
 
 def test_refuses_under_exact():

@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from graphmod.rewrite.rule import Refused
 from graphmod.rewrite_rules import optimizer_updates
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.optimizer_updates import Apply
 
 from .helpers import (TRAINING_RULES, apply_rules, context_for, exported, exported_slots,
                       only_conversion, settings, the_table, tiny_model)
@@ -102,10 +104,10 @@ def test_the_train_op_waits_for_the_apply_instead_of_the_update():
         assert old in m.train.control_inputs
         applied = apply_rules(g, *TRAINING_RULES)
         c = applied.only()
-        apply = applied.context.built("optimizer_updates", c)
+        apply = applied.context.built(Apply, c).op
         assert apply.type == "GraphmodTableApply"
         assert apply.get_attr("optimizer") == b"adagrad" and not apply.get_attr("by_address")
-        assert apply.inputs[0] is applied.context.built("gather_to_lookup", c).table.handle
+        assert apply.inputs[0] is applied.context.built(Lookups, c).table.handle
         assert apply in m.train.control_inputs and old not in m.train.control_inputs
         # keyed by the ids the lookup read (the gradient's indices), rows [n, dim]
         assert apply.inputs[2].shape.as_list() == [None, 2]
@@ -119,7 +121,7 @@ def test_variables_of_one_optimizer_share_one_hyper_parameter_vector():
         tf1.train.AdagradOptimizer(0.1).minimize(a.loss + b.loss)
         applied = apply_rules(g, *TRAINING_RULES)
         assert len(applied.conversions) == 2
-        applies = [applied.context.built("optimizer_updates", c) for c in applied.conversions]
+        applies = [applied.context.built(Apply, c).op for c in applied.conversions]
         assert applies[0].inputs[3] is applies[1].inputs[3]
         assert applied.built_by("optimizer_updates").count("Pack") == 1
 
@@ -130,7 +132,7 @@ def test_outside_training_there_is_nothing_to_translate():
         c = only_conversion(g, training=False)
         assert optimizer_updates.check(c, context_for(g, training=False)) is None
         applied = apply_rules(g, *TRAINING_RULES, training=False)
-        assert applied.context.built("optimizer_updates", applied.only()) is None
+        assert applied.context.built(Apply, applied.only()) is None
         assert applied.built_by("optimizer_updates") == []
 
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 from graphmod.embeddings.partition import owner_of
 from graphmod.rewrite.rule import Refused
 from graphmod.rewrite_rules import (dense_reads, fuse_table_ops, ps_shards, shard_exchange)
+from graphmod.rewrite_rules.gather_to_lookup import Lookups
 from graphmod.state import graph_state
 
 from .helpers import TRAINING_RULES, apply_rules, context_for, only_conversion, tiny_model
@@ -66,7 +67,7 @@ def _train(target, on_ps: bool, tasks: int = 2):
             read = sess.run([a.rows, b.rows], {a.ids: [5, 1, 40, 77]})
             tables, held = {}, {}
             for c in applied.conversions:
-                table = applied.context.built("gather_to_lookup", c).table
+                table = applied.context.built(Lookups, c).table
                 parts = [sess.run(t.export()) for t in shards.get(table.name, [table])]
                 held[table.name] = [sorted(p["keys"].tolist()) for p in parts]
                 tables[table.name] = {int(k): v for p in parts

@@ -32,7 +32,7 @@ def test_a_converted_variable_and_its_slots_leave_the_collections():
         assert tf1.trainable_variables() == [w]
         assert histogram not in g.get_collection(SUMMARIES)
         # variable and Adagrad accumulator: 8 x 2 float32 each
-        assert applied.context.dense_bytes_freed == 2 * 8 * 2 * 4
+        assert applied.reported("dense_bytes_freed") == 2 * 8 * 2 * 4
         assert applied.built_by("saver_swap") == []  # it builds nothing
         assert applied.rw.summary()["saver_swap"] == {"collection_remove": 4}  # 2 + 1 + 1
         del m
@@ -45,7 +45,7 @@ def test_outside_training_the_slots_leave_too():
         w_slot = next(v for v in tf1.global_variables() if v.op.name == "w/Adagrad")
         applied = apply_rules(g, *READING_RULES, saver_swap, training=False)
         assert tf1.global_variables() == [w, w_slot]
-        assert applied.context.dense_bytes_freed == 2 * 8 * 2 * 4
+        assert applied.reported("dense_bytes_freed") == 2 * 8 * 2 * 4
 
 
 def test_undo_puts_everything_back():

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from graphmod.rewrite.rule import Refused
 from graphmod.rewrite_rules import (dense_reads, l2_penalties, optimizer_updates, shard_exchange)
+from graphmod.rewrite_rules.optimizer_updates import Apply
 
 from .helpers import READING_RULES, apply_rules, context_for, only_conversion, tiny_model
 
@@ -62,4 +63,4 @@ def test_on_one_rank_it_accepts_everything_and_changes_nothing():
         c = applied.only()
         assert "shard_exchange" not in applied.rw.summary()
         assert applied.built_by("shard_exchange") == []
-        assert applied.context.built("optimizer_updates", c).type == "GraphmodTableApply"
+        assert applied.context.built(Apply, c).op.type == "GraphmodTableApply"

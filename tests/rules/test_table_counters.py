@@ -15,7 +15,7 @@ def test_a_training_graph_gets_one_summary_of_every_tables_counters():
         tf1.train.AdagradOptimizer(0.1).minimize(b.loss)
         applied = apply_rules(g, *TRAINING_RULES, table_counters)
         assert len(applied.conversions) == 2
-        counters = applied.context.counters
+        counters = applied.reported("counters")
         assert sorted(counters) == ["a", "b"]
         assert {"size", "admitted", "rejected", "evicted", "pending"} <= set(counters["a"])
         (summary,) = [s for s in g.get_collection(tf1.GraphKeys.SUMMARIES)
@@ -38,6 +38,6 @@ def test_a_graph_that_does_not_train_gets_none():
         tiny_model()
         applied = apply_rules(g, *READING_RULES, table_counters, training=False)
         assert len(applied.conversions) == 1  # converted, refused nothing
-        assert applied.context.counters == {}
+        assert applied.reported("counters") == {}
         assert applied.built_by("table_counters") == []
         assert g.get_collection(tf1.GraphKeys.SUMMARIES) == []

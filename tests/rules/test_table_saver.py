@@ -29,7 +29,7 @@ def _check(graph, checkpoint_names, training=True, **fields):
     match (which names the slots), as the pipeline runs them."""
     c = only_conversion(graph, training=training)
     context = context_for(graph, training=training, checkpoint_names=checkpoint_names, **fields)
-    context.matched("optimizer_updates", c, optimizer_updates.check(c, context))
+    context.build(optimizer_updates.check(c, context), c)
     return table_saver.check(c, context)
 
 
@@ -102,7 +102,7 @@ def test_the_deferred_saver_becomes_a_table_saver_with_its_settings():
         (saver,) = g.get_collection(SAVERS)
         assert type(saver) is TableSaver and saver is not old
         assert saver._max_to_keep == 3 and saver._sharded  # pylint: disable=protected-access
-        assert saver.adoptions == [] and applied.context.adopted == []
+        assert saver.adoptions == [] and applied.reported("adopted") == []
         assert applied.rw.summary()["table_saver"] == {"collection_remove": 1, "collection_add": 1}
 
 

@@ -29,10 +29,10 @@ def test_the_dataset_prefetches_each_elements_keys_and_elements_pass_unchanged(t
         before = make.inputs[0]
         applied = apply_rules(g, *TRAINING_RULES, table_counters, tier_prefetch,
                               rewrite_settings=s)
-        assert applied.context.prefetch == {"emb": ""}
+        assert applied.reported("prefetch") == {"emb": ""}
         assert {"MapDataset", "PrefetchDataset"} <= set(applied.built_by("tier_prefetch"))
         assert make.inputs[0] is not before  # the iterator reads the prefetching dataset
-        counters = applied.context.counters["emb"]
+        counters = applied.reported("counters")["emb"]
         with tf1.Session() as sess:
             sess.run([tf1.global_variables_initializer(), make])
             for batch in BATCHES:
@@ -51,7 +51,7 @@ def test_keys_computed_with_state_are_not_prefetched_and_the_graph_is_left_alone
         iterator, _, _, s = _model(tmp_path, keys_of=noise)
         before = iterator.initializer.inputs[0]
         applied = apply_rules(g, *TRAINING_RULES, tier_prefetch, rewrite_settings=s)
-        why = applied.context.prefetch["emb"]
+        why = applied.reported("prefetch")["emb"]
         assert "RandomUniformInt" in why and "input pipeline cannot run" in why, why
         assert iterator.initializer.inputs[0] is before
         assert applied.built_by("tier_prefetch") == []
@@ -61,11 +61,11 @@ def test_turned_off_or_not_training_nothing_is_built(tmp_path):
     with tf.Graph().as_default() as g:
         _, _, _, s = _model(tmp_path, prefetch=False)
         applied = apply_rules(g, *TRAINING_RULES, tier_prefetch, rewrite_settings=s)
-        assert applied.context.prefetch == {"emb": "TableSettings(prefetch=False)"}
+        assert applied.reported("prefetch") == {"emb": "TableSettings(prefetch=False)"}
         assert applied.built_by("tier_prefetch") == []
     with tf.Graph().as_default() as g:
         _, _, _, s = _model(tmp_path)
         applied = apply_rules(g, *READING_RULES, tier_prefetch, rewrite_settings=s,
                               training=False)
-        assert applied.context.prefetch == {}
+        assert applied.reported("prefetch") == {}
         assert applied.built_by("tier_prefetch") == []

@@ -38,7 +38,7 @@ def test_the_table_and_the_dense_variables_start_from_the_sources(tmp_path):
         m, w, _ = _model()
         applied = apply_rules(g, *RULES, warm_start=settings)
         assert len(applied.conversions) == 1 and not applied.refused
-        assert applied.context.warm_started == ["emb", "w"]
+        assert applied.reported("warm_started") == ["emb", "w"]
         assert "graphmod_warm_start/done" in [v.op.name for v in tf1.global_variables()]
         # The rows are read a stored slice at a time, in a loop that imports each.
         built = applied.built_by("warm_start_sources")
@@ -69,7 +69,7 @@ def test_without_warm_start_settings_it_builds_nothing():
     with tf.Graph().as_default() as g:
         _model()
         applied = apply_rules(g, *RULES)
-        assert applied.context.warm_started == []
+        assert applied.reported("warm_started") == []
         assert applied.built_by("warm_start_sources") == []
 
 
