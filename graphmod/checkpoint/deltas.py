@@ -59,7 +59,7 @@ def _sync(path: str) -> None:
 
 
 def files(prefix: str) -> List[str]:
-    """The files of the checkpoint at `prefix`: its index and data shards
+    """The files of the checkpoint at `prefix`: its index and data files
     (the tables' part and the rest's, graphmod.checkpoint.saver)."""
     folder, name = os.path.split(prefix)
     data = re.compile(re.escape(name) + r"\.data-\d{5}-of-\d{5}")
@@ -124,8 +124,8 @@ def temp_prefix(base: str, index: int) -> str:
 
 
 def part_files(prefix: str) -> List[str]:
-    """The files of the parts of sharded tables' delta at `prefix`
-    (graphmod.checkpoint.parts), every rank's."""
+    """The files of the tables' parts of the delta at `prefix`
+    (graphmod.checkpoint.parts), every owner's."""
     folder, name = os.path.split(prefix)
     part = re.compile(re.escape(name) + r"\.tables-\d{5}-of-\d{5}\.(index|data-\d{5}-of-\d{5})")
     return sorted(os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
@@ -134,7 +134,7 @@ def part_files(prefix: str) -> List[str]:
 
 def publish(base: str, tmp: Optional[str], index: int, step: int) -> str:
     """Renames the delta written at prefix `tmp` to delta `index` of `base`
-    and commits it in the manifest, with the sharded tables' parts already
+    and commits it in the manifest, with the tables' parts already
     written under its name (part_files); returns its prefix. tmp None: the
     delta is those parts alone."""
     folder = directory(base)

@@ -1,8 +1,8 @@
 """The state a model_dir holds, as one plain checkpoint.
 
 A model_dir's latest state is its latest full checkpoint, the committed
-deltas after it (graphmod.checkpoint.deltas) and, for tables sharded across
-Horovod ranks, every rank's part (graphmod.checkpoint.parts). This
+deltas after it (graphmod.checkpoint.deltas) and, for tables split across
+Horovod ranks or ps tasks, every owner's part (graphmod.checkpoint.parts). This
 restores all of it into a stand-in graph of the checkpoint's own variables
 and tables and saves it as one checkpoint of the usual entries (`<table>-keys`,
 `-values`, ... and each variable by name): what `graphmod ckpt compact`
@@ -135,8 +135,8 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     from graphmod.embeddings.table import create_table  # pylint: disable=import-outside-toplevel
     from graphmod import optimizers  # pylint: disable=import-outside-toplevel
     from graphmod.state import graph_state  # pylint: disable=import-outside-toplevel
-    graph_state().reads_parts = True  # a sharded checkpoint's parts
-    # Read here as one whole, never sharded across Horovod ranks (a rank
+    graph_state().reads_parts = True  # a checkpoint's parts
+    # Read here as one whole, never split across Horovod ranks (a rank
     # exporting while it trains with graphmod.horovod.enable()).
     graph_state().sharded = False
     entries = table_entries(checkpoint)

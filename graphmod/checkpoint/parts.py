@@ -1,23 +1,24 @@
-"""Checkpoints of tables sharded across Horovod ranks.
+"""Checkpoints of tables in parts, and the part layouts TableSaver delegates to.
 
-A save runs on every rank at once (graphmod.checkpoint.saver.TableSaver under
-sharding; under GraphModifierHook at rank 0's save steps, into rank 0's
-model_dir: graphmod.horovod.save_schedule): rank r writes the keys it owns as a part of the checkpoint,
-`<checkpoint>.tables-0000r-of-0000N` (the tables' usual entries, written
-a chunk of rows at a time), all ranks meet in an allreduce once their parts
-are written, and rank 0 then commits `<checkpoint>.tables.json` (the number
-of ranks and the parts' files) before its Saver writes the dense variables
-and the `checkpoint` state file. A checkpoint without its manifest was never
-complete: TableSaver's restore refuses it, naming it.
+Where a TableSaver's tables live in its checkpoints is its PartLayout: in
+one process (OneProcess), in the checkpoint itself; when tables are
+split by key (graphmod.embeddings.partition) over owners, Horovod
+ranks (graphmod.horovod.rank_parts.RankParts) or ps tasks
+(graphmod.ps.tables.PsParts), each owner writes the keys it owns as a part
+of the checkpoint, `<checkpoint>.tables-0000r-of-0000N` (the tables' usual
+entries, written a chunk of rows at a time), and once every part is written
+`<checkpoint>.tables.json` (the number of parts and their files) commits
+them, before the chief's Saver writes the dense variables and the
+`checkpoint` state file; deltas alike. A checkpoint without its manifest
+was never complete: TableSaver's restore refuses it, naming it.
 
-A restore on M ranks (any M, one included) has rank m read only the parts
-whose hash ranges (graphmod.embeddings.partition) overlap its own and
-import the keys it owns: with M == N exactly its own part. A checkpoint
-written without sharding (tables in the checkpoint itself) restores as one
-part. Admission sketches are restored when M == N only (each rank's counted
-its own keys).
+A restore on M owners (any M, one process included) has owner m read only
+the parts whose hash ranges overlap its own and import the keys it owns:
+with M == N exactly its own part. A checkpoint whose tables are in it
+restores as one part. Admission sketches are restored when M == N only
+(each owner's counted its own keys).
 """
-import hashlib
+import abc
 import json
 import os
 import re
@@ -26,8 +27,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from graphmod.checkpoint import deltas
-from graphmod.embeddings.table import (_restore_from, _TableDeltaSaveable, _TableSaveable,
-                                       write_tables)
+from graphmod.embeddings.table import _restore_from, _TableDeltaSaveable, _TableSaveable
 
 tf1 = tf.compat.v1
 
@@ -37,74 +37,48 @@ def absolute(path: Optional[str]) -> Optional[str]:
     return path if not path or "://" in path else os.path.abspath(path)
 
 
-def part_prefix(checkpoint: str, rank: int, size: int) -> str:
-    return f"{checkpoint}.tables-{rank:05d}-of-{size:05d}"
+def part_prefix(checkpoint: str, owner: int, owners: int) -> str:
+    return f"{checkpoint}.tables-{owner:05d}-of-{owners:05d}"
 
 
 def manifest_path(checkpoint: str) -> str:
     return f"{checkpoint}.tables.json"
 
 
-def _barrier_input(part: tf.Tensor) -> tf.Tensor:
-    """What a barrier's allreduce sums: computed from the fed part name, so
-    that Grappler cannot fold the allreduce into a constant (Horovod's ops
-    are not stateful), which would leave the ranks unsynchronised."""
-    return tf.strings.length(part)
-
-
-def _fingerprint(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
-
-
-def _refuse_differing(fingerprints, what: str, mine: str) -> None:
-    """Raises, on every rank alike (all see the same fingerprints), when
-    some rank's fingerprint differs from rank 0's."""
-    fingerprints = list(fingerprints)
-    differ = [r for r, p in enumerate(fingerprints) if p != fingerprints[0]]
-    if differ:
-        raise ValueError(
-            f"graphmod: ranks {differ} save sharded tables to another {what} than rank 0 "
-            f"(this rank: {mine}): every rank writes its keys as a part of one checkpoint, "
-            "so give every rank the same model_dir (a shared file system) and the same save "
-            "steps")
-
-
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
-    """The old ranks (of old_size) whose hash ranges overlap rank's (of size)."""
+    """The old owners (of old_size) whose hash ranges overlap owner rank's (of size)."""
     return [j for j in range(old_size) if j * size < (rank + 1) * old_size
             and rank * old_size < (j + 1) * size]
 
 
 class TableParts:
-    """Reads the parts of sharded tables' checkpoints and deltas into this
-    rank's tables, keeping the keys rank (of size) owns: all of them for
-    tables that are not sharded (rank 0 of 1: an export, a prediction, a
-    restart on one rank). Needs no Horovod."""
-
+    """Reads the parts of checkpoints and deltas into these tables, keeping
+    the keys owner rank (of size) owns: all of them in one process (rank 0
+    of 1: an export, a prediction, a restart on one rank). Needs no Horovod."""
     def __init__(self, saveables: List[_TableSaveable], rank: int = 0, size: int = 1):
         self.rank, self.size = rank, size
-        # The ranks that wrote the checkpoint last restored, and whether it
-        # was sharded (its deltas were written alike).
-        self._restored_size, self._restored_sharded = self.size, True
+        # How many owners wrote the checkpoint last restored, and whether in
+        # parts (its deltas were written alike).
+        self._restored_size, self._restored_in_parts = self.size, True
         with tf1.name_scope("graphmod_table_parts"):
             self._clear = tf.group([s.table.clear() for s in saveables])
             self._read = tf1.placeholder(tf.string, [], name="read")
             self._import_own, self._import_mine = self._imports(saveables)
 
     def _imports(self, saveables):
-        """(import of a part this rank owns all of (as many ranks wrote it),
-        import of one whose keys other ranks own some of)."""
+        """(import of a part this owner owns all of (as many owners wrote it),
+        import of one whose keys other owners own some of)."""
         rank, size = self.rank, self.size
         own = tf.group([self._import(s, (0, 1)) for s in saveables])
-        if size == 1:  # one rank owns every key
+        if size == 1:  # one owner owns every key
             return own, own
         return own, tf.group([self._import(s, (rank, size)) for s in saveables])
 
     def _import(self, saveable, owner) -> tf.Operation:
         """The import of a part (full or delta) read from self._read, a
-        stored slice at a time: the rows whose keys rank owner[0] of
-        owner[1] owns. Removals name keys of the part's old rank only: a
-        rank that does not hold them removes nothing."""
+        stored slice at a time: the rows whose keys owner[0] of owner[1]
+        owns. Removals name keys of the part's old owner only: an owner
+        that does not hold them removes nothing."""
         return _restore_from(saveable.table, self._read, replace=False,
                              with_removed=isinstance(saveable, _TableDeltaSaveable), part=True,
                              owner=owner)
@@ -120,7 +94,7 @@ class TableParts:
         return tf.io.gfile.exists(manifest_path(checkpoint))
 
     def restore(self, sess, checkpoint: str) -> List[str]:
-        """Replaces the tables' contents with the keys this rank owns in the
+        """Replaces the tables' contents with the keys this owner owns in the
         checkpoint; returns the parts read."""
         path = manifest_path(checkpoint)
         old = 1
@@ -132,11 +106,11 @@ class TableParts:
         else:
             folder, name = os.path.split(checkpoint)
             if any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or ".")):
-                raise ValueError(f"graphmod: checkpoint {checkpoint} has parts of sharded "
-                                 f"tables but no {os.path.basename(path)}: its save never "
+                raise ValueError(f"graphmod: checkpoint {checkpoint} has table parts "
+                                 f"but no {os.path.basename(path)}: its save never "
                                  "completed")
-            parts = [checkpoint]  # written by one rank: the tables are in the checkpoint
-        self._restored_size, self._restored_sharded = old, tf.io.gfile.exists(path)
+            parts = [checkpoint]  # written by one process: the tables are in the checkpoint
+        self._restored_size, self._restored_in_parts = old, tf.io.gfile.exists(path)
         sess.run(self._clear)
         imports = self._import_own if old == self.size else self._import_mine
         for part in parts:
@@ -144,121 +118,108 @@ class TableParts:
         return parts
 
     def restore_delta(self, sess, prefix: str) -> List[str]:
-        """Applies this rank's keys of a delta of the full checkpoint last
-        restored (the ranks that wrote it wrote its deltas); returns the
+        """Applies this owner's keys of a delta of the full checkpoint last
+        restored (the owners that wrote it wrote its deltas); returns the
         parts read."""
         old = self._restored_size
         parts = ([part_prefix(prefix, j, old) for j in overlapping(old, self.rank, self.size)]
-                 if self._restored_sharded else [prefix])
+                 if self._restored_in_parts else [prefix])
         imports = self._delta_own if old == self.size else self._delta_mine
         for part in parts:
             sess.run(imports, {self._read: part})
         return parts
 
 
-class ShardedTables(TableParts):
-    """The save and restore ops of sharded tables (see the module docstring)."""
+class PartLayout(abc.ABC):
+    """Where a TableSaver's tables live in its checkpoints (see the module
+    docstring): what TableSaver delegates to, picked once when it is built.
+    A new layout implements build_deltas, save and save_delta; the rest
+    here is what the layouts of owners' parts share (adoption reads parts_of)."""
+    rank = 0  # this process's owner; owner 0 also saves the rest of the checkpoint
+    collective = False  # every process saves, and writes deltas, at the same steps
+    apart = True  # the tables are in parts beside the checkpoint: the Saver holds the rest
+    readers: List[TableParts] = []  # the parts' readers, an owner's keys each
+    whose = "rank 0 of 1"  # whose keys a restore reads, as logged
 
-    def __init__(self, saveables: List[_TableSaveable]):
-        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-        super().__init__(saveables, hvd.rank(), hvd.size())
-        with tf1.name_scope("graphmod_sharded_checkpoint"):
-            # Every rank must write to the same checkpoint: compared first.
-            self._path = tf1.placeholder(tf.int64, [1], name="path_fingerprint")
-            self._paths = hvd.allgather(self._path, name="graphmod_checkpoint_paths")
-            self._part = tf1.placeholder(tf.string, [], name="part")
-            with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
-                # Returns on every rank once every rank's part is written.
-                self._written = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
-                                              name="graphmod_tables_written")
-            # Returns on every rank once rank 0 committed the checkpoint: a
-            # rank reading it next (an evaluation) finds it complete.
-            self._committed = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
-                                            name="graphmod_checkpoint_committed")
-        # Where rank 0's model_dir is on no file system this rank shares: a
-        # graphmod.horovod.part_stream.PartStream and the local folder
-        # its parts are written in before they go to rank 0 (set by TableSaver).
-        self.stream, self.staging = None, None
+    def where(self, save_path: str) -> str:
+        """Where this process saves what TableSaver.save is told to save at save_path."""
+        return save_path
 
-    def _write_part(self, sess, written, placeholder, prefix: str, feed=None) -> None:
-        """Writes this rank's part of `prefix` (rank 0's name for it) and
-        returns once every rank wrote its own; streamed to rank 0 where
-        the ranks share no file system."""
-        part = part_prefix(prefix, self.rank, self.size)
-        if self.stream is None:
-            sess.run(written, {**(feed or {}), placeholder: part})
-            return
-        if self.rank > 0:
-            part = os.path.join(self.staging, os.path.basename(part))
-        sess.run(written, {**(feed or {}), placeholder: part})
-        folder, name = os.path.split(part)
-        files = ([os.path.join(folder, f) for f in tf.io.gfile.listdir(folder)
-                  if f.startswith(name + ".")] if self.rank > 0 else [])
-        self.stream.to_rank0(files, os.path.dirname(prefix))
-        for f in files:
-            tf.io.gfile.remove(f)
+    def parts_of(self, table) -> list:
+        """The table's parts in this graph, in owner order (one: all of it)."""
+        return [table]
 
-    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
-        """The ops of deltas (graphmod.checkpoint.deltas): this rank writes the changes
-        to the keys it owns as a part of the delta, all ranks meet once all
-        parts are written; a restore imports the parts as the full ones."""
-        super().build_deltas(saveables)
-        with tf1.name_scope("graphmod_sharded_delta"):
-            self._delta_part = tf1.placeholder(tf.string, [], name="part")
-            with tf.control_dependencies([write_tables(saveables, self._delta_part, part=True)]):
-                import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-                self._delta_written = hvd.allreduce(_barrier_input(self._delta_part),
-                                                    op=hvd.Sum,
-                                                    name="graphmod_table_deltas_written")
-            self._delta_committed = hvd.allreduce(_barrier_input(self._delta_part), op=hvd.Sum,
-                                                  name="graphmod_table_delta_committed")
+    @abc.abstractmethod
+    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> list:
+        """Builds the deltas' parts from the tables' delta saveables (each
+        part's own); returns those the delta Saver holds beside the dense
+        variables."""
 
-    def wait_committed(self, sess, checkpoint: str) -> None:
-        """Returns once every rank called it: after rank 0 has committed the
-        checkpoint save() wrote (its manifest, dense variables and state file)."""
-        sess.run(self._committed, {self._part: checkpoint})
+    @abc.abstractmethod
+    def save(self, sess, checkpoint: str) -> Optional[str]:
+        """Before the Saver saves the rest: writes this process's parts of
+        the tables (and commits them); returns the checkpoint (None: the
+        Saver writes the tables)."""
 
-    def save(self, sess, checkpoint: str) -> None:
-        """Writes this rank's part; rank 0 commits the manifest once all are
-        (then the rest of the checkpoint, and every rank calls wait_committed)."""
-        _refuse_differing(sess.run(self._paths, {
-            self._path: [_fingerprint(absolute(checkpoint))]}), "checkpoint", checkpoint)
-        if self.rank == 0:
-            # Saved again under its name (a resumed run saves the step it
-            # restored): its old deltas go, and it is
-            # incomplete until the new manifest is written. Only now: every
-            # rank has joined the check above, so none is still restoring
-            # them. Before the parts are written: once they are, other ranks
-            # may write their parts of this checkpoint's first delta.
-            deltas.drop(checkpoint)
-            uncommit(checkpoint)
-        self._write_part(sess, self._written, self._part, checkpoint)
-        if self.rank == 0:
-            commit(checkpoint, self.size)
+    def saved(self, sess, path: Optional[str]) -> None:
+        """After the Saver saved the rest at path (None: nothing saved)."""
 
-    def save_delta(self, sess, base: str, index: int, step: int, feed: dict, save_dense
-                   ) -> str:
-        """Writes this rank's part of delta `index` after the full
-        checkpoint `base`; rank 0 then writes the dense variables' part with
-        save_dense(prefix) (None: there are none) and commits the delta in
-        the chain's manifest. Every rank calls it at the same step."""
-        prefix = os.path.join(deltas.directory(base), deltas.delta_name(index))
-        if self.stream is None or self.rank == 0:  # (else written where it streams from)
-            tf.io.gfile.makedirs(os.path.dirname(prefix))
-        self._write_part(sess, self._delta_written, self._delta_part, prefix, feed)
-        if self.rank == 0:
-            commit_delta(base, prefix, index, step, self.size, save_dense)
-        # Every rank returns once the delta is committed (a restore next reads it).
-        sess.run(self._delta_committed, {self._delta_part: prefix})
-        return prefix
+    @abc.abstractmethod
+    def save_delta(self, sess, base: str, index: int, step: int, feed: dict,
+                   save_rest) -> str:
+        """Writes delta `index` after the full checkpoint `base`: this
+        process's parts (the tables' changes, fed the marks in feed), then
+        the rest with save_rest(prefix) (None: there is none), then the
+        chain's manifest commits it; returns its prefix."""
+
+    def parted(self, checkpoint: str) -> bool:
+        """Whether this layout reads the checkpoint's tables from parts."""
+        return TableParts.is_sharded(checkpoint)
+
+    def restore(self, sess, checkpoint: str) -> Optional[List[str]]:
+        """The keys this process's parts own, from the checkpoint; returns
+        the parts read (None: the Saver restores the tables)."""
+        return sorted({p for reader in self.readers for p in reader.restore(sess, checkpoint)})
+
+    def restore_delta(self, sess, prefix: str) -> None:
+        for reader in self.readers:
+            reader.restore_delta(sess, prefix)
 
 
-def uncommit(checkpoint: str) -> None:
-    """Before a checkpoint's parts are written: one saved again under its
-    name (a resumed run saves the step it restored) is incomplete until its
-    new manifest is written."""
-    if tf.io.gfile.exists(manifest_path(checkpoint)):
-        tf.io.gfile.remove(manifest_path(checkpoint))
+class OneProcess(PartLayout):
+    """One process: the tables are in the checkpoint itself, saved and
+    restored by the Saver with the rest; with `saveables`, checkpoints
+    whose tables are in parts restore into them too, which then hold
+    every owner's keys."""
+    apart = False
+
+    def __init__(self, saveables: Optional[List[_TableSaveable]] = None):
+        self.readers = [TableParts(saveables)] if saveables else []
+
+    def build_deltas(self, saveables):
+        for reader in self.readers:
+            reader.build_deltas(saveables)
+        return saveables
+
+    def save(self, sess, checkpoint):
+        return None
+
+    def saved(self, sess, path):
+        if path:
+            # A checkpoint written again under its name (a resumed run saves
+            # the step it restored) holds what its old deltas added, and its
+            # tables (in parts before) are in it now.
+            deltas.drop(path)
+            remove_parts(path)
+
+    def save_delta(self, sess, base, index, step, feed, save_rest):
+        return commit_delta(base, index, step, 0, save_rest)
+
+    def parted(self, checkpoint):
+        return bool(self.readers) and super().parted(checkpoint)
+
+    def restore(self, sess, checkpoint):
+        return super().restore(sess, checkpoint) if self.parted(checkpoint) else None
 
 
 def commit(checkpoint: str, size: int) -> None:
@@ -278,7 +239,7 @@ def commit(checkpoint: str, size: int) -> None:
     with tf.io.gfile.GFile(tmp, "w") as f:
         json.dump(dict(format=1, ranks=size, files=files), f, indent=1)
     tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
-    # Parts an earlier save under this name wrote on another number of ranks.
+    # Parts an earlier save under this name wrote on another number of owners.
     name = os.path.basename(checkpoint)
     for f in tf.io.gfile.listdir(folder or "."):
         match = _PART_FILE.fullmatch(f)
@@ -286,31 +247,33 @@ def commit(checkpoint: str, size: int) -> None:
             tf.io.gfile.remove(os.path.join(folder, f))
 
 
-def commit_delta(base: str, prefix: str, index: int, step: int, size: int, save_dense) -> None:
-    """Commits delta `index` of `base` once all `size` parts are written: the
-    dense variables' part (save_dense(prefix); None: there are none), then
-    the chain's manifest."""
+def commit_delta(base: str, index: int, step: int, size: int, save_rest) -> str:
+    """Commits delta `index` of `base` once all `size` parts are written
+    (none: the tables' changes are in the rest): the rest
+    (save_rest(prefix); None: there is none), then the chain's manifest;
+    returns the delta's prefix."""
+    prefix = os.path.join(deltas.directory(base), deltas.delta_name(index))
     missing = [r for r in range(size) if not tf.io.gfile.exists(
         part_prefix(prefix, r, size) + ".index")]
     if missing:
         raise RuntimeError(f"graphmod: the parts {missing} of delta {prefix} are missing "
                            "after every part was written (is model_dir a file system every "
                            "rank or ps task shares?)")
-    tmp = None
-    if save_dense is not None:
-        tmp = deltas.temp_prefix(base, index)
-        try:
-            save_dense(tmp)
-        except Exception:
-            deltas.discard(tmp)
-            raise
-    deltas.publish(base, tmp, index, step)
+    tmp = deltas.temp_prefix(base, index) if save_rest is not None else None
+    try:
+        if tmp is not None:
+            save_rest(tmp)
+        return deltas.publish(base, tmp, index, step)
+    except Exception:
+        if tmp is not None:
+            deltas.discard(tmp)  # the chain stays as it was; the next delta covers this one
+        raise
 
 
 def remove_parts(checkpoint: str) -> None:
-    """Removes a checkpoint's sharded tables (its manifest first, so that it
+    """Removes a checkpoint's table parts (its manifest first, so that it
     is never read half removed): a save under the same name that writes the
-    tables otherwise (one rank, unsharded) replaces them."""
+    tables in the checkpoint (one process) replaces them."""
     if tf.io.gfile.exists(manifest_path(checkpoint)):
         tf.io.gfile.remove(manifest_path(checkpoint))
     folder, name = os.path.split(checkpoint)
@@ -328,6 +291,6 @@ def remove_orphans(folder: str) -> None:
             tf.io.gfile.remove(os.path.join(folder, name))
 
 
-# A file of a checkpoint's sharded tables: group 1 is the checkpoint's name.
+# A file of a checkpoint's table parts: group 1 is the checkpoint's name.
 _PART_FILE = re.compile(r"(.+)\.tables(?:-\d{5}-of-\d{5}\.(?:index|data-\d{5}-of-\d{5})"
                         r"|\.json(?:\.tmp)?)")

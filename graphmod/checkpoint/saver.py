@@ -33,11 +33,14 @@ from tensorflow.core.protobuf import saver_pb2
 from tensorflow.python.ops import variables as tf_variables
 from tensorflow.python.training import saver as saver_lib
 
+from graphmod import horovod
 from graphmod._ops import ops
 from graphmod.checkpoint import deltas, parts as part_files
+from graphmod.horovod.rank_parts import RankParts
 from graphmod.ps import tables as ps
 from graphmod.embeddings.partition import owner_of
 from graphmod.embeddings import features
+from graphmod.embeddings.table import _TableDeltaSaveable, _TableSaveable, write_tables
 from graphmod.settings import UNITS
 from graphmod.state import graph_state
 
@@ -58,14 +61,12 @@ def _restore(path: tf.Tensor, name: str) -> tf.Tensor:
 
 
 def _is_table(saveable) -> bool:
-    from graphmod.embeddings.table import _TableSaveable
     return isinstance(saveable, _TableSaveable)
 
 
 def _writes_itself(saveable) -> bool:
     """A table's saveable, full or delta (graphmod.embeddings.table): tables are written
     by one op, a chunk of rows at a time."""
-    from graphmod.embeddings.table import _TableDeltaSaveable
     return _is_table(saveable) or isinstance(saveable, _TableDeltaSaveable)
 
 
@@ -88,7 +89,6 @@ class _PartsBuilder(saver_lib.BulkSaverBuilder):
         if len(groups) > 1:  # an unsharded Saver's
             return self._AddShardedSaveOpsForV2(filename_tensor, [("", saveables)])
         if groups and _writes_itself(groups[0][0]):
-            from graphmod.embeddings.table import write_tables
             with tf.control_dependencies([write_tables(groups[0], filename_tensor)]):
                 return tf.identity(filename_tensor)
         return super()._AddSaveOps(filename_tensor, saveables)
@@ -121,16 +121,11 @@ def _by_kind(saveables) -> List[list]:
     return list(groups.values())
 
 
-def _sharded() -> bool:
-    from graphmod import horovod  # pylint: disable=import-outside-toplevel
-    return horovod.enabled(tf1.get_default_graph())
-
-
 def _reads_parts() -> bool:
-    """Whether the graph may restore tables saved in parts by several ranks:
-    it runs under Horovod, or its rewrite found such a checkpoint in
-    model_dir (an export after Horovod training). Only then are the reading
-    ops built."""
+    """Whether the graph may restore tables saved in parts by several
+    owners: it runs under Horovod, or its rewrite found such a checkpoint
+    in model_dir (an export after Horovod or ps training). Only then are
+    the reading ops built."""
     import sys  # pylint: disable=import-outside-toplevel
     hvd = sys.modules.get("horovod.tensorflow")
     return (hvd is not None and hvd.is_initialized()) or graph_state().reads_parts
@@ -146,7 +141,9 @@ def _builder(saver_kwargs) -> Optional[saver_lib.BaseSaverBuilder]:
 class TableSaver(tf1.train.Saver):
     """See the module docstring. `chain` is (the full checkpoint this
     session's state extends, how many of its deltas): set by every restore
-    and full save, advanced by save_delta."""
+    and full save, advanced by save_delta. Where the tables live in its
+    checkpoints is its part layout (graphmod.checkpoint.parts.PartLayout),
+    picked when it is built."""
 
     def __init__(self, adoptions: Optional[List[Adoption]] = None, **saver_kwargs):
         builder = saver_kwargs.pop("builder", None) or _builder(saver_kwargs)
@@ -154,7 +151,7 @@ class TableSaver(tf1.train.Saver):
         self.adoptions = list(adoptions or [])
         self.chain: Tuple[Optional[str], int] = (None, 0)
         self.restored: Tuple[Optional[str], int] = (None, 0)  # what the last restore applied
-        # Per table, the version of the last save (full or delta) since
+        # Per table part, the version of the last save (full or delta) since
         # which a delta holds the changes; set once removals are tracked.
         self.marks: Optional[Dict[str, int]] = None
         self._adopt_path: Optional[tf.Tensor] = None
@@ -165,12 +162,12 @@ class TableSaver(tf1.train.Saver):
         self._since: Dict[str, tf.Tensor] = {}
         self._versions: Dict[str, tf.Tensor] = {}
         self._track: Dict[str, tf.Tensor] = {}
-        self._sharded_tables = None  # graphmod.checkpoint.parts.ShardedTables
-        self._ps_tables = None  # graphmod.ps.PsTables
-        self._parts = None  # a TableParts, when the tables are not sharded
-        self._dense_reader: Optional[tf1.train.Saver] = None  # the dense variables alone
-        # Sharded tables: where every rank's save goes, rank 0's model_dir
-        # (set by graphmod.horovod.save_schedule; None: the path save() is given)
+        self._layout: part_files.PartLayout = part_files.OneProcess()
+        # What restores the dense variables beside tables read from parts.
+        self._dense_reader: Optional[tf1.train.Saver] = None
+        # Tables split across Horovod ranks (graphmod.horovod.rank_parts,
+        # set by graphmod.horovod.save_schedule before the build): rank 0's
+        # model_dir, where every rank saves (None: the path save() is given)
         self.rank0_dir: Optional[str] = None
         # ... and, where the ranks share no file system, (PartStream, local staging folder)
         self.part_stream: Optional[tuple] = None
@@ -182,67 +179,50 @@ class TableSaver(tf1.train.Saver):
         saveables = list(self._var_list or tf_variables._all_saveable_objects())  # pylint: disable=protected-access
         tables = [x for x in saveables if _is_table(x)]
         dense = [x for x in saveables if not _is_table(x)]
-        if not built and tables and _sharded():
-            # Every rank saves the keys it owns (graphmod.checkpoint.parts);
-            # the ordinary save and restore hold the rest.
-            self._var_list = dense
-            self._allow_empty = self._allow_empty or not dense  # the tables are saved
-            self._sharded_tables = part_files.ShardedTables(tables)
-        elif not built and tables and graph_state().ps_shards:
-            # Every ps task saves its shards (graphmod.ps).
-            self._var_list = dense
-            self._allow_empty = self._allow_empty or not dense
-            self._ps_tables = ps.PsTables(_ps_layout(tables))
+        if not built and tables:
+            self._layout = self._pick_layout(tables)
+            if self._layout.apart:
+                self._var_list = saveables = dense
+                self._allow_empty = self._allow_empty or not dense  # the tables are saved
         super()._build(checkpoint_path, build_save, build_restore)
-        if built:
+        if built or not tables:
             return
         # Built beside the ordinary save and restore, before the graph is finalized.
-        if self._sharded_tables is not None or self._ps_tables is not None:
-            self._build_deltas(tables, dense)
-            self._dense_reader = self._delta_saver
-            if self._ps_tables is not None and self.adoptions and build_restore:
-                self._build_adoption(saveables)
-            return  # (no adoption of tables sharded across Horovod ranks yet)
-        if self._is_empty:
-            return
-        if tables and _reads_parts():
-            # Checkpoints of sharded tables (graphmod.checkpoint.parts)
-            # restore into these tables, which then hold every rank's keys.
-            self._parts = part_files.TableParts(tables)
-            if dense:
-                self._dense_reader = tf1.train.Saver(var_list=dense, sharded=False,
-                                                     allow_empty=True)
-        if tables:
-            self._build_deltas(tables, dense)
+        if self._layout.readers and not self._layout.apart and dense:
+            # (its delta Saver holds the tables' changes too)
+            self._dense_reader = tf1.train.Saver(var_list=dense, sharded=False, allow_empty=True)
+        self._build_deltas(tables, dense)
         if self.adoptions and build_restore:
             self._build_adoption(saveables)
 
+    def _pick_layout(self, tables) -> part_files.PartLayout:
+        if horovod.enabled(tf1.get_default_graph()):
+            return RankParts(tables, self.rank0_dir, self.part_stream)
+        if graph_state().ps_shards:
+            return ps.PsParts(tables, graph_state().ps_shards)
+        return part_files.OneProcess(tables if _reads_parts() else None)
+
     def _build_deltas(self, tables, dense) -> None:
         """The delta's save and restore: a Saver of the dense variables and
-        the tables' changes, or, with sharded tables, of the dense variables
-        alone (None when there are none) beside the tables' parts."""
-        from graphmod.embeddings.table import _TableDeltaSaveable
+        of the tables' changes the layout does not write in parts (None when
+        there are none)."""
         with tf1.name_scope("graphmod_delta"):
-            parts = []
+            changes = []
             for t in tables:
-                # A table sharded over ps tasks: each shard keeps its own versions.
-                shards = (graph_state().ps_shards[t.table.name] if self._ps_tables is not None
-                          else [t.table])
-                for i, table in enumerate(shards):
-                    key = t.table.name if len(shards) == 1 else f"{t.table.name}@ps{i}"
+                parts = self._layout.parts_of(t.table)  # each keeps its own versions
+                for i, table in enumerate(parts):
+                    key = t.table.name if len(parts) == 1 else f"{t.table.name}@ps{i}"
                     self._since[key] = tf1.placeholder(tf.int64, [], name=f"{table.name}_since")
                     self._versions[key] = table.info()["version"]
                     self._track[key] = ops.graphmod_table_track_removals(table.handle)
-                    parts.append(_TableDeltaSaveable(table, self._since[key]))
-            if self._sharded_tables is not None or self._ps_tables is not None:
-                (self._sharded_tables or self._ps_tables).build_deltas(parts)
-                parts = []
-            elif self._parts is not None:
-                self._parts.build_deltas(parts)
-            if dense or parts:
+                    changes.append(_TableDeltaSaveable(table, self._since[key]))
+            changes = self._layout.build_deltas(changes)
+            if dense or changes:
                 # Sharded: one part per device, as the full save (tables on ps tasks).
-                self._delta_saver = tf1.train.Saver(var_list=dense + parts, sharded=True,
+                self._delta_saver = tf1.train.Saver(var_list=dense + changes, sharded=True,
                                                     allow_empty=True, builder=_PartsBuilder())
+        if self._layout.apart:  # the delta Saver holds the dense variables alone
+            self._dense_reader = self._delta_saver
 
     def _build_adoption(self, saveables) -> None:
         adopted = {a.table.name for a in self.adoptions}
@@ -254,21 +234,19 @@ class TableSaver(tf1.train.Saver):
             self._adopt_clock = {unit: tf1.placeholder(tf.int64, [], name=f"now_{unit}")
                                  for unit in UNITS}
             for a in self.adoptions:
-                # A table sharded over ps tasks: each task reads the variable
-                # and imports the rows it owns (no copy of it on the chief).
-                shards = graph_state().ps_shards.get(a.table.name, [a.table])
-                for i, table in enumerate(shards):
+                # Each part reads the variable and imports the rows its owner
+                # owns (no copy of it on the chief).
+                parts = self._layout.parts_of(a.table)
+                for i, table in enumerate(parts):
                     with tf1.name_scope(a.table.name), tf.device(table.handle.device):
-                        self._adopt_ops.append(self._adoption(a, table, i, len(shards)))
-            if self._ps_tables is not None:  # the tables' saveables are its own
-                others = [x for x in others if not _is_table(x)]
+                        self._adopt_ops.append(self._adoption(a, table, i, len(parts)))
             self._others = tf1.train.Saver(
                 var_list=others, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
 
-    def _adoption(self, a: Adoption, table, shard: int, shards: int) -> tf.Operation:
+    def _adoption(self, a: Adoption, table, owner: int, owners: int) -> tf.Operation:
         """The import of the adopted variable's rows (row i as key i) that
-        the table (shard `shard` of `shards` over ps tasks) owns."""
+        the table (the part of owner `owner` of `owners`) owns."""
         values = tf.reshape(_restore(self._adopt_path, a.variable), [a.rows, table.dim])
         if a.slots:
             slots = tf.stack([tf.reshape(_restore(self._adopt_path, s), [a.rows, table.dim])
@@ -276,8 +254,8 @@ class TableSaver(tf1.train.Saver):
         else:
             slots = tf.zeros([a.rows, 0, table.dim])
         keys = tf.range(a.rows, dtype=tf.int64)
-        if shards > 1:
-            mine = tf.where(tf.equal(owner_of(keys, shards), shard))[:, 0]
+        if owners > 1:
+            mine = tf.where(tf.equal(owner_of(keys, owners), owner))[:, 0]
             keys, values, slots = (tf.gather(x, mine) for x in (keys, values, slots))
         now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
         return table.import_rows(keys, values, slots, last_seen=tf.fill(tf.shape(keys), now),
@@ -313,60 +291,38 @@ class TableSaver(tf1.train.Saver):
     def restore(self, sess, save_path):
         if self.saver_def is None:
             self.build()  # an export restores without finalizing a Scaffold
-        if self._sharded_tables is not None or self._ps_tables is not None:
-            if self.adoptions and save_path is not None and \
-                    self.holds_tables_densely(save_path):
-                self._adopt(sess, save_path)
-                self.chain = self.restored = (save_path, 0)
-                self.marks = None
-            else:
-                self._restore_parts(sess, save_path, self._sharded_tables or self._ps_tables)
-            return
-        if self._parts is not None and save_path is not None and \
-                self._parts.is_sharded(save_path):
-            self._restore_parts(sess, save_path, self._parts)
-            return
-        if self.adoptions and save_path is not None and self.holds_tables_densely(save_path):
+        chain = []
+        if self.adoptions and save_path is not None and not self._layout.parted(save_path) \
+                and self.holds_tables_densely(save_path):
             self._adopt(sess, save_path)
         else:
-            super().restore(sess, save_path)
-        applied = 0
-        if self._delta_saver is not None and save_path is not None:
-            for prefix in deltas.committed(save_path):
-                self._restore_delta(sess, prefix)
-                applied += 1
-            if applied:
+            # Tables first: other workers of a parameter-server cluster start
+            # stepping once the variables are initialized, and must not find
+            # tables half restored.
+            read = self._layout.restore(sess, save_path)
+            chain = deltas.committed(save_path) if self._versions else []
+            if read is None:  # in the checkpoint: the Saver restores them with the rest
+                super().restore(sess, save_path)
+                for prefix in chain:
+                    self._restore_delta(sess, prefix, self._delta_saver)
+            else:
+                logging.info("graphmod: restored the keys of %s from %s", self._layout.whose,
+                             ", ".join(read))
+                for prefix in chain:
+                    self._layout.restore_delta(sess, prefix)
+                if self._dense_reader is not None:
+                    self._restore_delta(sess, save_path, self._dense_reader)
+                    for prefix in chain:
+                        if tf.io.gfile.exists(prefix + ".index"):
+                            self._restore_delta(sess, prefix, self._dense_reader)
+            if chain:
                 logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
-                             applied)
-        self.chain = self.restored = (save_path, applied)
-        self.marks = None  # this session's tables track nothing yet
-
-    def _restore_parts(self, sess, save_path: str, parts) -> None:
-        """From the tables' parts, this rank's keys (every key when the
-        tables are not sharded) of a checkpoint and its committed deltas,
-        then the dense variables. Tables first: other workers of a
-        parameter-server cluster start stepping once the variables are
-        initialized, and must not find tables half restored."""
-        read = parts.restore(sess, save_path)
-        logging.info("graphmod: restored the keys of %s from %s",
-                     f"{parts.size} ps tasks" if parts is self._ps_tables
-                     else f"rank {parts.rank} of {parts.size}", ", ".join(read))
-        chain = deltas.committed(save_path)
-        for prefix in chain:
-            parts.restore_delta(sess, prefix)
-        if self._dense_reader is not None:
-            self._restore_delta(sess, save_path, self._dense_reader)
-            for prefix in chain:
-                if tf.io.gfile.exists(prefix + ".index"):
-                    self._restore_delta(sess, prefix, self._dense_reader)
-        if chain:
-            logging.info("graphmod: restored %s and its %d delta(s) after it", save_path,
-                         len(chain))
+                             len(chain))
         self.chain = self.restored = (save_path, len(chain))
         self.marks = None  # this session's tables track nothing yet
 
-    def _restore_delta(self, sess, prefix: str, saver=None) -> None:
-        saver = saver or self._delta_saver
+    @staticmethod
+    def _restore_delta(sess, prefix: str, saver) -> None:
         sess.run(saver.saver_def.restore_op_name, {saver.saver_def.filename_tensor_name: prefix})
 
     def _adopt(self, sess, save_path: str) -> None:
@@ -390,78 +346,44 @@ class TableSaver(tf1.train.Saver):
     # ---------------------------------------------------------------- save
 
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
-        if self._sharded_tables is not None or self._ps_tables is not None:
-            return self._save_sharded(sess, save_path, global_step, *args, **kwargs)
+        """The layout writes the tables' parts (each owner its own), then the
+        chief saves the rest (and the `checkpoint` state file) as usual.
+        Under Horovod every rank must call it at the same step."""
+        if self.saver_def is None:
+            self.build()
+        save_path = self._layout.where(save_path)
+        checkpoint = save_path
+        if global_step is not None:
+            # CheckpointSaverHook passes the step it fetched (a numpy integer).
+            global_step = int(global_step) if isinstance(global_step, (int, np.integer)) else \
+                int(tf1.train.global_step(sess, global_step))
+            # As the Saver names it.
+            checkpoint = (f"{save_path}-{global_step:08d}" if self._pad_step_number
+                          else f"{save_path}-{global_step}")
         # What a delta after this save follows (only read while tracking).
         versions = sess.run(self._versions) if self.marks is not None else None
-        try:
-            path = super().save(sess, save_path, global_step, *args, **kwargs)
-        except Exception:
-            _remove_parts(save_path)  # the previous checkpoints stay as they were
-            raise
-        if path:
-            # A checkpoint written again under its name (a resumed run saves
-            # the step it restored) holds what its old deltas added, and its
-            # tables (written in parts by several ranks before) are in it now.
-            deltas.drop(path)
-            part_files.remove_parts(path)
+        path = self._layout.save(sess, checkpoint)
+        if self._layout.rank == 0 and not self._is_empty:  # (else the tables alone)
+            try:
+                path = super().save(sess, save_path, global_step, *args, **kwargs)
+            except Exception:
+                _remove_temp_folders(save_path)  # the previous checkpoints stay as they were
+                raise
             part_files.remove_orphans(os.path.dirname(path))
+            for name in deltas.remove_orphans(os.path.dirname(path)):
+                logging.info("graphmod: removed the deltas of %s with it", name)
+        self._layout.saved(sess, path)
+        if path:
             self.chain = (path, 0)
             if self.marks is not None:
                 self.marks = versions
-            for name in deltas.remove_orphans(os.path.dirname(path)):
-                logging.info("graphmod: removed the deltas of %s with it", name)
         return path
 
     @property
     def sharded(self) -> bool:
-        """Whether it saves tables sharded across Horovod ranks: every rank
-        must then save, and write deltas, at the same steps."""
-        return self._sharded_tables is not None
-
-    def _save_sharded(self, sess, save_path, global_step, *args, **kwargs):
-        """Every rank (or ps task) writes its tables' part, rank 0 (the chief)
-        commits their manifest and then saves the rest (and the `checkpoint`
-        state file) as usual. Every Horovod rank must call it at the same step."""
-        if self.saver_def is None:
-            self.build()
-        if self.rank0_dir:
-            # Every rank writes its part into rank 0's model_dir, whatever its
-            # own (graphmod.horovod.save_schedule).
-            save_path = os.path.join(self.rank0_dir, os.path.basename(save_path))
-        checkpoint = save_path
-        if global_step is not None:
-            # CheckpointSaverHook passes the step it fetched (a numpy integer).
-            step = int(global_step) if isinstance(global_step, (int, np.integer)) else int(
-                tf1.train.global_step(sess, global_step))
-            # As the Saver names it.
-            checkpoint = (f"{save_path}-{step:08d}" if self._pad_step_number  # pylint: disable=protected-access
-                          else f"{save_path}-{step}")
-        versions = sess.run(self._versions) if self.marks is not None else None
-        parts = self._sharded_tables or self._ps_tables
-        if self._ps_tables is not None and parts.rank == 0:
-            # See save(). Before the parts are written: once they are, other
-            # ps tasks may write their parts of this checkpoint's first delta.
-            # (Horovod ranks: rank 0 drops them in ShardedTables.save, once no
-            # rank is still restoring them.)
-            deltas.drop(checkpoint)
-        if self._sharded_tables is not None:
-            self._sharded_tables.stream, self._sharded_tables.staging = (
-                self.part_stream or (None, None))
-        parts.save(sess, checkpoint)
-        path = checkpoint
-        if parts.rank == 0 and not self._is_empty:  # else tables alone
-            path = super().save(sess, save_path, global_step, *args, **kwargs)
-            # (a tables-only Saver keeps no list of checkpoints to delete)
-            part_files.remove_orphans(os.path.dirname(path))
-            for name in deltas.remove_orphans(os.path.dirname(path)):
-                logging.info("graphmod: removed the deltas of %s with it", name)
-        if self._sharded_tables is not None:
-            self._sharded_tables.wait_committed(sess, checkpoint)
-        self.chain = (path, 0)
-        if self.marks is not None:
-            self.marks = versions
-        return path
+        """Whether its tables are split across Horovod ranks: every
+        rank must then save, and write deltas, at the same steps."""
+        return self._layout.collective
 
     def start_tracking(self, sess) -> None:
         """This session's tables note changes and removals from now on; the
@@ -482,26 +404,12 @@ class TableSaver(tf1.train.Saver):
             self.start_tracking(sess)
         versions = sess.run(self._versions)  # what the delta will reflect
         feed = {self._since[name]: mark for name, mark in self.marks.items()}
-        if self._sharded_tables is not None or self._ps_tables is not None:
-            def save_dense(tmp):
-                sess.run(self._delta_saver.saver_def.save_tensor_name,
-                         {self._delta_saver.saver_def.filename_tensor_name: tmp})
-            if self._sharded_tables is not None:
-                self._sharded_tables.stream, self._sharded_tables.staging = (
-                    self.part_stream or (None, None))
-            prefix = (self._sharded_tables or self._ps_tables).save_delta(
-                sess, base, count + 1, step, feed,
-                save_dense if self._delta_saver is not None else None)
-            self.chain, self.marks = (base, count + 1), versions
-            return prefix
-        tmp = deltas.temp_prefix(base, count + 1)
-        feed[self._delta_saver.saver_def.filename_tensor_name] = tmp
-        try:
-            sess.run(self._delta_saver.saver_def.save_tensor_name, feed)
-            prefix = deltas.publish(base, tmp, count + 1, step)
-        except Exception:
-            deltas.discard(tmp)  # the chain stays as it was; the next delta covers this one
-            raise
+
+        def save_rest(tmp):  # the dense variables, and the tables' changes held with them
+            sess.run(self._delta_saver.saver_def.save_tensor_name,
+                     {**feed, self._delta_saver.saver_def.filename_tensor_name: tmp})
+        prefix = self._layout.save_delta(sess, base, count + 1, step, feed,
+                                         save_rest if self._delta_saver is not None else None)
         self.chain, self.marks = (base, count + 1), versions
         return prefix
 
@@ -510,28 +418,12 @@ class TableSaver(tf1.train.Saver):
         delta, or uncommitted files): a delta written after them must not
         be read after those."""
         base, count = self.restored
-        if base is not None and (self._sharded_tables is None or
-                                 self._sharded_tables.rank == 0):
-            deltas.truncate(base, count)  # (one rank does it for all)
+        if base is not None and self._layout.rank == 0:
+            deltas.truncate(base, count)  # (one owner does it for all)
 
 
-def _ps_layout(tables) -> List[list]:
-    """The tables' shards on each ps task (graphmod.ps), in one
-    table order; an error naming the tables that are not sharded, which no
-    part of the checkpoint would hold."""
-    shards = graph_state().ps_shards
-    alone = sorted(t.table.name for t in tables if t.table.name not in shards)
-    if alone:
-        raise ValueError(f"graphmod: tables {alone} (made with graphmod.create_table) are not "
-                         f"sharded over the ps tasks, while {sorted(shards)} (converted by the "
-                         "hook) are: one checkpoint cannot hold both; in a parameter-server "
-                         "cluster, let GraphModifierHook convert embedding variables instead")
-    n = len(next(iter(shards.values())))
-    return [[shards[t.table.name][i] for t in tables] for i in range(n)]
-
-
-def _remove_parts(save_path: str) -> None:
-    """Removes the parts a failed sharded save left in `<checkpoint>_temp/`
+def _remove_temp_folders(save_path: str) -> None:
+    """Removes the per-device files a failed save left in `<checkpoint>_temp/`
     (TensorFlow removes them only once they are merged)."""
     folder, name = os.path.split(save_path)
     for entry in tf.io.gfile.listdir(folder or "."):

@@ -1,4 +1,4 @@
-"""Files of sharded checkpoints sent between Horovod ranks that share no file system.
+"""Files of checkpoints' parts sent between Horovod ranks that share no file system.
 
 Where rank 0's model_dir is not on a file system every rank sees
 (graphmod.horovod.save_schedule finds out), a rank > 0 writes its part

@@ -1,12 +1,12 @@
-"""When tables sharded across Horovod ranks are saved: rank 0 decides, every rank writes.
+"""When tables split across Horovod ranks are saved: rank 0 decides, every rank writes.
 
-A save of sharded tables is a collective (graphmod.checkpoint.parts):
+A save of tables split across ranks is a collective (graphmod.horovod.rank_parts):
 every rank writes the keys it owns as a part of one checkpoint, at the same
 step. Horovod's examples lay training out so that the ranks' own saver
 hooks would not agree on that: rank 0 alone has the model_dir (the
 Estimator makes a temporary one on the others) or every rank its own, and
 the RunConfig default saves every 600 seconds, by each rank's clock. So,
-when GraphModifierHook begins training with sharded tables:
+when GraphModifierHook begins training with tables split across ranks:
 
 - coordinate() gathers every rank's save settings once (an allgather, in a
   graph of its own): rank 0's model_dir, CheckpointSaverHook schedule and
@@ -29,7 +29,7 @@ when GraphModifierHook begins training with sharded tables:
 - Ranks > 0 restore rank 0's latest checkpoint (their session creator is
   pointed at rank 0's model_dir), and note rank 0's model_dir in their own
   (<model_dir>/graphmod/rank0_model_dir), where their predictions find
-  the checkpoint to restore (restore_from_rank0). A sharded evaluation is a
+  the checkpoint to restore (restore_from_rank0). An evaluation of split tables is a
   collective: there every rank restores the checkpoint rank 0 restores
   (evaluate_rank0_checkpoint), also in a later process.
 - Ranks that cannot follow rank 0 are refused on every rank before
@@ -259,16 +259,13 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
         logging.info("graphmod: ranks %s do not see rank 0's model_dir %s: every rank > 0 "
                      "sends its parts of checkpoints and deltas to rank 0", unseen, rank0_dir)
         staging = tempfile.mkdtemp(prefix="graphmod_parts_") if rank > 0 else None
-        for saver in graph.get_collection(tf1.GraphKeys.SAVERS):
-            if isinstance(saver, TableSaver):
-                saver.part_stream = (stream, staging)
     timers = []
     for h in saver_hooks:
         timers.append(SharedTimer(first["steps"], first["secs"]))
         tf_private.set_saver_hook_timer(h, timers[-1])
     for saver in graph.get_collection(tf1.GraphKeys.SAVERS):
-        if isinstance(saver, TableSaver):
-            saver.rank0_dir = rank0_dir
+        if isinstance(saver, TableSaver):  # (graphmod.horovod.rank_parts)
+            saver.rank0_dir, saver.part_stream = rank0_dir, (stream, staging) if stream else None
     if rank > 0 and rank0_dir is not None:
         if tf_private.session_checkpoint(creator) is None:  # (no explicit checkpoint given)
             # Rank 0's latest checkpoint, not this rank's own (empty) model_dir.
@@ -332,7 +329,7 @@ def _mirror_rank0_checkpoint(stream, checkpoint: Optional[str]) -> Optional[str]
 
 
 def evaluate_rank0_checkpoint() -> None:
-    """In a sharded evaluation (a collective: every rank evaluates) beginning:
+    """In an evaluation of split tables (a collective: every rank evaluates) beginning:
     every rank restores the checkpoint rank 0 restores, whatever its own
     model_dir holds (a temporary dir made in another process holds nothing)."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel

@@ -1,29 +1,26 @@
-"""Tables sharded by key over the ps tasks of a parameter-server cluster.
+"""Tables split by key over the ps tasks of a parameter-server cluster.
 
 Under TF_CONFIG with ps tasks, the Estimator's replica_device_setter puts
 each variable on one ps task. A converted variable's table is instead cut
-into one shard per ps task (rewrite_rules.ps_shards): shard i lives on
+into one part per ps task (rewrite_rules.ps_shards): part i lives on
 `/job:ps/task:i` and holds the keys whose owner (graphmod.embeddings.partition,
 the same hash ranges as Horovod's ranks) is i. Workers hold no rows: a step's
 lookups and applies run on the owning ps tasks.
 
-Checkpoints (PsTables, driven by graphmod.checkpoint.saver.TableSaver on the
-chief): each ps task writes its shards of every table as a part of the
-checkpoint, `<checkpoint>.tables-0000i-of-0000N`, a chunk of rows at a time,
-then the chief commits the manifest `<checkpoint>.tables.json` before the
-dense variables and the `checkpoint` state file; deltas alike. It is the
-layout Horovod ranks write (graphmod.checkpoint.parts), so a
-checkpoint restores on any number of ps tasks, on Horovod ranks, and in one
-process with no cluster (evaluate, predict, export, the CLI).
+Checkpoints (PsParts, the part layout TableSaver delegates to on the chief):
+each ps task writes its parts of every table as part i of the checkpoint,
+as Horovod ranks write theirs (graphmod.checkpoint.parts), so a checkpoint
+restores on any number of ps tasks, on Horovod ranks, and in one process
+with no cluster (evaluate, predict, export, the CLI).
 """
 import json
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
 from graphmod.checkpoint import deltas
-from graphmod.checkpoint import parts as checkpoints
+from graphmod.checkpoint.parts import PartLayout, TableParts, commit, commit_delta, part_prefix
 from graphmod.embeddings.table import _TableDeltaSaveable, _TableSaveable, write_tables
 
 tf1 = tf.compat.v1
@@ -58,77 +55,69 @@ def shard_device(device: str, task: int) -> str:
     return tf.DeviceSpec.from_string(device).replace(job="ps", task=task).to_string()
 
 
-class PsTables:
-    """The save and restore of tables sharded over ps tasks; the interface of
-    graphmod.checkpoint.parts.TableParts that TableSaver uses.
+class PsParts(PartLayout):
+    """Each ps task saves and restores its part of every table; the chief
+    drives them and writes the rest. parts: {table name: its parts, in ps
+    task order} (graphmod.state's ps_shards). The ops of task i's part (its
+    write, its restore and import) run on the task, so no table's rows
+    travel through the chief."""
 
-    shards[i]: the tables' shards on ps task i, in one table order. The ops
-    of shard i (its part's write, its restore and import) run on its task, so
-    no table's rows travel through the chief."""
-
-    def __init__(self, shards: List[List["graphmod.Table"]]):
-        self.size = len(shards)
-        self.rank = 0  # (logged by TableSaver: the chief's view holds every shard)
-        self._devices = [tables[0].handle.device for tables in shards]
-        self._parts: List[checkpoints.TableParts] = []
-        self._part = []
-        self._write = []
-        for i, tables in enumerate(shards):
-            saveables = [_TableSaveable(t) for t in tables]
+    def __init__(self, saveables: List[_TableSaveable], parts: Dict[str, list]):
+        alone = sorted(s.table.name for s in saveables if s.table.name not in parts)
+        if alone:
+            raise ValueError(f"graphmod: tables {alone} (made with graphmod.create_table) are "
+                             f"not sharded over the ps tasks, while {sorted(parts)} (converted "
+                             "by the hook) are: one checkpoint cannot hold both; in a "
+                             "parameter-server cluster, let GraphModifierHook convert embedding "
+                             "variables instead")
+        self._parts = parts
+        self.size = len(next(iter(parts.values())))
+        self.whose = f"{self.size} ps tasks"
+        self._devices = [parts[saveables[0].table.name][i].handle.device
+                         for i in range(self.size)]
+        self.readers: List[TableParts] = []
+        self._part, self._write = [], []
+        for i in range(self.size):
+            mine = [_TableSaveable(parts[s.table.name][i]) for s in saveables]
             with tf.device(self._devices[i]), tf1.name_scope(f"graphmod_ps_tables/ps{i}"):
-                self._parts.append(checkpoints.TableParts(saveables, i, self.size))
+                self.readers.append(TableParts(mine, i, self.size))
                 self._part.append(tf1.placeholder(tf.string, [], name="part"))
-                self._write.append(write_tables(saveables, self._part[i], part=True))
+                self._write.append(write_tables(mine, self._part[i], part=True))
         self._delta_part: List[tf.Tensor] = []
         self._delta_write: List[tf.Operation] = []
 
-    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> None:
-        """The deltas' writes and imports, of the shards' delta saveables
-        (each shard's own, as it keeps its own versions)."""
+    def parts_of(self, table) -> list:
+        return self._parts[table.name]
+
+    def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> list:
         for i in range(self.size):
             mine = [s for s in saveables if ps_task(s.table.handle.device) == i]
             with tf.device(self._devices[i]), tf1.name_scope(f"graphmod_ps_tables/ps{i}"):
-                self._parts[i].build_deltas(mine)
+                self.readers[i].build_deltas(mine)
                 self._delta_part.append(tf1.placeholder(tf.string, [], name="delta_part"))
                 self._delta_write.append(write_tables(mine, self._delta_part[i], part=True))
+        return []
 
-    def restore(self, sess, checkpoint: str) -> List[str]:
-        """Every shard takes the keys it owns from the checkpoint's parts
-        (written on any number of ps tasks, or tables in the checkpoint)."""
-        read = []
-        for parts in self._parts:
-            read += parts.restore(sess, checkpoint)
-        return sorted(set(read))
-
-    def restore_delta(self, sess, prefix: str) -> List[str]:
-        read = []
-        for parts in self._parts:
-            read += parts.restore_delta(sess, prefix)
-        return sorted(set(read))
-
-    def save(self, sess, checkpoint: str) -> None:
+    def save(self, sess, checkpoint: str) -> str:
         """Every ps task writes its part at once; then the manifest commits
         them. A checkpoint saved again under its name (the chief saves the
         step it restored in every new session, e.g. after a ps task
         restarted) keeps its manifest until the new one replaces it: its
         parts are rewritten with the same rows, so a failed save leaves it
-        restorable."""
-        sess.run(self._write, {p: checkpoints.part_prefix(checkpoint, i, self.size)
+        restorable. Its old deltas go first: once the parts are written,
+        ps tasks may write their parts of this checkpoint's first delta."""
+        deltas.drop(checkpoint)
+        sess.run(self._write, {p: part_prefix(checkpoint, i, self.size)
                                for i, p in enumerate(self._part)})
-        checkpoints.commit(checkpoint, self.size)
+        commit(checkpoint, self.size)
+        return checkpoint
 
-    def save_delta(self, sess, base: str, index: int, step: int, feed: dict,
-                   save_dense) -> str:
-        """Writes delta `index` after the full checkpoint `base`: every ps
-        task its part, then save_dense(prefix) the dense variables (None:
-        there are none), then the chain's manifest commits it."""
+    def save_delta(self, sess, base: str, index: int, step: int, feed: dict, save_rest) -> str:
         prefix = os.path.join(deltas.directory(base), deltas.delta_name(index))
         tf.io.gfile.makedirs(os.path.dirname(prefix))
         sess.run(self._delta_write, {**feed, **{
-            p: checkpoints.part_prefix(prefix, i, self.size)
-            for i, p in enumerate(self._delta_part)}})
-        checkpoints.commit_delta(base, prefix, index, step, self.size, save_dense)
-        return prefix
+            p: part_prefix(prefix, i, self.size) for i, p in enumerate(self._delta_part)}})
+        return commit_delta(base, index, step, self.size, save_rest)
 
 
 def check_op_library(master: str, tasks: int, config=None) -> None:
