@@ -31,14 +31,14 @@ class GraphState:
     timestamp: Optional[tf.Tensor] = None  # the batch's timestamp feature
     clocks: Dict[str, tf.Tensor] = dataclasses.field(default_factory=dict)  # unit -> clock
     format_constant: Optional[tf.Tensor] = None  # saved by every table (CHECKPOINT_FORMAT)
-    # Whether this graph's tables are sharded across Horovod ranks, as
+    # Whether this graph's tables are split by key across Horovod ranks, as
     # GraphModifierHook's rewrite decided (None: graphmod.horovod.enable()'s)
-    sharded: Optional[bool] = None
+    split_over_ranks: Optional[bool] = None
     # The model_dir's latest checkpoint holds tables in parts (graphmod.checkpoint.saver)
     reads_parts: bool = False
-    # Tables sharded over ps tasks (graphmod.ps): name -> its
-    # shard on each ps task, in task order (`tables` holds one of them).
-    ps_shards: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
+    # Tables split over ps tasks (graphmod.ps): name -> its
+    # part on each ps task, in task order (`tables` holds one of them).
+    ps_parts: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
 
     def snapshot(self) -> "GraphState":
         """A copy whose containers are copies (their items are shared)."""

@@ -102,7 +102,7 @@ def rewrite(rw, conversions, context: Context) -> None:
         return
     with rw.rule(NAME):
         shards = {lk.table.name: _shards(lk.table, context.ps_tasks) for lk in built.values()}
-        rw.set_state("ps_shards", {**graph_state(context.graph).ps_shards, **shards})
+        rw.set_state("ps_parts", {**graph_state(context.graph).ps_parts, **shards})
         _shard_lookups(rw, list(built.values()), shards)
         _shard_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
                             for c in conversions if c.training], shards)
@@ -122,7 +122,7 @@ def _shards(table: Table, n: int) -> List[Table]:
         if i == mine:
             shards.append(table)
             continue
-        with tf.device(ps.shard_device(table.handle.device, i)), \
+        with tf.device(ps.part_device(table.handle.device, i)), \
                 op.graph.control_dependencies(None), tf.compat.v1.name_scope(None):
             handle = ops.graphmod_table(name=f"graphmod/{table.name}/table_ps{i}", **attrs)
         shards.append(Table(handle, table.optimizer))

@@ -65,12 +65,12 @@ def test_per_graph_state_changes_through_the_rewriter_and_undo_restores_it():
     with tf.Graph().as_default() as g:
         rw = Rewriter(g)
         with rw.rule("demo"):
-            rw.set_state("sharded", True)
+            rw.set_state("split_over_ranks", True)
             rw.set_state("reads_parts", False)  # as it was: no change to record
-        assert graph_state(g).sharded is True
+        assert graph_state(g).split_over_ranks is True
         assert rw.summary()["demo"] == {"state": 1}
         rw.undo()
-        assert graph_state(g).sharded is None
+        assert graph_state(g).split_over_ranks is None
 
 
 def test_graph_view_networkx_index_matches_the_graph():

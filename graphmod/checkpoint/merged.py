@@ -90,7 +90,7 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
     from graphmod.checkpoint.parts import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
     readers = [checkpoint]
-    if TableParts.is_sharded(checkpoint):
+    if TableParts.in_parts(checkpoint):
         with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
             manifest = json.load(f)
         folder = os.path.dirname(checkpoint)
@@ -138,7 +138,7 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     graph_state().reads_parts = True  # a checkpoint's parts
     # Read here as one whole, never split across Horovod ranks (a rank
     # exporting while it trains with graphmod.horovod.enable()).
-    graph_state().sharded = False
+    graph_state().split_over_ranks = False
     entries = table_entries(checkpoint)
     delta_rows = _rows_written(deltas) if storage else {}
     tables = []

@@ -89,7 +89,7 @@ class TableParts:
             self._delta_own, self._delta_mine = self._imports(saveables)
 
     @staticmethod
-    def is_sharded(checkpoint: str) -> bool:
+    def in_parts(checkpoint: str) -> bool:
         """Whether the checkpoint's tables were saved in parts."""
         return tf.io.gfile.exists(manifest_path(checkpoint))
 
@@ -174,7 +174,7 @@ class PartLayout(abc.ABC):
 
     def parted(self, checkpoint: str) -> bool:
         """Whether this layout reads the checkpoint's tables from parts."""
-        return TableParts.is_sharded(checkpoint)
+        return TableParts.in_parts(checkpoint)
 
     def restore(self, sess, checkpoint: str) -> Optional[List[str]]:
         """The keys this process's parts own, from the checkpoint; returns

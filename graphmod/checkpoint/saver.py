@@ -198,8 +198,8 @@ class TableSaver(tf1.train.Saver):
     def _pick_layout(self, tables) -> part_files.PartLayout:
         if horovod.enabled(tf1.get_default_graph()):
             return RankParts(tables, self.rank0_dir, self.part_stream)
-        if graph_state().ps_shards:
-            return ps.PsParts(tables, graph_state().ps_shards)
+        if graph_state().ps_parts:
+            return ps.PsParts(tables, graph_state().ps_parts)
         return part_files.OneProcess(tables if _reads_parts() else None)
 
     def _build_deltas(self, tables, dense) -> None:

@@ -209,7 +209,7 @@ def inspect(model_dir: str, fv) -> int:
     counters = _counters(model_dir)
     for t in tables:
         t["counters"] = counters.get(t["table"])
-    out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.is_sharded(latest),
+    out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.in_parts(latest),
                tables=tables, plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
     if fv.format == "json":
         print(json.dumps(out, indent=1))

@@ -183,7 +183,7 @@ def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
 def shards(table: "graphmod.Table") -> List["graphmod.Table"]:
     """The table's shards over ps tasks (graphmod.ps); [table]
     where it is not sharded that way."""
-    return graph_state(table.graph).ps_shards.get(table.name, [table])
+    return graph_state(table.graph).ps_parts.get(table.name, [table])
 
 
 def add_summaries(tables: List["graphmod.Table"]) -> Tuple[Dict[str, Dict[str, tf.Tensor]], tf.Tensor]:

@@ -59,7 +59,7 @@ def _horovod():
 
 def _decided(graph: Optional[tf.Graph]) -> bool:
     """The graph's own decision (GraphModifierHook's rewrite sets it), else enable()'s."""
-    sharded = graph_state(graph).sharded
+    sharded = graph_state(graph).split_over_ranks
     return _enabled if sharded is None else sharded
 
 

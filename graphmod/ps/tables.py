@@ -50,7 +50,7 @@ def ps_tasks(graph: tf.Graph) -> int:
     return len(cluster.get("ps") or []) or max(tasks) + 1
 
 
-def shard_device(device: str, task: int) -> str:
+def part_device(device: str, task: int) -> str:
     """device, on ps task `task`."""
     return tf.DeviceSpec.from_string(device).replace(job="ps", task=task).to_string()
 

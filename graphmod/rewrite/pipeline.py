@@ -65,7 +65,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
     rw = Rewriter(graph, index)
-    rw.set_state("reads_parts", latest is not None and TableParts.is_sharded(latest))
+    rw.set_state("reads_parts", latest is not None and TableParts.in_parts(latest))
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
                       ranks=horovod.horovod_ranks() if mode != "predict" else 1,
@@ -93,7 +93,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
             # the ranks (lookups exchange ids with the keys' owners, every
             # rank saves the keys it owns); a prediction or export graph
             # holds every key (its restore reads every rank's part).
-            rw.set_state("sharded", context.ranks > 1)
+            rw.set_state("split_over_ranks", context.ranks > 1)
         if training and timestamp is not None:
             features.set_timestamp(timestamp, timestamp_name, graph)
         for c in ready:

@@ -57,7 +57,7 @@ def _train(target, on_ps: bool, tasks: int = 2):
     with tf.Graph().as_default() as g:
         a, b, train = _two_tables(on_ps, tasks)
         applied = apply_rules(g, *RULES, ps_tasks=tasks if on_ps else 0)
-        shards = graph_state(g).ps_shards
+        shards = graph_state(g).ps_parts
         if on_ps:  # the ps tasks' tables outlive a session: start from none
             tf1.Session.reset(target)
         with tf1.Session(target if on_ps else "") as sess:
@@ -140,7 +140,7 @@ def test_with_one_ps_task_the_tables_stay_whole_and_the_gradient_rows_cross_once
         assert len(held[name]) == 1  # no shards
         for k, row in rows.items():
             np.testing.assert_array_equal(tables[name][k], row)
-    assert not graph_state(applied.rw.graph).ps_shards
+    assert not graph_state(applied.rw.graph).ps_parts
     # Only the applies change: one apply, of each key's summed gradient row.
     assert applied.built_by("ps_shards").count("GraphmodFusedApply") == 1
     assert applied.built_by("ps_shards").count("UniqueV2") + \
