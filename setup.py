@@ -95,7 +95,8 @@ setup(
     # graphmod/hooks and graphmod/rewrite_rules are links to the top-level
     # hooks/ and rewrite_rules/ folders: the wheel holds their files there.
     packages=["graphmod", "graphmod.embeddings", "graphmod.checkpoint", "graphmod.rewrite",
-              "graphmod.horovod", "graphmod.cli", "graphmod.hooks", "graphmod.rewrite_rules"],
+              "graphmod.horovod", "graphmod.ps", "graphmod.cli", "graphmod.hooks",
+              "graphmod.rewrite_rules"],
     py_modules=["graphmod_cli"],  # the command's front, importable without TensorFlow
     ext_modules=[Extension("graphmod._graphmod_ops", NATIVE_SOURCES, include_dirs=["."],
                            language="c++", depends=sorted(glob.glob("native/*.h")))],

@@ -1,10 +1,11 @@
 """What graphmod keeps per tf.Graph: its tables, training lookups, admission
-and eviction policies, clocks and sharding decision.
+and eviction policies, clocks, and how its tables are split into parts.
 
 Kept apart from the Table handle (graphmod.embeddings.table) so that the modules that
-read it (features, fused, optimizers, distributed) import no table code.
-A rewrite changes it only through its Rewriter, which snapshots it when the
-rewrite starts and restores it on undo.
+read it (features, fused, optimizers, horovod) import no table code.
+A rewrite sets the split (Rewriter.set_state) and the policies and clock
+(graphmod.embeddings.features) while its Rewriter holds a snapshot, which
+undo restores.
 """
 import copy
 import dataclasses

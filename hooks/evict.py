@@ -91,15 +91,15 @@ class EvictHook(tf1.train.SessionRunHook):
             self._evict = {}
             for t in self.tables:
                 policy = features.policy_of(t)
-                # Shards over ps tasks cut where the table would: at its
-                # newest lookup over every shard.
-                shards = features.shards(t)
-                latest = (shards[0].info()["latest"] if len(shards) == 1 else
-                          tf.reduce_max(tf.stack([s.info()["latest"] for s in shards])))
+                # Parts on ps tasks cut where the table would: at its
+                # newest lookup over every part.
+                parts = features.parts(t)
+                latest = (parts[0].info()["latest"] if len(parts) == 1 else
+                          tf.reduce_max(tf.stack([p.info()["latest"] for p in parts])))
                 if sharded and policy.eviction_unit == "steps":
                     latest = tf.where(self._step_now >= 0, self._step_now, latest)
                 cut = latest - policy.eviction_threshold
-                evicted = [s.evict(cut) for s in shards]
+                evicted = [p.evict(cut) for p in parts]
                 self._evict[t.name] = dict(cut=cut, evicted=evicted[0] if len(evicted) == 1
                                            else tf.add_n(evicted))
             # Counted after the eviction, so the log shows what is left.

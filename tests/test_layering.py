@@ -128,3 +128,14 @@ def test_the_checks_see_a_circle_and_an_upward_import():
                for c in circles(graph))
     assert upward(graph) == ["graphmod.embeddings.table (core) imports "
                              "graphmod.rewrite_rules.gather_to_lookup (rules)"]
+
+
+def test_the_wheel_ships_every_package():
+    """setup.py lists packages by hand: a new folder left out installs a
+    graphmod that cannot import (the editable install of the tests hides it)."""
+    setup = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
+    listed, = [ast.literal_eval(k.value) for node in ast.walk(setup) if isinstance(node, ast.Call)
+               for k in node.keywords if k.arg == "packages"]
+    packages = {m for m, path in modules().items() if path.endswith("__init__.py")}
+    assert "graphmod.ps" in packages and "graphmod.hooks" in packages
+    assert sorted(listed) == sorted(packages)

@@ -301,9 +301,12 @@ def _seen_since(value: Optional[str], model_dir: Optional[str]) -> Optional[int]
     if value is None or not value[-1].isalpha():
         return None if value is None else int(value)
     latest = merged.latest_checkpoint(model_dir) if model_dir else None
-    if latest is None or not tf.io.gfile.exists(latest + ".meta"):
-        raise InputError(f"--seen-since={value}: a time ago needs --model-dir, whose training "
-                         "graph (latest checkpoint's .meta) tells seconds from global steps")
+    if latest is None:
+        raise InputError(f"--seen-since={value}: a time ago needs --model-dir with a checkpoint, "
+                         "whose training graph (its .meta) tells seconds from global steps")
+    if not tf.io.gfile.exists(latest + ".meta"):
+        raise InputError(f"--seen-since={value}: {latest} has no .meta (a converted checkpoint?) "
+                         "to tell seconds from global steps: give a clock value")
     if any(n.name.startswith("graphmod/clock_steps") for n in
            load_file(latest + ".meta").graph_def.node):
         raise InputError(f"--seen-since={value}: {latest}.meta stamps rows with global steps "

@@ -170,19 +170,19 @@ def counters(table: "graphmod.Table") -> Dict[str, tf.Tensor]:
     row), evicted, pending, ids_looked_up and lookups (every id and the
     distinct ones, of training lookups), and with a memory budget
     TIER_COUNTERS; summed over its shards where it is sharded over ps tasks."""
-    infos = [s.info() for s in shards(table)]
+    infos = [s.info() for s in parts(table)]
     names = ("size", "memory_bytes", "admitted", "rejected", "evicted", "pending",
              "ids_looked_up", "lookups")
     if table.memory_budget:
-        infos = [dict(i, **s.tier_info()) for i, s in zip(infos, shards(table))]
+        infos = [dict(i, **s.tier_info()) for i, s in zip(infos, parts(table))]
         names += TIER_COUNTERS
     return {k: infos[0][k] if len(infos) == 1 else tf.add_n([i[k] for i in infos])
             for k in names}
 
 
-def shards(table: "graphmod.Table") -> List["graphmod.Table"]:
-    """The table's shards over ps tasks (graphmod.ps); [table]
-    where it is not sharded that way."""
+def parts(table: "graphmod.Table") -> List["graphmod.Table"]:
+    """The table's parts on the ps tasks (graphmod.ps); [table] where it is
+    not split over them."""
     return graph_state(table.graph).ps_parts.get(table.name, [table])
 
 

@@ -194,7 +194,8 @@ def initial_rows(keys, kind: str, seed: int, dim: int, ab, ops=TF_OPS):
     n = ops.size(keys)
     if kind in ("zeros", "constant"):
         return ops.fill(n, dim, ab[0] if kind == "constant" else np.float32(0))
-    base = _mix(ops.xor(keys, _mix(ops.const([_s64(seed ^ _SEED_MIX)], np.int64), ops)), ops)
+    seed_mix = _mix(np.asarray([_s64(seed ^ _SEED_MIX)], np.int64), NUMPY_OPS)  # a constant
+    base = _mix(ops.xor(keys, ops.const(seed_mix, np.int64)), ops)
     draws = dim if kind == "uniform" else (dim + 1) // 2
     steps = ops.const([_s64(_GOLDEN * c) for c in range(1, draws + 1)], np.int64)
     x = _mix(base[:, None] + steps[None, :], ops)  # [n, draws]

@@ -111,21 +111,21 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
                        full=full_check)
         if training and model_dir:
             _save_plan(model_dir, replay, ready, context)
+        return RewriteReport(
+            graph=mode,
+            seconds=time.time() - start,
+            phase_seconds=dict(plan=planned - start, rewrite=rewritten - planned,
+                               validate=time.time() - rewritten),
+            tables=[_table_entry(c, context) for c in ready],
+            skipped=[dict(variable=v, reason=r) for v, r in skipped],
+            approximations=[dict(variable=c.name, what=a)
+                            for c in ready for a in context.approximations.get(c.name, [])],
+            rules=rw.summary(), replayed_plan=replay is not None,
+            sharded_ranks=context.ranks if ready else 1, record=rw.record(),
+            **{k: v for r in context.results() for k, v in r._asdict().items()})
     except Exception:
         rw.undo()  # graph, collections and graphmod's state: the rewrite can run again
         raise
-    return RewriteReport(
-        graph=mode,
-        seconds=time.time() - start,
-        phase_seconds=dict(plan=planned - start, rewrite=rewritten - planned,
-                           validate=time.time() - rewritten),
-        tables=[_table_entry(c, context) for c in ready],
-        skipped=[dict(variable=v, reason=r) for v, r in skipped],
-        approximations=[dict(variable=c.name, what=a)
-                        for c in ready for a in context.approximations.get(c.name, [])],
-        rules=rw.summary(), replayed_plan=replay is not None,
-        sharded_ranks=context.ranks if ready else 1, record=rw.record(),
-        **{k: v for r in context.results() for k, v in r._asdict().items()})
 
 
 def _entry(results: list, kind: str) -> dict:

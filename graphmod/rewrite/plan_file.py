@@ -60,9 +60,10 @@ def read(model_dir: Optional[str]) -> Optional[Dict[str, Planned]]:
         if version > FORMAT:
             raise ValueError(f"it has format {version}, this graphmod reads up to {FORMAT}: "
                              "upgrade graphmod")
-        return {v["variable"]: Planned(**dict(v, settings=TableSettings(**v["settings"]),
-                                              initializer=TableInitializer(**v["initializer"])))
-                for v in data["variables"]}
+        known = {f.name for f in dataclasses.fields(Planned)}  # a newer writer's extras wait
+        return {v["variable"]: Planned(**{k: x for k, x in v.items() if k in known} | dict(
+            settings=TableSettings(**v["settings"]),
+            initializer=TableInitializer(**v["initializer"]))) for v in data["variables"]}
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         raise ValueError(f"graphmod: cannot read the conversion plan {path(model_dir)}: {e}"
                          ) from None

@@ -196,8 +196,9 @@ class Rewriter:
         return dict(built=dict(self._built), edges=list(self._edges))
 
     def summary(self) -> Dict[str, Dict[str, int]]:
+        """Graph edits by rule and kind (state writes are not edits of the graph)."""
         out: Dict[str, Dict[str, int]] = {}
-        for c in self.changes:
+        for c in (c for c in self.changes if c.kind != "state"):
             out.setdefault(c.rule, {}).setdefault(c.kind, 0)
             out[c.rule][c.kind] += 1
         return out
