@@ -70,8 +70,7 @@ def portable_saved_model(source_dir: str, out_dir: str, *, variables: Optional[s
     meta = _serving_meta_graph(source_dir)
     graph, roots = _serving_graph(meta, source_dir)
     serving = GraphIndex.ancestors(roots)
-    serving = [op for op in graph.get_operations() if op in serving]
-    finds = [op for op in serving if op.type in _FINDS]
+    finds = [op for op in graph.get_operations() if op in serving and op.type in _FINDS]
     if not finds:
         raise NotPortable(f"{source_dir}: holds no graphmod tables on its serving path "
                           "(nothing to convert; it already serves on stock TensorFlow)")
@@ -88,14 +87,17 @@ def portable_saved_model(source_dir: str, out_dir: str, *, variables: Optional[s
         suffix = uuid.uuid4().hex[:12]  # two models' tables never share a resource
         for find in finds:  # a fused find: N tables, then their N keys
             for i, rows in enumerate(find.outputs):
+                if find not in roots and not any(op in serving for op in rows.consumers()):
+                    continue  # a table of a fused find that serving never reads
                 table = _table_op(find, i, state)
                 if table.name not in tables:
                     tables[table.name] = _StockTable(_table_spec(table, stored, state, reader,
                                                                  keep), suffix)
                 with tf1.name_scope(f"portable/{find.name}/"):
                     rw.reroute(rows, tables[table.name].lookup(find.inputs[len(find.outputs) + i]))
-        saveables, entries = _model_variables([op for op in serving if op.type == "VarHandleOp"],
-                                              reader, state)
+        saveables, entries = _model_variables(
+            [op for op in graph.get_operations() if op in serving and op.type == "VarHandleOp"],
+            reader, state)
         for table in tables.values():
             saveables.update(table.saveables())
             entries.update(table.checkpoint_entries(keep))
