@@ -17,7 +17,7 @@ Builds, per conversion, its Lookups: the table, and each lookup's keys and rows.
 """
 import contextlib
 import dataclasses
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 import tensorflow as tf
 from tensorflow.python.framework import tensor_util
@@ -31,6 +31,9 @@ from graphmod.rewrite.rule import Context, Refused
 
 NAME = "gather_to_lookup"
 AFTER = ("collisionless_keys",)  # lookups read the keys as that rule left them
+# The slot layout a table is created with: filed by optimizer_updates' check
+# (which runs before any rewrite), declared here so that rule imports this one.
+SlotLayout = NamedTuple("SlotLayout", [("optimizer", optimizers.SparseOptimizer)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,8 @@ def rewrite(rw, conversions, context: Context) -> None:
     for c in conversions:
         # The table keeps the slots of the update optimizer_updates matched
         # (none in a registry without it, or in a graph that does not train).
-        context.build(_rewrite_one(rw, c, context.built(optimizers.SparseOptimizer, c)), c)
+        layout = context.built(SlotLayout, c)
+        context.build(_rewrite_one(rw, c, layout.optimizer if layout else None), c)
 
 
 def _rewrite_one(rw, conversion: Conversion, optimizer) -> Lookups:

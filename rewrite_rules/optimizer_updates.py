@@ -32,7 +32,7 @@ from graphmod import folding, optimizers
 from graphmod._ops import ops
 from graphmod.rewrite.plan import Combined, Conversion, Update, checkpoint_name
 from graphmod.rewrite.rule import Context, Refused
-from graphmod.rewrite_rules.gather_to_lookup import Lookups
+from graphmod.rewrite_rules.gather_to_lookup import Lookups, SlotLayout
 from graphmod.rewrite_rules.l2_penalties import PenaltyGrads
 
 NAME = "optimizer_updates"
@@ -221,7 +221,7 @@ def check(conversion: Conversion, context: Context) -> Optional[Translation]:
                                  "not read (exact=True keeps it dense)")
         context.approximate(conversion, UNREAD_ROWS.format(translation.kind))
     translation.layout = translation.slot_layout()  # refuses slots a table cannot start as
-    context.build(translation.layout, conversion)
+    context.build(SlotLayout(translation.layout), conversion)
     return translation
 
 
