@@ -122,7 +122,8 @@ NO_POLICY = TablePolicy()
 
 @dataclasses.dataclass
 class TableSettings(dataclasses.make_dataclass(
-        "TableSettings", [(s.name, s.kind, s.default) for s in SETTINGS])):
+        "TableSettings", [(s.name, s.kind if s.default is not None else Optional[s.kind],
+                           s.default) for s in SETTINGS])):
     """Per-table settings of the hook; None inherits from the variable / defaults.
 
     Training decides them; evaluation and prediction graphs of a model read
