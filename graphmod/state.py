@@ -3,9 +3,8 @@ and eviction policies, clocks, and how its tables are split into parts.
 
 Kept apart from the Table handle (graphmod.embeddings.table) so that the modules that
 read it (features, fused, optimizers, horovod) import no table code.
-A rewrite sets the split (Rewriter.set_state) and the policies and clock
-(graphmod.embeddings.features) while its Rewriter holds a snapshot, which
-undo restores.
+A rewrite changes it only through its Rewriter (Rewriter.set_state), which
+records each change and restores the state on undo.
 """
 import copy
 import dataclasses

@@ -101,8 +101,10 @@ def use_feature_specs(features: Mapping[str, tf.Tensor],
     return ids
 
 
-def set_policy(table_name: str, policy: TablePolicy, graph: Optional[tf.Graph] = None) -> None:
-    """Sets the policy of table_name (created or yet to be) before its first lookup."""
+def set_policy(table_name: str, policy: TablePolicy, graph: Optional[tf.Graph] = None,
+               rw=None) -> None:
+    """Sets the policy of table_name (created or yet to be) before its first
+    lookup (through rw, a rewrite's Rewriter, where one runs: undo reverts it)."""
     state = graph_state(graph)
     old = state.policies.get(table_name)
     if old is not None and old != policy:
@@ -111,7 +113,7 @@ def set_policy(table_name: str, policy: TablePolicy, graph: Optional[tf.Graph] =
     if old is None and any(lk.table.name == table_name for lk in state.lookups):
         raise ValueError(f"graphmod table '{table_name}': set its admission/eviction policy "
                          "before its first lookup")
-    state.policies[table_name] = policy
+    _write(state, rw, "policies", {**state.policies, table_name: policy})
 
 
 def policy_of(table: "graphmod.Table") -> TablePolicy:
@@ -119,9 +121,9 @@ def policy_of(table: "graphmod.Table") -> TablePolicy:
 
 
 def set_timestamp(timestamp: tf.Tensor, feature: str = "timestamp",
-                  graph: Optional[tf.Graph] = None) -> None:
+                  graph: Optional[tf.Graph] = None, rw=None) -> None:
     """Makes the newest value of timestamp (int seconds, any shape) the
-    clock of this graph's training lookups."""
+    clock of this graph's training lookups (rw: as set_policy's)."""
     state = graph_state(graph)
     if "seconds" in state.clocks:
         raise ValueError(f"graphmod: the timestamp feature '{feature}' must be set before the "
@@ -129,7 +131,14 @@ def set_timestamp(timestamp: tf.Tensor, feature: str = "timestamp",
     if not (timestamp.dtype.is_integer or timestamp.dtype.is_floating):
         raise TypeError(f"graphmod: timestamp feature '{feature}' must be numeric (seconds), "
                         f"got {timestamp.dtype.name}")
-    state.timestamp = timestamp
+    _write(state, rw, "timestamp", timestamp)
+
+
+def _write(state, rw, name: str, value) -> None:
+    if rw is not None:
+        rw.set_state(name, value)
+    else:
+        setattr(state, name, value)
 
 
 def clock(graph: tf.Graph, unit: str) -> tf.Tensor:

@@ -95,9 +95,9 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
             # holds every key (its restore reads every rank's part).
             rw.set_state("split_over_ranks", context.ranks > 1)
         if training and timestamp is not None:
-            features.set_timestamp(timestamp, timestamp_name, graph)
+            features.set_timestamp(timestamp, timestamp_name, graph, rw)
         for c in ready:
-            features.set_policy(c.table_name, c.settings.policy, graph)
+            features.set_policy(c.table_name, c.settings.policy, graph, rw)
         # What reads the variables or waits for their updates: the rules make
         # it read or wait for what they build instead (the validity check's roots).
         roots = [op for c in ready for t in [g.op.outputs[0] for g in c.gathers] + c.dense_reads
