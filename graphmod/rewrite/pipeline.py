@@ -122,7 +122,7 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
                             for c in ready for a in context.approximations.get(c.name, [])],
             rules=rw.summary(), replayed_plan=replay is not None,
             sharded_ranks=context.ranks if ready else 1, record=rw.record(),
-            **{k: v for r in context.results() for k, v in r._asdict().items()})
+            **context.report_fields())
     except Exception:
         rw.undo()  # graph, collections and graphmod's state: the rewrite can run again
         raise

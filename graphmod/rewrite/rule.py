@@ -110,6 +110,17 @@ class Context:
         """The result of class kind filed for the conversion or the graph (None: none)."""
         return next(iter(self.results(conversion, kind)), None)
 
+    def report_fields(self) -> Dict[str, Any]:
+        """The RewriteReport fields that the results filed for the whole graph
+        give (each a NamedTuple of such fields; no two give the same one)."""
+        fields: Dict[str, Any] = {}
+        for r in self.results():
+            if fields.keys() & r._fields:
+                raise ValueError(f"graphmod: two rule results give the report's "
+                                 f"{sorted(fields.keys() & r._fields)}")
+            fields.update(r._asdict())
+        return fields
+
     def results(self, conversion=None, kind: type = object) -> List[Any]:
         """The results (of class kind) filed for the conversion or the whole
         graph, with every op and tensor in them that a later rule replaced

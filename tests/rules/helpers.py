@@ -98,8 +98,8 @@ class Applied:
     def reported(self, field: str):
         """A field of the RewriteReport as the rules' results for the whole
         graph give it (its default when none does), as the pipeline reads them."""
-        fields = {k: v for r in self.context.results() for k, v in r._asdict().items()}
-        return getattr(RewriteReport("train", 0.0, {}, [], [], [], {}, **fields), field)
+        return getattr(RewriteReport("train", 0.0, {}, [], [], [], {},
+                                     **self.context.report_fields()), field)
 
     def only(self) -> Conversion:
         assert len(self.conversions) == 1, (self.conversions, self.refused, self.skipped)
