@@ -27,7 +27,7 @@ def consumed_gradient(ops: List[tf.Operation], dim: int
     values, indices = [], []
     for op in ops:
         for t in op.inputs:
-            if t.op in inside or t.dtype == tf.resource or t.dtype._is_ref_dtype:  # pylint: disable=protected-access
+            if t.op in inside or t.dtype == tf.resource or t.dtype != t.dtype.base_dtype:  # a ref
                 continue
             if t.shape.rank == 0 or reads_variable(t):
                 continue  # a hyper-parameter, or a slot's value

@@ -54,7 +54,7 @@ def reads_variable(t: tf.Tensor) -> bool:
     """t is a variable's value: a resource read, or a reference variable's
     `/read` Identity."""
     return t.op.type == "ReadVariableOp" or (
-        t.op.type == "Identity" and t.op.inputs[0].dtype._is_ref_dtype)  # pylint: disable=protected-access
+        t.op.type == "Identity" and t.op.inputs[0].dtype != t.op.inputs[0].dtype.base_dtype)
 
 
 class GraphIndex:
