@@ -439,6 +439,37 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
     assert_the_command_reads_both_parts(model_dir, dense_dir, len(rows), tmp_path)
 
 
+def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):
+    """`(ids + OFFSET) % 20000` squeezes ids into the variable's rows. Its ids
+    also reach Horovod's sparse allreduce (a cond that only feeds the update
+    the table replaces), which no longer keeps the buckets: 2 hooked ranks
+    key their tables by the full ids, and train as the dense model on one
+    rank (whose buckets here never collide)."""
+    offset = 10**9 + 7
+    hashed = LOGITS_OF.replace('features["ids"]',
+                               f'tf.math.floormod(features["ids"] + {offset}, 20000)')
+    script = ESTIMATOR_SCRIPT.replace("# LOGITS_OF\n", hashed).replace(
+        '["emb"][k]', f'["emb"][(k + {offset}) % 20000]').replace(
+        '["accum"][k]', f'["accum"][(k + {offset}) % 20000]')
+    results = {}
+    for name, ranks, mode in (("dense", 1, "dense"), ("hooked", 2, "hooked")):
+        out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
+        out.mkdir()
+        (tmp_path / f"{name}.py").write_text(script)
+        launch(ranks, tmp_path / f"{name}.py", mode, "after", "average", model_dir, out)
+        results[name] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+    (dense,), ranks = results["dense"], results["hooked"]
+    for r in ranks:
+        np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
+        np.testing.assert_allclose(r["logits"], dense["logits"], rtol=1e-5, atol=1e-6)
+    rows = {int(k): v for r in ranks for k, v in r["rows"].items()}
+    assert min(rows) >= offset  # full ids, not buckets
+    assert {k - offset for k in rows} == {int(k) for k in dense["rows"]}
+    for key, (values, accum) in dense["rows"].items():
+        np.testing.assert_allclose(rows[int(key) + offset][0], values, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(rows[int(key) + offset][1], accum, rtol=1e-5, atol=1e-7)
+
+
 def assert_the_command_reads_both_parts(model_dir, dense_dir, rows, tmp_path):
     """`graphmod inspect` counts both ranks' rows; `ckpt convert --to=dense`
     of the sharded checkpoint is the dense model's checkpoint (every row and

@@ -86,3 +86,19 @@ def test_graph_view_networkx_index_matches_the_graph():
         edges = view.nx.get_edge_data("a", "s")
         assert sorted(d["input"] for d in edges.values()) == [0, 1]
         assert [d["control"] for d in view.nx.get_edge_data("s", "i").values()] == [True]
+
+
+def test_a_branch_output_nothing_reads_ends_no_path():
+    """feeds_only: a cond_v2's unread output (its Identity, as the dense
+    shape of Horovod's sparse allreduce) is a dead end, not a reader; an
+    output something reads still is one."""
+    with tf.Graph().as_default() as g:
+        x = tf1.placeholder(tf.float32, [3])
+        a, b = tf.cond(tf.reduce_sum(x) > 0, lambda: (x * 2, x + 1), lambda: (x, x))
+        update = tf.identity(a, name="update")
+        index = GraphView(g)
+        cond = a.op.inputs[0].op
+        assert cond.type in ("If", "StatelessIf") and not b.consumers()
+        assert index.feeds_only(cond, {update.op.name})
+        tf.identity(b, name="summary")
+        assert not GraphView(g).feeds_only(cond, {update.op.name})

@@ -22,6 +22,9 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set
 import networkx as nx
 import tensorflow as tf
 
+# Control flow v2's ops: a branch or loop as functions, outputs wrapped in Identity ops.
+_FUNCTIONAL_FLOW = ("If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase")
+
 
 def _key(item):
     return item.ref() if isinstance(item, tf.Tensor) else item
@@ -207,9 +210,16 @@ class GraphIndex:
             if o.name in ends:
                 continue
             seen += 1
-            if seen > limit or not self.op_consumers(o):
+            if seen > limit or not self.op_consumers(o) and not self._unread_output(o):
                 return False
         return True
+
+    def _unread_output(self, op: tf.Operation) -> bool:
+        """op is the Identity that cond_v2 and while_v2 put on an output of
+        theirs, and nothing reads or waits for it (e.g. the dense shape of
+        Horovod's sparse allreduce, a cond's output the gradient drops)."""
+        return (op.type == "Identity" and op.inputs[0].op.type in _FUNCTIONAL_FLOW
+                and not self.control_consumers(op))
 
     def sinks(self, ops: Iterable[tf.Operation]) -> List[tf.Operation]:
         """The ops that data paths from ops end in (ops nothing reads)."""
