@@ -53,7 +53,7 @@ JOB = textwrap.dedent(f"""
         def begin(self):
             graph = tf1.get_default_graph()
             self.step = tf1.train.get_global_step()
-            self.export = {{t.name: [s.export() for s in features.shards(t)]
+            self.export = {{t.name: [s.export() for s in features.parts(t)]
                            for t in graphmod.state.tables(graph)}}
             self.sessions, self.killed = 0, False
 
