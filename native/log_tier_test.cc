@@ -42,6 +42,7 @@ using graphmod::RecordHeader;
 using graphmod::TierCounters;
 using graphmod::TierEntry;
 using graphmod::TierOptions;
+using graphmod_test::ListDir;
 
 namespace {
 
@@ -49,18 +50,6 @@ std::string g_base;  // this run's scratch directory
 
 bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (const dirent* e = readdir(d))
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-        names.emplace_back(e->d_name);
-    closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 bool Exists(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,19 @@
 #include <vector>
 
 namespace graphmod_test {
+
+// The names in a directory but "." and "..", sorted (none if it cannot be read).
+inline std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+        names.emplace_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 inline void RemoveTree(const std::string& path) {
   struct stat st;
@@ -24,14 +38,7 @@ inline void RemoveTree(const std::string& path) {
     return;
   }
   chmod(path.c_str(), 0755);
-  std::vector<std::string> names;
-  if (DIR* d = opendir(path.c_str())) {
-    while (const dirent* e = readdir(d))
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-        names.emplace_back(e->d_name);
-    closedir(d);
-  }
-  for (const std::string& name : names) RemoveTree(path + "/" + name);
+  for (const std::string& name : ListDir(path)) RemoveTree(path + "/" + name);
   rmdir(path.c_str());
 }
 
