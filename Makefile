@@ -65,7 +65,8 @@ SAN_DIR := build/sanitize
 SAN_FLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -pthread -I.
 ASAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 TSAN := -fsanitize=thread
-NATIVE_KERNELS := $(addprefix native/,kernels.cc fused_kernels.cc save_kernel.cc restore_kernel.cc ops.cc)
+NATIVE_KERNELS := $(addprefix native/,kernels.cc fused_kernels.cc save_kernel.cc restore_kernel.cc \
+                    exchange_kernels.cc ops.cc)
 NATIVE_TESTS := $(wildcard native/*_test.cc)
 TABLE_SOURCES := $(filter-out $(NATIVE_KERNELS) $(NATIVE_TESTS),$(wildcard native/*.cc))
 $(SAN_DIR)/asan/%.o: native/%.cc $(wildcard native/*.h)

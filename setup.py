@@ -14,9 +14,10 @@ NATIVE_SOURCES = ["native/memory.cc", "native/key_index.cc", "native/arena_row_s
                   "native/admission.cc", "native/eviction.cc", "native/initializer.cc",
                   "native/optimizer_math.cc", "native/batch.cc", "native/crc32c.cc",
                   "native/segment_file.cc", "native/cold_index.cc", "native/log_tier.cc",
-                  "native/table.cc",
+                  "native/table.cc", "native/exchange_plan.cc",
                   "native/kernels.cc", "native/fused_kernels.cc", "native/save_kernel.cc",
-                  "native/restore_kernel.cc", "native/ops.cc"]
+                  "native/restore_kernel.cc", "native/exchange_kernels.cc",
+                  "native/ops.cc"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUPPORTED_TF = "2.15"  # tf.estimator and TF1 graphs; 2.16 drops the Estimator
 _TF_QUERY = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, "

@@ -39,6 +39,8 @@ class GraphState:
     # Tables split over ps tasks (graphmod.ps): name -> its
     # part on each ps task, in task order (`tables` holds one of them).
     ps_parts: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
+    # Ops to run once per session before the first step (graphmod.horovod.ids_ahead's prime)
+    primes: List[Any] = dataclasses.field(default_factory=list)
 
     def snapshot(self) -> "GraphState":
         """A copy whose containers are copies (their items are shared)."""

@@ -49,7 +49,7 @@ from graphmod.rewrite.pipeline import rewrite
 from graphmod.rewrite_rules import RULES
 from graphmod.settings import MIN_ROWS, RewriteSettings
 from graphmod.rewrite.report import RewriteReport
-from graphmod.state import tables as graphmod_tables
+from graphmod.state import graph_state, tables as graphmod_tables
 
 tf1 = tf.compat.v1
 
@@ -301,6 +301,8 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         return driven
 
     def after_create_session(self, session, coord) -> None:
+        for prime in graph_state(session.graph).primes:  # every rank alike, as the steps
+            session.run(prime)
         for hook in self._driven(session):
             hook.after_create_session(session, coord)
 

@@ -363,3 +363,93 @@ REGISTER_OP("GraphmodTableClear")
     .Doc("Removes every row.");
 
 }  // namespace graphmod
+
+namespace graphmod {
+namespace {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+
+// Per table i of N: a vector as long as ids i (flattened).
+Status PerIdVectors(InferenceContext* c, int first_output, int n) {
+  for (int i = 0; i < n; ++i) {
+    DimensionHandle count = c->NumElements(c->input(i));
+    c->set_output(first_output + i, c->Vector(count));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("GraphmodExchangeRoute")
+    .Input("ids: N * int64")
+    .Output("sent: int64")
+    .Output("splits: int32")
+    .Output("float_splits: int32")
+    .Output("at: N * int32")
+    .Output("occurrence: N * int32")
+    .Attr("N: int >= 1")
+    .Attr("size: int >= 1")
+    .Attr("widths: list(int)")
+    .Attr("with_counts: bool = true")
+    .SetShapeFn([](InferenceContext* c) {
+      int n, size;
+      bool with_counts;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+      TF_RETURN_IF_ERROR(c->GetAttr("with_counts", &with_counts));
+      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, with_counts ? 3 : 2));
+      c->set_output(1, c->Vector(size));
+      c->set_output(2, c->Vector(size));
+      TF_RETURN_IF_ERROR(PerIdVectors(c, 3, n));
+      return PerIdVectors(c, 3 + n, n);
+    })
+    .Doc("The sender's plan of an exchange with keys' owners (native/exchange_plan.h): "
+         "each table's distinct ids as rows (id, count, table) or (id, table), by owner "
+         "rank, then table, then first occurrence; entries and floats per owner; per id, "
+         "its row's first float in the buffer sent back (widths[table] floats an entry) "
+         "and its occurrence among its key's ids.");
+
+REGISTER_OP("GraphmodExchangeServe")
+    .Input("received: int64")
+    .Input("received_splits: int32")
+    .Output("lookups: N * int64")
+    .Output("keys: N * int64")
+    .Output("last: N * int32")
+    .Output("first: N * int32")
+    .Output("count: N * int32")
+    .Output("out_at: N * int32")
+    .Output("back_splits: int32")
+    .Attr("N: int >= 1")
+    .Attr("widths: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      ShapeHandle received;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &received));
+      for (int i = 0; i < 6 * n; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(6 * n, c->input(1));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The owner's plan of an exchange (native/exchange_plan.h) from the rows "
+         "(id, count, table) or (id, table) that arrived, received_splits per source rank: "
+         "per table, the keys to look up (each as often as it occurred), and per entry its "
+         "key, the lookup holding its key's row, where its own lookups start and how many, "
+         "and its row's first float in the buffer sent back; floats per source rank.");
+
+REGISTER_OP("GraphmodExchangeScatterGradients")
+    .Input("sent: int64")
+    .Input("keys: N * int64")
+    .Input("grads: N * float")
+    .Output("floats: float")
+    .Attr("N: int >= 1")
+    .Attr("widths: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Each table's gradient rows (grads i: [n, widths[i] - 1] of keys i) summed into "
+         "the entries of `sent` (GraphmodExchangeRoute's, which sent the lookups' ids), "
+         "laid out as the rows that came back: per entry its summed gradient, then 1 when "
+         "a gradient reached it, else 0 (native/exchange_plan.h).");
+
+}  // namespace graphmod

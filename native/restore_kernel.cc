@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "native/exchange_plan.h"
 #include "native/table.h"
 #include "native/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -244,16 +245,6 @@ class RestoreOp : public TableKernel {
   }
 
  private:
-  // The rank of owner_size_ that owns `key`: graphmod/distributed/partition.py's
-  // owner_of (the mixed key's top 32 bits scaled to the ranks).
-  int OwnerOf(int64_t key) const {
-    uint64_t h = static_cast<uint64_t>(key);
-    h ^= h >> 31;
-    h *= 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-    return static_cast<int>(((h >> 32) * static_cast<uint64_t>(owner_size_)) >> 32);
-  }
-
   // Keeps the first n rows of columns[0..count) (columns[0]: the keys; an
   // uninitialized column is skipped) whose key owner_rank_ owns, moved to
   // the front in order; returns how many. All of them with one owner.
@@ -262,7 +253,7 @@ class RestoreOp : public TableKernel {
     const int64_t* keys = columns[0].flat<int64_t>().data();
     std::vector<int64_t> owned;
     for (int64_t i = 0; i < n; ++i)
-      if (OwnerOf(keys[i]) == owner_rank_) owned.push_back(i);
+      if (OwnerRank(keys[i], owner_size_) == owner_rank_) owned.push_back(i);
     for (int c = 0; c < count; ++c) {
       if (!columns[c].IsInitialized() || n == 0) continue;
       char* data = const_cast<char*>(columns[c].tensor_data().data());

@@ -9,8 +9,11 @@ earlier rules built to the owners:
     and send the rows back;
   - applies: each rank's gradient rows (optimizer_updates took them before
     Horovod's collective, as this rank's share of the combination) go to
-    their keys' owners in one exchange (exchanged_gradients), where one
-    fused apply sums the shares per key and steps each row once.
+    their keys' owners, where one fused apply sums the shares per key and
+    steps each row once: in one all-to-all without their keys
+    (returned_gradients) when one training exchange looked up exactly the
+    applies' tables, each once (the owners know which keys they served);
+    else keyed (exchanged_gradients, two all-to-alls).
 Every rank builds the same graph, so the exchanges' collectives match by name.
 
 Refuses, when the model runs on several ranks: a variable each rank trains
@@ -20,11 +23,14 @@ lookup there is a collective every rank would have to run alike), reads
 of the whole variable, and warm starts from checkpoint rows.
 """
 import collections
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from graphmod import horovod
 from graphmod.embeddings import fused
+from graphmod.horovod import ids_ahead
+from graphmod.rewrite import input_keys
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
@@ -35,6 +41,9 @@ from graphmod.rewrite_rules.optimizer_updates import Apply
 NAME = "shard_exchange"
 AFTER = ("optimizer_updates", "dense_reads")
 _LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
+# For the report: table -> "" (its training lookups' ids are exchanged a step
+# ahead, graphmod.horovod.ids_ahead) or why not.
+IdsAhead = NamedTuple("IdsAhead", [("ids_ahead", dict)])
 
 
 def check(conversion: Conversion, context: Context) -> None:
@@ -61,17 +70,26 @@ def rewrite(rw, conversions, context: Context) -> None:
         return
     built = {c.name: context.built(Lookups, c) for c in conversions}
     with rw.rule(NAME):
-        _exchange_lookups(rw, list(built.values()))
+        exchanges, aheads, why_not = _exchange_lookups(rw, list(built.values()))
         _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
-                               for c in conversions if c.training])
+                               for c in conversions if c.training], exchanges,
+                          [a.advance for a in aheads])
+        if aheads:
+            rw.set_state("primes", [a.prime for a in aheads])
+    if context.training:
+        context.build(IdsAhead(why_not))
 
 
-def _exchange_lookups(rw, lookups) -> None:
-    """Each dependency level's lookups (of every table) become one exchange."""
+def _exchange_lookups(rw, lookups):
+    """Each dependency level's lookups (of every table) become one exchange.
+    Returns the training exchanges (horovod.Exchange), the ids_ahead.Ahead of
+    the one whose ids go a step ahead, and per table "" (its training
+    lookups' ids go ahead) or why not."""
     reads = [(lk.table, keys, rows) for lk in lookups for keys, rows in lk.reads
              if rows.op.type in _LOOKUPS]
+    exchanges, aheads, why_not = [], [], {}
     if not reads:
-        return
+        return exchanges, aheads, why_not
     levels, _ = levels_and_sources([rows.op for _, _, rows in reads])
     groups = collections.defaultdict(list)
     for read in reads:
@@ -81,31 +99,86 @@ def _exchange_lookups(rw, lookups) -> None:
         tables = [table for table, _, _ in group]
         keys = [k for _, k, _ in group]
         if kind == "GraphmodTableFindOrInsert":
+            try:
+                if aheads:
+                    raise input_keys.NotFromInput("another exchange's ids go ahead (one a step)")
+                ahead, get_next = _ids_ahead(rw.index, tables, keys)
+            except input_keys.NotFromInput as e:
+                ahead = None
+                for t in tables:
+                    why_not[t.name] = str(e)
             # "sum": the hook's gradients do not flow back through the rows
             # (they travel by _exchange_applies), so no scaling is built.
-            rows = horovod.exchanged_find_or_insert(tables, keys, combine="sum")
+            rows, exchange = horovod.training_exchange(tables, keys, combine="sum", ahead=ahead)
+            exchanges.append(exchange)
+            if ahead is not None:
+                aheads.append(ahead)
+                for t in tables:
+                    why_not.setdefault(t.name, "")
+                # The step reads its batch from the stash, not the iterator.
+                for old, new in zip(get_next.outputs, ahead.element):
+                    rw.reroute(old, new)
         else:
             rows = horovod.exchanged_find(tables, keys)
         for (_, _, old), new in zip(group, rows):
             rw.reroute(old, new)
+    return exchanges, aheads, why_not
 
 
-def _exchange_applies(rw, applies) -> None:
+def _ids_ahead(index, tables, keys):
+    """The tables' exchange of keys, done a step ahead, and the iterator's
+    get_next whose batches the step then reads from its stash; raises
+    input_keys.NotFromInput when the keys are not a pure function of one
+    iterator's element."""
+    paths = [input_keys.pure_path(k, index) for k in keys]
+    get_nexts = {get_next for get_next, _ in paths}
+    if len(get_nexts) != 1:
+        raise input_keys.NotFromInput("its exchange's keys come from more than one tf.data "
+                                      "iterator")
+    get_next = get_nexts.pop()
+    if any(op.type == "SerializeIterator" for op in index.consumers(get_next.inputs[0])):
+        raise input_keys.NotFromInput("the state of its iterator is checkpointed")
+    keys_of = input_keys.recompute(index, get_next,
+                                   [(k, ops) for k, (_, ops) in zip(keys, paths)])
+    return ids_ahead.build(get_next, keys_of, [t.dim + 1 for t in tables]), get_next
+
+
+def _exchange_applies(rw, applies, exchanges, advances) -> None:
     """The applies one set of ops waits for (one optimizer's step) exchange
-    their gradients with the keys' owners, which apply them in one fused op."""
+    their gradients with the keys' owners, which apply them in one fused op;
+    each waits for the advances (every training run moves its input on)."""
     groups = collections.defaultdict(list)
     for table, apply in applies:
         waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
         groups[waiting].append((table, apply))
     for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+        exchange = _the_exchange_of(group, exchanges)
+        if exchange is not None:
+            order = [t.name for t in exchange.tables]
+            group = sorted(group, key=lambda pair: order.index(pair[0].name))
         tables = [table for table, _ in group]
         old = [op for _, op in group]
-        owned = horovod.exchanged_gradients(
-            tables, [op.inputs[1] for op in old], [op.inputs[2] for op in old])
-        with tf.compat.v1.name_scope("graphmod/owner_apply"):
+        keys, grads = [op.inputs[1] for op in old], [op.inputs[2] for op in old]
+        if exchange is not None:
+            owned = horovod.returned_gradients(exchange, keys, grads)
+        else:
+            owned = horovod.exchanged_gradients(tables, keys, grads)
+        with tf.compat.v1.name_scope("graphmod/owner_apply"), tf.control_dependencies(advances):
             apply = fused.apply([t.handle for t in tables], [k for k, _ in owned],
                                 [g for _, g in owned], [op.inputs[3] for op in old],
                                 [op.get_attr("optimizer").decode() for op in old],
                                 [op.get_attr("nesterov") for op in old], by_address=False)
         for op in old:
             rw.replace_control_input(op, apply)
+
+
+def _the_exchange_of(group, exchanges):
+    """The training exchange that looked up exactly group's tables, each
+    once, when no other exchange looked any of them up (the gradients' keys
+    are then that exchange's ids): their gradients can return by it."""
+    looked_up = collections.Counter(t.name for e in exchanges for t in e.tables)
+    names = sorted(t.name for t, _ in group)
+    for e in exchanges:
+        if sorted(t.name for t in e.tables) == names and all(looked_up[n] == 1 for n in names):
+            return e
+    return None

@@ -24,7 +24,8 @@ from typing import Dict, List, NamedTuple, Tuple
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from graphmod.rewrite.index import GraphIndex, walk
+from graphmod.rewrite import input_keys
+from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.rule import Context
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
@@ -58,9 +59,9 @@ def rewrite(rw, conversions, context: Context) -> None:
             if context.ranks > 1 or context.ps_tasks > 0:
                 raise _NoPrefetch("its table is sharded, and the next step's keys are known "
                                   "only after the exchange")
-            get_next, ops = _pure_path(keys, rw.index)
+            get_next, ops = input_keys.pure_path(keys, rw.index)
             plans.setdefault(get_next, []).append((table, keys, ops))
-        except _NoPrefetch as e:
+        except (_NoPrefetch, input_keys.NotFromInput) as e:
             why_not.setdefault(table.name, str(e))
     for get_next, keyed in plans.items():
         try:
@@ -78,32 +79,6 @@ def rewrite(rw, conversions, context: Context) -> None:
     reported = {name: f"some of its lookups: {why}" if name in prefetched else why
                 for name, why in why_not.items()}
     context.build(Prefetch({**reported, **{name: "" for name in prefetched - set(why_not)}}))
-
-
-def _pure_path(keys: tf.Tensor, index: GraphIndex) -> Tuple[tf.Operation, List[tf.Operation]]:
-    """The IteratorGetNext keys come from, and the ops computing them from it."""
-    ops, sources = [], set()
-
-    def inputs(op):  # the walk stops at the iterator's outputs
-        return () if op.type == "IteratorGetNext" else index.producers(op)
-
-    for op in walk([keys.op], inputs):
-        if op.type == "IteratorGetNext":
-            sources.add(op)
-            continue
-        # (A fed placeholder's default is not what the step reads.)
-        if index.stateful(op) or op.type in ("Placeholder", "PlaceholderWithDefault"):
-            raise _NoPrefetch(f"its keys are computed with {op.type} op '{op.name}', which the "
-                              "input pipeline cannot run")
-        if index.in_control_flow(op):
-            raise _NoPrefetch(f"its keys are computed in control flow ('{op.name}')")
-        if index.reads_state(op):
-            raise _NoPrefetch(f"its keys are computed with state or a function ('{op.name}')")
-        ops.append(op)
-    if len(sources) != 1:
-        raise _NoPrefetch("its keys do not come from one tf.data iterator" if not sources else
-                          "its keys come from more than one tf.data iterator")
-    return sources.pop(), ops
 
 
 def _make_iterator(get_next: tf.Operation, index: GraphIndex) -> tf.Operation:
@@ -126,20 +101,12 @@ def _prefetching(index: GraphIndex, get_next: tf.Operation, make: tf.Operation,
     """make's dataset, with each element's keys prefetched one element ahead."""
     spec = tuple(tf.TensorSpec(shape, dtype) for shape, dtype in
                  zip(index.attr(get_next, "output_shapes"), index.attr(get_next, "output_types")))
-    copies = [(table, keys, index.stateless_copy(ops), index.outputs_read(ops, get_next))
-              for table, keys, ops in keyed]
+    keys_of = input_keys.recompute(index, get_next, [(keys, ops) for _, keys, ops in keyed])
 
     @tf.autograph.experimental.do_not_convert
     def prefetch_keys(*element):
-        done = []
-        for table, keys, graph_def, read in copies:
-            if keys.op is get_next:  # an element's component itself
-                done.append(table.prefetch(element[keys.value_index]))
-                continue
-            used = {f"{get_next.name}:{i}": element[i] for i in read}
-            copy, = tf.graph_util.import_graph_def(graph_def, input_map=used,
-                                                   return_elements=[keys.name], name="keys")
-            done.append(table.prefetch(copy))
+        done = [table.prefetch(keys)
+                for (table, _, _), keys in zip(keyed, keys_of(element))]
         with tf.control_dependencies(done):
             return tuple(tf.identity(t) for t in element)
 

@@ -377,9 +377,12 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         def end(self, session):
             self.rows = session.run(self.fetch)
 
-    estimator.train(input_fn(0), steps=FIRST, hooks=hooks())
-    rows = Rows()  # the second call restores the checkpoint of step 5
-    estimator.train(input_fn(FIRST), steps=STEPS - FIRST, hooks=hooks() + [rows])
+    first = hooks()
+    estimator.train(input_fn(0), steps=FIRST, hooks=first)
+    # Which tables' ids the hooked training exchanged a step ahead.
+    ahead = [h.report.ids_ahead for h in first if isinstance(h, graphmod.GraphModifierHook)]
+    rows = Rows()  # the second call restores the checkpoint of step 5, trains to the input's end
+    estimator.train(input_fn(FIRST), hooks=hooks() + [rows])
     modifier = [h for h in hooks() if isinstance(h, graphmod.GraphModifierHook)]
     evaluation = estimator.evaluate(input_fn(0), steps=3, hooks=modifier)
     # Prediction holds every key (it reads every rank's part): any rank, any ids.
@@ -394,7 +397,8 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         got = {int(k): (rows.rows["emb"][k].tolist(), rows.rows["accum"][k].tolist()) for k in used}
     json.dump(dict(losses=[l for r in recorders for l in r.losses], rows=got,
                    logits=np.array(logits).tolist(),
-                   eval=float(evaluation["global_loss"]), w=estimator.get_variable_value("w").tolist()),
+                   eval=float(evaluation["global_loss"]), w=estimator.get_variable_value("w").tolist(),
+                   ids_ahead=ahead[0] if ahead else None),
               open(f"{out}/rank{rank}.json", "w"))
 """)
 
@@ -418,6 +422,7 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
     for order in ("after", "before"):
         ranks, model_dir = run_estimator(tmp_path, f"hooked_{order}", 2, "hooked", order)
         for r in ranks:
+            assert r["ids_ahead"] == {"emb": ""}  # each step's ids went during the step before
             np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
             assert len(r["losses"]) == 8
             np.testing.assert_allclose(r["eval"], dense["eval"], rtol=1e-5)

@@ -735,3 +735,66 @@ def test_a_stale_handle_never_updates_another_key(layout):
             after = sess.run(export)
             np.testing.assert_array_equal(after["values"], before["values"])
             assert sess.run(info["stale"]) == 1
+
+
+# ------------------------------------------------------------------ exchange plan
+
+
+def test_the_exchange_plan_brings_each_id_its_own_keys_row_from_its_owner():
+    """The exchange's index ops (graphmod/horovod/exchange.py) on 3 simulated
+    ranks, the all-to-alls done in numpy: each rank's ids go to owner_of's
+    owner, each owner looks every key up as often as all ranks read it, and
+    each id reads back its own key's row and its key's refused count."""
+    from graphmod.embeddings.partition import owner_of
+    size, dims = 3, [2, 1]
+    widths = [d + 1 for d in dims]
+    rng = np.random.default_rng(5)
+    batches = [[np.concatenate([rng.integers(-20, 20, n), [I64_MIN, I64_MAX][:n % 3]])
+                for n in rng.integers(0, 30, len(dims))] for _ in range(size)]
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        routes = sess.run([ops.graphmod_exchange_route([tf.constant(b, tf.int64) for b in rank],
+                                                       size=size, widths=widths)
+                           for rank in batches])
+        owners = sess.run(owner_of(tf.constant(np.concatenate(
+            [r.sent[:, 0] for r in routes]), tf.int64), size))
+        assert np.array_equal(owners, np.concatenate(
+            [np.repeat(np.arange(size), r.splits) for r in routes]))
+        returned = [[] for _ in range(size)]
+        looked_up = {}
+        for owner in range(size):
+            parts = [np.split(r.sent, np.cumsum(r.splits)[:-1])[owner] for r in routes]
+            plan = sess.run(ops.graphmod_exchange_serve(
+                np.concatenate(parts), np.array([len(p) for p in parts], np.int32),
+                N=len(dims), widths=widths))
+            back = np.full(sum(plan.back_splits), np.nan, np.float32)
+            for t, d in enumerate(dims):
+                for key in plan.lookups[t]:
+                    looked_up[(t, key)] = looked_up.get((t, key), 0) + 1
+                for e, key in enumerate(plan.keys[t]):
+                    assert plan.lookups[t][plan.last[t][e]] == key
+                    assert set(plan.lookups[t][plan.first[t][e]:][:plan.count[t][e]]) == {key}
+                    # a row made from the key, and the entry's first lookup index
+                    back[plan.out_at[t][e]:][:d] = [float(key % 97) + t + 0.5 * j for j in range(d)]
+                    back[plan.out_at[t][e] + d] = plan.count[t][e]
+            assert not np.isnan(back).any()
+            for rank, part in enumerate(np.split(back, np.cumsum(plan.back_splits)[:-1])):
+                returned[rank].append(part)
+                assert len(part) == routes[rank].float_splits[owner]
+        read = {}
+        for rank, (route, batch) in enumerate(zip(routes, batches)):
+            flat = np.concatenate(returned[rank])
+            for t, (ids, d) in enumerate(zip(batch, dims)):
+                for i, key in enumerate(ids):
+                    at = route.at[t][i]
+                    assert list(flat[at:at + d]) == [float(key % 97) + t + 0.5 * j for j in range(d)]
+                    assert flat[at + d] == np.count_nonzero(ids == key)  # its count from this rank
+                    assert route.occurrence[t][i] == np.count_nonzero(ids[:i] == key)
+                    read[(t, key)] = read.get((t, key), 0) + 1
+        assert read == looked_up and len(read) > 20
+
+        with pytest.raises(tf.errors.InvalidArgumentError, match="names table 4 of 2"):
+            sess.run(ops.graphmod_exchange_serve(tf.constant([[1, 1, 4]], tf.int64), [1], N=2,
+                                                 widths=[1, 1]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="splits count 2 entries, but 1"):
+            sess.run(ops.graphmod_exchange_serve(tf.constant([[1, 1, 0]], tf.int64), [1, 1], N=1,
+                                                 widths=[1]))

@@ -29,10 +29,12 @@ runs, naming it. Every rank must run every fetch that reads a sharded table
 >>> hvd.init(); graphmod.horovod.enable()
 >>> rows = graphmod.sparse_lookup(table, ids)   # ids of this rank's batch
 """
-from graphmod.horovod.exchange import (active, enable, enabled, exchanged_find,
+from graphmod.horovod.exchange import (Exchange, active, enable, enabled, exchanged_find,
                                            exchanged_find_or_insert, exchanged_gradients,
-                                           horovod_ranks)
+                                           horovod_ranks, returned_gradients,
+                                           training_exchange)
 from graphmod.embeddings.partition import owner_of
 
-__all__ = ["active", "enable", "enabled", "exchanged_find", "exchanged_find_or_insert",
-           "exchanged_gradients", "horovod_ranks", "owner_of"]
+__all__ = ["Exchange", "active", "enable", "enabled", "exchanged_find",
+           "exchanged_find_or_insert", "exchanged_gradients", "horovod_ranks", "owner_of",
+           "returned_gradients", "training_exchange"]

@@ -26,12 +26,12 @@ default) combines a dense variable's. The hook's tables take their
 gradients another way (exchanged_gradients), keyed, since the model's
 autodiff ran before the rewrite.
 """
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graphmod._ops import ops
 from graphmod.embeddings import features, fused
-from graphmod.embeddings.partition import owner_of
 from graphmod.state import Lookup, graph_state
 
 tf1 = tf.compat.v1
@@ -88,10 +88,29 @@ def active(graph: Optional[tf.Graph] = None) -> bool:
     return hvd.is_initialized() and hvd.size() > 1
 
 
+class Exchange(NamedTuple):
+    """A training exchange's plan, which its gradients return by
+    (returned_gradients): the tables, each entry's floats in the rows sent
+    back, and the route (GraphmodExchangeRoute's outputs) and owner's plan
+    (GraphmodExchangeServe's) of its ids."""
+    tables: list
+    widths: list
+    route: Any
+    plan: Any
+
+
 def exchanged_find_or_insert(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
                              combine: str = "average") -> List[tf.Tensor]:
     """Training lookups of keys[i] (any shape) in tables[i], each key's row
     kept by its owner: rows of shape keys[i].shape + [dim]."""
+    return training_exchange(tables, keys, combine)[0]
+
+
+def training_exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
+                      combine: str = "average", ahead=None) -> Tuple[List[tf.Tensor], Exchange]:
+    """exchanged_find_or_insert's rows, and its Exchange. ahead: the keys'
+    exchange done a step ahead (graphmod.horovod.ids_ahead.Ahead), whose
+    route and owners' plan the lookups then use."""
     if combine not in COMBINES:
         raise ValueError(f"graphmod: combine must be one of {COMBINES}, got {combine!r}")
     for t in tables:
@@ -110,14 +129,14 @@ def exchanged_find_or_insert(tables: Sequence["graphmod.Table"], keys: Sequence[
             Lookup(t, k, r, h) for t, k, r, h in zip(owned_tables, owned_keys, rows, handles))
         return [_scale_gradient(r, scale) for r in rows], handles
 
-    return _exchange(tables, keys, serve, "graphmod_exchange")
+    return _exchange(tables, keys, serve, "graphmod_exchange", training=True, ahead=ahead)
 
 
 def exchanged_find(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Read-only lookups as exchanged_find_or_insert's (keys without a row
     read their table's missing value, as on one rank)."""
     return _exchange(tables, keys, lambda t, k: (fused.find(t, k), None),
-                     "graphmod_exchange_find")
+                     "graphmod_exchange_find", training=False)[0]
 
 
 def exchanged_gradients(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
@@ -135,44 +154,53 @@ def exchanged_gradients(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Te
     they travel keyed, as the dense variable's allgather sent them.
     """
     hvd = _horovod()
-    size, rank = hvd.size(), hvd.rank()
-    tables = list(tables)
+    size = hvd.size()
+    dims = [t.dim for t in tables]
     with tf1.name_scope(None, "graphmod_gradient_exchange"):
-        summed = []
-        for k, g, t in zip(keys, grads, tables):
-            u = tf.unique(tf.reshape(k, [-1]))
-            summed.append((u.y, tf.math.unsorted_segment_sum(
-                tf.reshape(g, [-1, t.dim]), u.idx, tf.size(u.y))))
-        ids = tf.concat([k for k, _ in summed], 0)
-        table_of = tf.concat([tf.fill(tf.shape(k), tf.constant(i, tf.int64))
-                              for i, (k, _) in enumerate(summed)], 0)
-        widths = tf.constant([t.dim for t in tables], tf.int32)
-        width = tf.gather(widths, tf.cast(table_of, tf.int32))
-        flat = tf.concat([tf.reshape(g, [-1]) for _, g in summed], 0)
-        owner = owner_of(ids, size)
-        order = tf.argsort(owner, stable=True)
-        splits = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
-        float_splits = tf.math.unsorted_segment_sum(width, owner, size)
-        starts = tf.cumsum(width, exclusive=True)
-        at = tf.gather(starts, order)
-        floats = tf.gather(flat, tf.ragged.range(at, at + tf.gather(width, order)).flat_values)
-        received, _ = hvd.alltoall(tf.gather(tf.stack([ids, table_of], 1), order),
-                                   splits=splits, name="ids")
-        received_rows, _ = hvd.alltoall(floats, splits=float_splits, name="rows")
+        route = ops.graphmod_exchange_route([tf.reshape(k, [-1]) for k in keys], size=size,
+                                            widths=dims, with_counts=False)
+        # This rank's rows summed per key, each key's where its entry goes.
+        floats = tf.math.unsorted_segment_sum(
+            tf.concat([tf.reshape(g, [-1]) for g in grads], 0),
+            tf.concat([tf.reshape(_elements(at, d), [-1]) for at, d in zip(route.at, dims)], 0),
+            tf.reduce_sum(route.float_splits))
+        received, received_splits = hvd.alltoall(route.sent, splits=route.splits, name="ids")
+        received_rows, _ = hvd.alltoall(floats, splits=route.float_splits, name="rows")
+        tf1.add_to_collection(BYTES_SENT, 16 * to_others(route.splits, hvd.rank())
+                              + 4 * to_others(route.float_splits, hvd.rank()))
+        plan = ops.graphmod_exchange_serve(received, received_splits, N=len(dims), widths=dims)
+        return [(plan.keys[i], tf.gather(received_rows, _elements(plan.out_at[i], d)))
+                for i, d in enumerate(dims)]
 
-        def others(s):
-            s = tf.cast(s, tf.int64)
-            return tf.reduce_sum(s) - s[rank]
-        tf1.add_to_collection(BYTES_SENT, 16 * others(splits) + 4 * others(float_splits))
 
-        received_table = tf.cast(received[:, 1], tf.int32)
-        offsets = tf.cumsum(tf.gather(widths, received_table), exclusive=True)
+def returned_gradients(exchange: Exchange, keys: Sequence[tf.Tensor],
+                       grads: Sequence[tf.Tensor]) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """exchanged_gradients for the keys a training exchange looked up
+    (keys[i] and grads[i] of exchange.tables[i]), sent without their keys: in
+    the layout the rows came back in (each entry's summed gradient and
+    whether one reached it), to owners that know which keys they served; one
+    all-to-all for all tables. Returns, per table, the (keys, gradient rows)
+    this rank owns, from every rank, as exchanged_gradients does."""
+    hvd = _horovod()
+    with tf1.name_scope(None, "graphmod_gradient_return"):
+        floats = ops.graphmod_exchange_scatter_gradients(
+            exchange.route.sent, [tf.reshape(k, [-1]) for k in keys],
+            [tf.reshape(g, [-1]) for g in grads], widths=exchange.widths)
+        received, _ = hvd.alltoall(floats, splits=exchange.route.float_splits, name="rows")
+        tf1.add_to_collection(BYTES_SENT, 4 * to_others(exchange.route.float_splits, hvd.rank()))
         out = []
-        for i, t in enumerate(tables):
-            p = tf.where(tf.equal(received_table, i))[:, 0]
-            out.append((tf.gather(received[:, 0], p),
-                        tf.gather(received_rows, _elements(offsets, p, t.dim))))
+        for t, width in enumerate(exchange.widths):
+            at = exchange.plan.out_at[t]
+            reached = tf.gather(received, at + (width - 1)) > 0
+            out.append((tf.boolean_mask(exchange.plan.keys[t], reached),
+                        tf.boolean_mask(tf.gather(received, _elements(at, width - 1)), reached)))
         return out
+
+
+def to_others(splits: tf.Tensor, rank: int) -> tf.Tensor:
+    """How much of splits (per rank) goes to ranks other than `rank` (int64)."""
+    s = tf.cast(splits, tf.int64)
+    return tf.reduce_sum(s) - s[rank]
 
 
 def _scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
@@ -192,85 +220,66 @@ def _scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
 
 def _exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
               serve: Callable[[List["graphmod.Table"], List[tf.Tensor]], List[tf.Tensor]],
-              name: str) -> List[tf.Tensor]:
+              name: str, training: bool, ahead=None) -> Tuple[List[tf.Tensor], Exchange]:
     hvd = _horovod()
     size, rank = hvd.size(), hvd.rank()
     tables = list(tables)
+    # Each entry's floats in the rows sent back: its row and, when training,
+    # how many of the entry's lookups were refused a row (exact below 2^24).
+    extra = 1 if training else 0
+    widths = [t.dim + extra for t in tables]
     with tf1.name_scope(None, name) as scope:
-        # 1. This rank's unique ids per table (with how often each occurs),
-        # ordered by owner; one all-to-all sends them, tagged by table.
-        flat = [tf.reshape(tf.convert_to_tensor(k, tf.int64), [-1]) for k in keys]
-        unique = [tf.unique_with_counts(f) for f in flat]
-        ids = tf.concat([u.y for u in unique], 0)
-        table_of = tf.concat([tf.fill(tf.shape(u.y), t) for t, u in enumerate(unique)], 0)
-        owner = owner_of(ids, size)
-        order = tf.argsort(owner, stable=True)
-        splits = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
-        sent = tf.gather(tf.stack([ids, tf.cast(tf.concat([u.count for u in unique], 0),
-                                                tf.int64),
-                                   tf.cast(table_of, tf.int64)], 1), order)
-        received, received_splits = hvd.alltoall(sent, splits=splits, name="ids")
-        received_table = tf.cast(received[:, 2], tf.int32)
+        # 1. This rank's distinct ids per table, with how often each occurs,
+        # by owner; one all-to-all sends them, tagged by table (unless done
+        # a step ahead).
+        if ahead is None:
+            route = ops.graphmod_exchange_route(
+                [tf.reshape(tf.convert_to_tensor(k, tf.int64), [-1]) for k in keys],
+                size=size, widths=widths)
+            received, received_splits = hvd.alltoall(route.sent, splits=route.splits,
+                                                     name="ids")
+            ids_bytes = 24 * to_others(route.splits, rank)
+            plan = ops.graphmod_exchange_serve(received, received_splits, N=len(widths),
+                                               widths=widths)
+        else:
+            route, plan, ids_bytes = ahead.route, ahead.plan, 0  # (the advance counts its ids)
 
-        # 2. The owner's lookups: each table's received ids (entries: an id
-        # and how often one rank's batch holds it), deduplicated, each key
-        # looked up as often as it occurred, ranks in order (as one rank
-        # reads the global batch). A key's row is the one its last lookup
-        # read: from its admission on, lookups read the row.
-        positions = [tf.where(tf.equal(received_table, t))[:, 0] for t in range(len(tables))]
-        entries = [(tf.gather(received[:, 0], p), tf.gather(received[:, 1], p))
-                   for p in positions]
-        owned = [tf.unique(k) for k, _ in entries]
-        times = [tf.math.unsorted_segment_sum(c, o.idx, tf.size(o.y))
-                 for (_, c), o in zip(entries, owned)]
-        rows, handles = serve(tables, [tf.repeat(o.y, n) for o, n in zip(owned, times)])
-        # Per entry, its key's row and, when training, how many of the
-        # entry's lookups were refused a row (a float column: exact below 2^24).
-        extra = 0 if handles is None else 1
+        # 2. The owner's lookups (the plan says which): each table's keys
+        # looked up as often as they occurred in the step's batches, ranks in
+        # order (as one rank reads the global batch). An entry's row is the
+        # one its key's last lookup read: from its admission on, lookups read
+        # the row.
+        rows, handles = serve(tables, list(plan.lookups))
         per_entry = []
         for t in range(len(tables)):
-            row = tf.gather(tf.gather(rows[t], tf.cumsum(times[t]) - 1), owned[t].idx)
+            row = tf.gather(rows[t], plan.last[t])
             if extra:
-                refused = _refused(entries[t][1], owned[t].idx, handles[t])
+                refused = _refused(handles[t], plan.first[t], plan.count[t])
                 row = tf.concat([row, tf.cast(refused, tf.float32)[:, None]], 1)
             per_entry.append(tf.reshape(row, [-1]))
 
         # 3. Rows back, flattened (tables of any dims together) in the order
         # the ids arrived.
-        widths = tf.constant([t.dim + extra for t in tables], tf.int32)
-        received_widths = tf.gather(widths, received_table)
-        offsets = tf.cumsum(received_widths, exclusive=True)
-        back = tf.dynamic_stitch(
-            [tf.reshape(_elements(offsets, p, t.dim + extra), [-1])
-             for p, t in zip(positions, tables)], per_entry)
-        back_splits = tf.math.unsorted_segment_sum(
-            received_widths, tf.repeat(tf.range(size), received_splits), size)
-        returned, returned_splits = _rows_alltoall(hvd, back, back_splits, scope)
+        back = tf.dynamic_stitch([tf.reshape(_elements(plan.out_at[t], w), [-1])
+                                  for t, w in enumerate(widths)], per_entry)
+        returned, returned_splits = _rows_alltoall(hvd, back, plan.back_splits, scope)
         # What this rank sends the others: 3 int64 per id, 4 bytes per float
         # of the rows it serves and (training) of their gradients it returns.
-        def others(s):
-            s = tf.cast(s, tf.int64)
-            return tf.reduce_sum(s) - s[rank]
-        sent_bytes = 24 * others(splits) + 4 * others(back_splits)
+        sent_bytes = ids_bytes + 4 * to_others(plan.back_splits, rank)
         if extra:
-            sent_bytes += 4 * others(returned_splits)
+            sent_bytes += 4 * to_others(returned_splits, rank)
         tf1.add_to_collection(BYTES_SENT, sent_bytes)
 
         # This rank's rows, in each table's ids' order.
-        sent_offsets = tf.cumsum(tf.gather(widths, tf.gather(table_of, order)), exclusive=True)
-        sent_at = tf.math.invert_permutation(order)  # where each unique id was sent
-        starts = tf.cumsum([tf.size(u.y) for u in unique], exclusive=True)
         out = []
-        for t, (table, u, k) in enumerate(zip(tables, unique, keys)):
-            at = tf.gather(sent_at, starts[t] + tf.range(tf.size(u.y)))
-            mine = tf.gather(returned, _elements(sent_offsets, at, table.dim + extra))
-            rows_t = tf.gather(mine[:, :table.dim], u.idx)
+        for t, (table, k) in enumerate(zip(tables, keys)):
+            rows_t = tf.gather(returned, _elements(route.at[t], table.dim))
             if extra:
-                rows_t = _without_refused(table, rows_t, u.idx, u.count,
-                                          tf.cast(mine[:, table.dim], tf.int32))
+                refused = tf.cast(tf.gather(returned, route.at[t] + table.dim), tf.int32)
+                rows_t = _without_refused(table, rows_t, route.occurrence[t] < refused)
             out.append(tf.reshape(rows_t, tf.concat([tf.shape(k, out_type=tf.int32),
                                                       [table.dim]], 0)))
-        return out
+        return out, Exchange(tables, widths, route, plan)
 
 
 def _rows_alltoall(hvd, back: tf.Tensor, splits: tf.Tensor, scope: str):
@@ -281,53 +290,41 @@ def _rows_alltoall(hvd, back: tf.Tensor, splits: tf.Tensor, scope: str):
     would shift it, and every rank would wait forever)."""
     received_splits = []
 
+    # splits is an input, not captured: custom_gradient looks for variables
+    # read by what the function captures (a stash of ids_ahead is local).
     @tf.custom_gradient
-    def exchange_rows(x):
-        out, got = hvd.alltoall(x, splits=splits, name="rows")
+    def exchange_rows(x, s):
+        out, got = hvd.alltoall(x, splits=s, name="rows")
         received_splits.append(got)
 
         def grad(dy):
             dy = tf.convert_to_tensor(dy)
             return hvd.alltoall(dy, splits=got, name=scope + "rows_grad",
-                                ignore_name_scope=True)[0]
+                                ignore_name_scope=True)[0], None
         return out, grad
 
-    returned = exchange_rows(back)
+    returned = exchange_rows(back, splits)
     return returned, received_splits[0]
 
 
-def _refused(counts: tf.Tensor, key_of: tf.Tensor, handles: tf.Tensor) -> tf.Tensor:
-    """Per entry (a rank's `counts` lookups of one key, keys `key_of`, in
-    arrival order), how many of its lookups got no row (handle -1) in the
-    owner's repeated lookups (each key's lookups together, entries in
-    arrival order)."""
-    grouped = tf.argsort(key_of, stable=True)
-    # Where each entry's lookups start: after every earlier key's and every
-    # earlier entry's of its key.
-    start = tf.gather(tf.cumsum(tf.gather(counts, grouped), exclusive=True),
-                      tf.math.invert_permutation(grouped))
-    no_row = tf.concat([[0], tf.cumsum(tf.cast(handles < 0, tf.int64))], 0)
-    return tf.cast(tf.gather(no_row, start + counts) - tf.gather(no_row, start), tf.int32)
+def _refused(handles: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """Per entry, how many of its lookups (count of them from first on, in
+    the owner's lookups) got no row (handle -1)."""
+    no_row = tf.concat([[0], tf.cumsum(tf.cast(handles < 0, tf.int32))], 0)
+    return tf.gather(no_row, first + count) - tf.gather(no_row, first)
 
 
-def _without_refused(table: "graphmod.Table", rows: tf.Tensor, key_of: tf.Tensor, counts: tf.Tensor,
-                     refused: tf.Tensor) -> tf.Tensor:
-    """Rows per id (ids in batch order, of unique keys key_of occurring
-    `counts` times) where the first `refused` occurrences of each key read
-    the missing value and pass no gradient, as they do on one rank."""
-    grouped = tf.argsort(key_of, stable=True)
-    first = tf.cumsum(counts, exclusive=True)  # where each key's occurrences start, grouped
-    occurrence = tf.gather(tf.range(tf.size(key_of)) - tf.gather(first, tf.gather(key_of, grouped)),
-                           tf.math.invert_permutation(grouped))
-    no_row = tf.expand_dims(occurrence < tf.gather(refused, key_of), 1)
+def _without_refused(table: "graphmod.Table", rows: tf.Tensor, no_row: tf.Tensor) -> tf.Tensor:
+    """rows (per id, in batch order) where the ids no_row marks (the first
+    `refused` occurrences of their key) read the missing value and pass no
+    gradient, as they do on one rank."""
     # The missing value: the table's initial row (the row's value when
     # admitted later in the step, read through the row), or its constant.
     missing = (tf.stop_gradient(rows) if table.default_value is None
                else tf.fill(tf.shape(rows), tf.constant(table.default_value, tf.float32)))
-    return tf.where(no_row, missing, rows)
+    return tf.where(no_row[:, None], missing, rows)
 
 
-def _elements(offsets: tf.Tensor, positions: tf.Tensor, dim: int) -> tf.Tensor:
-    """[len(positions), dim] indices of the floats of the ids at positions,
-    each id's dim floats starting at its offset."""
-    return tf.gather(offsets, positions)[:, None] + tf.range(dim)[None, :]
+def _elements(at: tf.Tensor, dim: int) -> tf.Tensor:
+    """[len(at), dim] indices of the dim floats of each row starting at at."""
+    return at[:, None] + tf.range(dim)[None, :]

@@ -32,6 +32,9 @@ class RewriteReport:
     # tables with a disk tier -> "" (the input pipeline prefetches their next
     # step's rows) or why it cannot
     prefetch: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # tables sharded across Horovod ranks -> "" (their training lookups' ids
+    # are exchanged a step ahead, in the previous step) or why not
+    ids_ahead: Dict[str, str] = dataclasses.field(default_factory=dict)
     # Horovod ranks the tables are sharded across (1: not sharded)
     sharded_ranks: int = 1
     # {table: {counter: scalar tensor}} of a training graph's tables, for
