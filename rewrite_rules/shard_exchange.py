@@ -19,8 +19,8 @@ Every rank builds the same graph, so the exchanges' collectives match by name.
 Refuses, when the model runs on several ranks: a variable each rank trains
 on its own (its gradient takes no Horovod collective, so the ranks' copies
 differ and no one table can follow them), reads inside v1 control flow (a
-lookup there is a collective every rank would have to run alike), reads
-of the whole variable, and warm starts from checkpoint rows.
+lookup there is a collective every rank would have to run alike), and reads
+of the whole variable.
 """
 import collections
 from typing import NamedTuple
@@ -60,9 +60,6 @@ def check(conversion: Conversion, context: Context) -> None:
                           "collective every Horovod rank must run alike")
     if conversion.dense_reads:
         raise Refused("it is read whole, which tables sharded across Horovod ranks cannot serve")
-    if conversion.warm_start is not None:
-        # Every rank would import every checkpoint row, keys it does not own included.
-        raise Refused("a warm start into a table sharded across Horovod ranks is not built")
 
 
 def rewrite(rw, conversions, context: Context) -> None:

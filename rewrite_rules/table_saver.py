@@ -51,9 +51,6 @@ def check(conversion: Conversion, context: Context) -> None:
     why = " (the checkpoint in model_dir holds it densely)"
     if getattr(v, "_save_slice_info", None) is not None:
         raise Refused("adopting a part of a partitioned variable is not built" + why)
-    if context.ranks > 1:
-        raise Refused(f"adopting it into a table sharded across {context.ranks} Horovod ranks "
-                      "is not built" + why)
     if conversion.planned_keys:
         raise Refused("its table was trained on the full ids of "
                       f"{', '.join(conversion.planned_keys)}, which no bucket row can be "

@@ -17,6 +17,7 @@ dense).
 """
 import tensorflow as tf
 
+from graphmod import horovod
 from graphmod.rewrite.rule import Context
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
@@ -35,7 +36,12 @@ def rewrite(rw, conversions, context: Context) -> None:
             continue  # the model's checkpoint (from before the warm start) restores the table
         with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{table.name}"):
             rows = tf.reshape(c.warm_start, [c.rows, c.dim])
-            imported = table.import_rows(tf.range(c.rows, dtype=tf.int64), rows)
+            keys = tf.range(c.rows, dtype=tf.int64)
+            if context.ranks > 1:
+                # Split across Horovod ranks: each rank's part takes the keys it owns.
+                mine = tf.equal(horovod.owner_of(keys, context.ranks), horovod.horovod_rank())
+                keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
+            imported = table.import_rows(keys, rows)
             with tf.control_dependencies([imported]):
                 done = tf.constant(True)
             tf1.Variable(done, trainable=False, name="graphmod_warm_started",

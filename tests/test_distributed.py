@@ -358,12 +358,16 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train,
                                           training_hooks=[recorders[-1]])
 
+    # "adopt": a dense Horovod model laid out as Horovod's examples do (rank
+    # 0 alone has the model_dir) trains its first steps, then goes on with
+    # the hook, which adopts its checkpoint into tables split across the ranks.
     estimator = tf.estimator.Estimator(model_fn, config=tf.estimator.RunConfig(
-        model_dir=model_dir, save_checkpoints_steps=3, tf_random_seed=1))
+        model_dir=model_dir if mode != "adopt" or rank == 0 else None,
+        save_checkpoints_steps=3, tf_random_seed=1))
 
-    def hooks():
+    def hooks(dense=mode == "dense"):
         broadcast = [hvd.BroadcastGlobalVariablesHook(0)]
-        if mode == "dense":
+        if dense:
             return broadcast
         modifier = graphmod.GraphModifierHook(model_dir=None)
         return broadcast + [modifier] if order == "after" else [modifier] + broadcast
@@ -377,12 +381,13 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         def end(self, session):
             self.rows = session.run(self.fetch)
 
-    first = hooks()
+    first = hooks(dense=mode != "hooked")
     estimator.train(input_fn(0), steps=FIRST, hooks=first)
-    # Which tables' ids the hooked training exchanged a step ahead.
-    ahead = [h.report.ids_ahead for h in first if isinstance(h, graphmod.GraphModifierHook)]
     rows = Rows()  # the second call restores the checkpoint of step 5, trains to the input's end
-    estimator.train(input_fn(FIRST), hooks=hooks() + [rows])
+    second = hooks()
+    estimator.train(input_fn(FIRST), hooks=second + [rows])
+    # Which tables' ids the hooked training exchanged a step ahead; adopted.
+    reports = [h.report for h in first + second if isinstance(h, graphmod.GraphModifierHook)]
     modifier = [h for h in hooks() if isinstance(h, graphmod.GraphModifierHook)]
     evaluation = estimator.evaluate(input_fn(0), steps=3, hooks=modifier)
     # Prediction holds every key (it reads every rank's part): any rank, any ids.
@@ -398,7 +403,8 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
     json.dump(dict(losses=[l for r in recorders for l in r.losses], rows=got,
                    logits=np.array(logits).tolist(),
                    eval=float(evaluation["global_loss"]), w=estimator.get_variable_value("w").tolist(),
-                   ids_ahead=ahead[0] if ahead else None),
+                   ids_ahead=reports[0].ids_ahead if reports else None,
+                   adopted=reports[0].adopted if reports else None),
               open(f"{out}/rank{rank}.json", "w"))
 """)
 
@@ -442,6 +448,35 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
             for r in range(2):
                 assert f"model.ckpt-{step}.tables-0000{r}-of-00002.index" in names
     assert_the_command_reads_both_parts(model_dir, dense_dir, len(rows), tmp_path)
+
+
+def test_a_dense_horovod_model_dir_is_adopted_into_tables_split_across_ranks(tmp_path):
+    """A dense Horovod model (rank 0 alone with the model_dir) trains 5 steps
+    on 2 ranks, then goes on with the hook: each rank adopts the keys it owns
+    from rank 0's dense checkpoint, and the 2 ranks then train as one dense
+    rank does: the same losses, evaluation, predictions and every row and
+    Adagrad accumulator, each key on its owner."""
+    (dense,), _ = run_estimator(tmp_path, "dense", 1, "dense")
+    ranks, model_dir = run_estimator(tmp_path, "adopt", 2, "adopt")
+    for r in ranks:
+        assert r["adopted"] == ["emb"] and r["ids_ahead"] == {"emb": ""}
+        np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
+        assert len(r["losses"]) == 8
+        np.testing.assert_allclose(r["eval"], dense["eval"], rtol=1e-5)
+        np.testing.assert_allclose(r["logits"], dense["logits"], rtol=1e-5, atol=1e-6)
+    owned = [set(r["rows"]) for r in ranks]
+    assert owned[0] and owned[1] and not owned[0] & owned[1]
+    rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
+    # Every adopted key (the dense variable's 20000 rows), each on one rank.
+    assert set(rows) == {str(k) for k in range(20000)}
+    for key, (values, accum) in rows.items():
+        want = dense["rows"].get(key, ([0.1] * 4, [0.1] * 4))  # never read: as initialized
+        np.testing.assert_allclose(values, want[0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(accum, want[1], rtol=1e-5, atol=1e-7)
+    # The dense checkpoint of step 5 kept aside (once, by rank 0); then in parts.
+    kept = os.listdir(model_dir / "graphmod" / "dense_before_adoption")
+    assert "model.ckpt-5.index" in kept and not any(".tables" in n for n in kept)
+    assert "model.ckpt-8.tables.json" in os.listdir(model_dir)
 
 
 def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):

@@ -149,6 +149,12 @@ class PartLayout(abc.ABC):
         """The table's parts in this graph, in owner order (one: all of it)."""
         return [table]
 
+    def owned_parts(self, table) -> list:
+        """(part, its owner, of how many owners) of the table's parts in this
+        graph: whose keys each holds (adoption imports only those)."""
+        parts = self.parts_of(table)
+        return [(part, owner, len(parts)) for owner, part in enumerate(parts)]
+
     @abc.abstractmethod
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> list:
         """Builds the deltas' parts from the tables' delta saveables (each

@@ -236,10 +236,9 @@ class TableSaver(tf1.train.Saver):
             for a in self.adoptions:
                 # Each part reads the variable and imports the rows its owner
                 # owns (no copy of it on the chief).
-                parts = self._layout.parts_of(a.table)
-                for i, table in enumerate(parts):
+                for table, owner, owners in self._layout.owned_parts(a.table):
                     with tf1.name_scope(a.table.name), tf.device(table.handle.device):
-                        self._adopt_ops.append(self._adoption(a, table, i, len(parts)))
+                        self._adopt_ops.append(self._adoption(a, table, owner, owners))
             self._others = tf1.train.Saver(
                 var_list=others, sharded=self._sharded, allow_empty=True,
                 write_version=self._write_version)
@@ -326,7 +325,8 @@ class TableSaver(tf1.train.Saver):
         sess.run(saver.saver_def.restore_op_name, {saver.saver_def.filename_tensor_name: prefix})
 
     def _adopt(self, sess, save_path: str) -> None:
-        _keep_dense_checkpoint(save_path)
+        if self._layout.rank == 0:  # (every Horovod rank adopts from one checkpoint)
+            _keep_dense_checkpoint(save_path)
         fetches = list(self._adopt_ops)
         reader = tf.train.load_checkpoint(save_path)
         step = (int(reader.get_tensor("global_step")) if reader.has_tensor("global_step")

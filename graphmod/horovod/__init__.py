@@ -31,10 +31,11 @@ runs, naming it. Every rank must run every fetch that reads a sharded table
 """
 from graphmod.horovod.exchange import (Exchange, active, enable, enabled, exchanged_find,
                                            exchanged_find_or_insert, exchanged_gradients,
-                                           horovod_ranks, returned_gradients,
+                                           horovod_rank, horovod_ranks, returned_gradients,
                                            training_exchange)
 from graphmod.embeddings.partition import owner_of
 
 __all__ = ["Exchange", "active", "enable", "enabled", "exchanged_find",
-           "exchanged_find_or_insert", "exchanged_gradients", "horovod_ranks", "owner_of",
+           "exchanged_find_or_insert", "exchanged_gradients", "horovod_rank", "horovod_ranks",
+           "owner_of",
            "returned_gradients", "training_exchange"]

@@ -79,6 +79,13 @@ def horovod_ranks() -> int:
     return hvd.size() if hvd is not None and hvd.is_initialized() else 1
 
 
+def horovod_rank() -> int:
+    """This process's Horovod rank (0 when Horovod is not initialized)."""
+    import sys  # pylint: disable=import-outside-toplevel
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd.rank() if hvd is not None and hvd.is_initialized() else 0
+
+
 def active(graph: Optional[tf.Graph] = None) -> bool:
     """Whether lookups in graph exchange ids with their owners: sharding
     enabled (see enabled) and Horovod initialized with more than one rank."""

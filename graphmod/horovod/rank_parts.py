@@ -76,6 +76,9 @@ class RankParts(PartLayout):
             self._committed = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                             name="graphmod_checkpoint_committed")
 
+    def owned_parts(self, table) -> list:
+        return [(table, self.rank, self.size)]  # this rank's part, of the keys it owns
+
     def where(self, save_path: str) -> str:
         # Every rank writes its part into rank 0's model_dir, whatever its own.
         return os.path.join(self.rank0_dir, os.path.basename(save_path)) if self.rank0_dir \

@@ -120,6 +120,11 @@ def _gather(obj, name: str) -> list:
     return [json.loads(got[end - n:end].tobytes().decode()) for n, end in zip(got_sizes, ends)]
 
 
+def rank0s(obj, name: str):
+    """Rank 0's obj (JSON) on every rank: a collective, every rank calls it."""
+    return _gather(obj, name)[0]
+
+
 def _refuse(ranks: List[int], what: str) -> None:
     if ranks:
         raise ValueError(f"graphmod: the tables are sharded across Horovod ranks and saved by "
@@ -370,12 +375,21 @@ def restore_from_rank0(model_dir: Optional[str]) -> None:
     """In a prediction session beginning on a rank > 0 that trained saving
     into rank 0's model_dir (prediction is no collective: each rank alone):
     restores rank 0's latest checkpoint when the session would restore none
-    of its own."""
+    of its own, or an older one (a dense model's, from before the rank's
+    training with split tables)."""
     rank0_dir = rank0_dir_of(model_dir)
     session = tf_private.beginning_session()
-    if session is None or tf_private.session_checkpoint(session[1]) is not None:
+    if session is None:
         return
     creator = session[1]
+    own = tf_private.session_checkpoint(creator)
+    if own is not None:
+        latest = tf.train.latest_checkpoint(rank0_dir) if rank0_dir else None
+        if latest is not None and _step_of(latest) > _step_of(own):
+            tf_private.set_session_checkpoint(creator, latest)
+            logging.info("graphmod: restoring rank 0's checkpoint %s (newer than this rank's "
+                         "own %s)", latest, own)
+        return
     if rank0_dir is None:
         # (a temporary model_dir made in another process than the training's)
         logging.warning("graphmod: this Horovod rank's model_dir %s holds no checkpoint and "
@@ -392,3 +406,9 @@ def restore_from_rank0(model_dir: Optional[str]) -> None:
         tf_private.set_session_checkpoint(creator, latest)
         logging.info("graphmod: restoring rank 0's checkpoint %s (this rank's model_dir %s "
                      "holds none)", latest, model_dir)
+
+
+def _step_of(checkpoint: str) -> int:
+    """The global step in a checkpoint's name (model.ckpt-<step>), -1 without one."""
+    tail = checkpoint.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1

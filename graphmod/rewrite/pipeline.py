@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from graphmod import horovod
+from graphmod.horovod import save_schedule
 from graphmod.embeddings import features
 from graphmod.ps import tables as ps
 from graphmod.checkpoint.parts import TableParts
@@ -60,15 +61,24 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     conversions, skipped = plan(index, settings, training, replay)
     latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
     names = frozenset(n for n, _ in tf.train.list_variables(latest)) if latest else frozenset()
+    in_parts = latest is not None and TableParts.in_parts(latest)
+    ranks = horovod.horovod_ranks() if mode != "predict" else 1
+    if ranks > 1 and (not training or any(_combined_by_horovod(c) for c in conversions)):
+        # Every rank restores rank 0's checkpoint (graphmod.horovod.save_schedule),
+        # whatever its own model_dir holds: what that checkpoint holds decides
+        # adoption on every rank alike. (A collective: the tables are split
+        # across the ranks, so all of them run this graph.)
+        seen, in_parts = save_schedule.rank0s([sorted(names), in_parts], "graphmod_rank0_checkpoint")
+        names = frozenset(seen)
     # exact=True: keys stay as the model squeezed them (collisions included).
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
     scaffold_saver = estimator_training and not graph.get_collection(tf1.GraphKeys.SAVERS)
     rw = Rewriter(graph, index)
-    rw.set_state("reads_parts", latest is not None and TableParts.in_parts(latest))
+    rw.set_state("reads_parts", in_parts)
     context = Context(graph, training, settings.collision_free and not settings.exact,
                       settings.exact,
-                      ranks=horovod.horovod_ranks() if mode != "predict" else 1,
+                      ranks=ranks,
                       ps_tasks=ps.ps_tasks(graph),
                       checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current,
                       # a fresh start (no checkpoint in model_dir) imports the sources' rows
@@ -168,3 +178,10 @@ def install_saver(graph: tf.Graph) -> Rewriter:
     with rw.rule("table_saver"):
         table_saver.install(rw, graph)
     return rw
+
+
+def _combined_by_horovod(conversion) -> bool:
+    """The variable's gradient goes through a Horovod collective (its table
+    is then split across the ranks)."""
+    update = conversion.update
+    return update is not None and update.combined is not None and update.combined.collective.runs
