@@ -41,6 +41,9 @@ class GraphState:
     ps_parts: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
     # Ops to run once per session before the first step (graphmod.horovod.ids_ahead's prime)
     primes: List[Any] = dataclasses.field(default_factory=list)
+    # IteratorGetNext op name -> the tensors the step reads instead of its
+    # outputs (graphmod.horovod.ids_ahead's stash of the batch)
+    step_inputs: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
 
     def snapshot(self) -> "GraphState":
         """A copy whose containers are copies (their items are shared)."""

@@ -45,6 +45,8 @@ import tensorflow as tf
 from absl import logging
 
 from graphmod import horovod
+from graphmod.horovod import save_schedule
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 
@@ -135,6 +137,8 @@ class VerifyResult:
     atol: float = 1e-6
 
     notes: List[str] = dataclasses.field(default_factory=list)  # what was not verified
+    # Under Horovod: the other ranks whose comparison failed, with their summaries
+    other_ranks: List[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         for f in self.findings.values():
@@ -172,7 +176,7 @@ class VerifyResult:
         dense_ok = all(f.first_step is None or self._explained_before(f.first_step)
                        for f in self.dense.values())
         return ((self.loss_first_step is None or bool(self.loss_explained_by)) and dense_ok
-                and all(f.ok for f in self.findings.values()))
+                and all(f.ok for f in self.findings.values()) and not self.other_ranks)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -196,6 +200,7 @@ class VerifyResult:
         for s in self.skipped:
             lines.append(f"  {s['variable']}: stays dense ({s['reason']})")
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  {line}" for r in self.other_ranks for line in r.splitlines()]
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -232,8 +237,11 @@ class _Recorder(tf1.train.SessionRunHook):
         graph = tf1.get_default_graph()
         # The Estimator adds the EstimatorSpec's loss last (tf.losses adds parts first).
         self.loss = graph.get_collection(tf1.GraphKeys.LOSSES)[-1]
+        # What the step reads of its input (a stash of it, where the ids go
+        # a step ahead: graphmod.horovod.ids_ahead).
+        ahead = graph_state(graph).step_inputs
         self.inputs = [t for op in graph.get_operations() if op.type == "IteratorGetNext"
-                       for t in op.outputs]
+                       for t in ahead.get(op.name, op.outputs)]
         self.fetches = self.states()
 
     def after_create_session(self, session, coord):
@@ -260,19 +268,14 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
     over input_fn's batches, which must be the same both times (a seeded
     input_fn), and compares them (module docstring). work_dir: where the two
     model_dirs go (a temporary folder, removed after, if None). Under Horovod
-    (hvd.init() called, more than one rank) it refuses: verify on one process."""
+    (hvd.init() called, more than one rank) every rank calls it: the
+    unmodified run is the model on those ranks, each rank compares the keys
+    its tables own, and each rank's result holds every rank's failures."""
     from graphmod.hooks.graph_modifier import GraphModifierHook  # pylint: disable=import-outside-toplevel
     hook = hook if hook is not None else GraphModifierHook()
     if steps < 1:
         raise ValueError(f"graphmod.verify: steps must be >= 1, got {steps}")
     ranks = horovod.horovod_ranks()
-    if ranks > 1:
-        # The hooked run starts from the unmodified run's rows by adopting its
-        # step-0 checkpoint, which tables sharded across ranks cannot yet do.
-        raise ValueError(f"graphmod.verify: under Horovod ({ranks} ranks) the hooked run "
-                         "cannot start from the unmodified run's rows (adopting a dense "
-                         "checkpoint into tables sharded across ranks is not built): verify "
-                         "on one process")
     own = work_dir is None
     work = tempfile.mkdtemp(prefix="graphmod-verify-") if own else work_dir
     try:
@@ -312,7 +315,8 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
         loss_first = next((i for i, (a, b) in enumerate(losses, 1)
                            if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
         findings = {t["variable"]: _compare_table(t, report, plain.after, hooked.after, rtol,
-                                                  atol) for t in report.tables}
+                                                  atol, _owned(t["rows"], ranks))
+                    for t in report.tables}
         converted = {n for t in report.tables for n in [t["variable"], *t["slot_variables"]]}
         shared = [n for n in hooked.after[0]["dense"] if n not in converted
                   and n != "global_step"]
@@ -322,6 +326,10 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
                  for k in report.squeezed_keys_kept]
         result = VerifyResult(steps, losses, loss_first, findings, dense, list(report.skipped),
                               rtol, atol, notes)
+        if ranks > 1:
+            every = save_schedule.gather([result.ok, result.summary()], "graphmod_verify")
+            result.other_ranks = [f"rank {r}: {summary}" for r, (ok, summary) in enumerate(every)
+                                  if not ok and r != horovod.horovod_rank()]
         logging.info("%s", result.summary())
         return result
     finally:
@@ -376,8 +384,17 @@ def _compare_dense(name: str, plain: List[dict], hooked: List[dict], rtol: float
     return f
 
 
+def _owned(rows: int, ranks: int) -> Optional[np.ndarray]:
+    """The keys of 0..rows-1 this Horovod rank's tables own (None: one process)."""
+    if ranks <= 1:
+        return None
+    keys = np.arange(rows, dtype=np.int64)
+    return keys[horovod.owner_of(tf.constant(keys), ranks).numpy() == horovod.horovod_rank()]
+
+
 def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], rtol: float,
-                   atol: float) -> Finding:
+                   atol: float, owned: Optional[np.ndarray] = None) -> Finding:
+    """owned: the keys this rank's part holds, split across Horovod ranks."""
     variable, table, rows = entry["variable"], entry["table"], entry["rows"]
     f = Finding(variable, table)
     f.explained_by = "; ".join(a["what"] for a in report.approximations
@@ -398,24 +415,27 @@ def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], r
         f.compared = "the table did not start from the variable's rows (not adopted)"
         return f
     slots = entry.get("slot_variables") or []
-    f.compared = f"{rows} rows and {len(slots)} slot(s) at {len(plain) - 1} steps"
-    was_over = np.zeros(rows, bool)
+    expected = np.arange(rows) if owned is None else owned
+    f.compared = (f"{rows} rows and {len(slots)} slot(s) at {len(plain) - 1} steps"
+                  + ("" if owned is None else f" ({owned.size} of them on this rank)"))
+    was_over = np.zeros(expected.size, bool)
     for step in range(len(plain)):
         got = hooked[step]["tables"][table]
         keys = got["keys"]
-        if keys.size != rows or np.any(np.sort(keys) != np.arange(rows)):
+        if keys.size != expected.size or np.any(np.sort(keys) != expected):
             outside = keys[(keys < 0) | (keys >= rows)]
             f.differs(step, f"the table holds {keys.size} keys, not exactly 0..{rows - 1}"
+                            + ("" if owned is None else " that this rank owns")
                             + (f" (outside: {outside[:5].tolist()})" if outside.size else ""))
             return f
-        order = np.argsort(keys)  # row i: key i
+        order = np.argsort(keys)  # row i: key expected[i]
         keys = keys[order]
         # Rows this step looked up carry its version, the newest.
         looked_up = got["versions"][order] == got["versions"].max()
-        pairs = [("rows", plain[step][variable], got["values"][order])]
-        pairs += [(f"slot '{s}'", plain[step][s], got["slots"][order][:, k])
+        pairs = [("rows", plain[step][variable][expected], got["values"][order])]
+        pairs += [(f"slot '{s}'", plain[step][s][expected], got["slots"][order][:, k])
                   for k, s in enumerate(slots)]
-        over = np.zeros(rows, bool)
+        over = np.zeros(expected.size, bool)
         if step > 0:
             f.by_step.append(0.0)
         for what, want, have in pairs:
@@ -423,7 +443,7 @@ def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], r
             f.largest_difference = max(f.largest_difference, relative)
             if step > 0:
                 f.by_step[-1] = max(f.by_step[-1], relative)
-            over_what = _over(have, want, rtol, atol).reshape(rows, -1).any(1)
+            over_what = _over(have, want, rtol, atol).reshape(expected.size, -1).any(1)
             fresh = over_what & ~was_over & ~over
             if fresh.any():
                 for rows_of, looked in ((fresh & looked_up, True), (fresh & ~looked_up, False)):

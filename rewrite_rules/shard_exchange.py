@@ -70,18 +70,19 @@ def rewrite(rw, conversions, context: Context) -> None:
         exchanges, aheads, why_not = _exchange_lookups(rw, list(built.values()))
         _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
                                for c in conversions if c.training], exchanges,
-                          [a.advance for a in aheads])
+                          [a.advance for _, a in aheads])
         if aheads:
-            rw.set_state("primes", [a.prime for a in aheads])
+            rw.set_state("primes", [a.prime for _, a in aheads])
+            rw.set_state("step_inputs", {get_next.name: a.element for get_next, a in aheads})
     if context.training:
         context.build(IdsAhead(why_not))
 
 
 def _exchange_lookups(rw, lookups):
     """Each dependency level's lookups (of every table) become one exchange.
-    Returns the training exchanges (horovod.Exchange), the ids_ahead.Ahead of
-    the one whose ids go a step ahead, and per table "" (its training
-    lookups' ids go ahead) or why not."""
+    Returns the training exchanges (horovod.Exchange), (the iterator's
+    get_next, the ids_ahead.Ahead) of the one whose ids go a step ahead, and
+    per table "" (its training lookups' ids go ahead) or why not."""
     reads = [(lk.table, keys, rows) for lk in lookups for keys, rows in lk.reads
              if rows.op.type in _LOOKUPS]
     exchanges, aheads, why_not = [], [], {}
@@ -109,12 +110,16 @@ def _exchange_lookups(rw, lookups):
             rows, exchange = horovod.training_exchange(tables, keys, combine="sum", ahead=ahead)
             exchanges.append(exchange)
             if ahead is not None:
-                aheads.append(ahead)
+                aheads.append((get_next, ahead))
                 for t in tables:
                     why_not.setdefault(t.name, "")
-                # The step reads its batch from the stash, not the iterator.
+                # The step reads its batch from the stash, not the iterator;
+                # and a fetch of get_next's own outputs (which would take a
+                # batch the step never sees) fails instead: its iterator is
+                # one nothing initializes.
                 for old, new in zip(get_next.outputs, ahead.element):
                     rw.reroute(old, new)
+                rw.reroute(get_next.inputs[0], ahead.unset_iterator, consumers=[get_next])
         else:
             rows = horovod.exchanged_find(tables, keys)
         for (_, _, old), new in zip(group, rows):

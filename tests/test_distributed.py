@@ -11,6 +11,7 @@ the other.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -318,6 +319,7 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
     tf1 = tf.compat.v1
     mode, order, combine, model_dir, out = sys.argv[1:6]
+    warm_from = sys.argv[6] if len(sys.argv) > 6 else None  # a checkpoint emb starts from
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     B, STEPS, FIRST = 24, 8, 5
@@ -363,7 +365,9 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
     # the hook, which adopts its checkpoint into tables split across the ranks.
     estimator = tf.estimator.Estimator(model_fn, config=tf.estimator.RunConfig(
         model_dir=model_dir if mode != "adopt" or rank == 0 else None,
-        save_checkpoints_steps=3, tf_random_seed=1))
+        save_checkpoints_steps=3, tf_random_seed=1),
+        warm_start_from=tf.estimator.WarmStartSettings(warm_from, vars_to_warm_start="emb")
+        if warm_from else None)
 
     def hooks(dense=mode == "dense"):
         broadcast = [hvd.BroadcastGlobalVariablesHook(0)]
@@ -409,12 +413,14 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average"):
+def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average",
+                  warm_from=None):
     out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
     out.mkdir()
     script = tmp_path / f"{name}.py"
     script.write_text(with_model(ESTIMATOR_SCRIPT))
-    launch(ranks, script, mode, order, combine, model_dir, out)
+    launch(ranks, script, mode, order, combine, model_dir, out,
+           *([warm_from] if warm_from else []))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], model_dir
 
 
@@ -477,6 +483,96 @@ def test_a_dense_horovod_model_dir_is_adopted_into_tables_split_across_ranks(tmp
     kept = os.listdir(model_dir / "graphmod" / "dense_before_adoption")
     assert "model.ckpt-5.index" in kept and not any(".tables" in n for n in kept)
     assert "model.ckpt-8.tables.json" in os.listdir(model_dir)
+
+
+# graphmod.verify of a Horovod Estimator on every rank: the unmodified model
+# on the ranks against the hooked one, tables split across the ranks.
+VERIFY_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
+    from graphmod._ops import ops
+    tf1 = tf.compat.v1
+    fault, out = sys.argv[1:3]
+    hvd.init()
+    rank = hvd.rank()
+    if fault == "doubled":  # the table's update gets twice the gradient
+        fused = ops.graphmod_fused_apply
+        ops.graphmod_fused_apply = lambda h, k, g, *a, **kw: fused(h, k, [2 * x for x in g],
+                                                                   *a, **kw)
+
+    def input_fn():
+        rng = np.random.default_rng(3 + rank)
+        ids = rng.integers(0, 300, size=(512, 3)).astype(np.int64)
+        labels = (ids[:, 0] % 3 == 0).astype(np.float32)
+        return tf.data.Dataset.from_tensor_slices(({"ids": ids}, labels)).repeat().batch(32)
+
+    def model_fn(features, labels, mode):
+        emb = tf1.get_variable("emb", [300, 4],
+                               initializer=tf1.truncated_normal_initializer(stddev=0.5))
+        head = tf1.get_variable("head", [12, 1])
+        e = tf.reshape(tf.nn.embedding_lookup(emb, features["ids"]), [-1, 12])
+        logits = tf.squeeze(tf.matmul(e, head), 1)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits))
+        opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3))
+        train = opt.minimize(loss, tf1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+    estimator = tf.estimator.Estimator(model_fn,
+                                       config=tf.estimator.RunConfig(tf_random_seed=7))
+    result = graphmod.verify(estimator, input_fn, steps=4,
+                             hook=graphmod.GraphModifierHook(min_rows=100))
+    finding = result.findings.get("emb")
+    json.dump(dict(ok=result.ok, summary=result.summary(), other_ranks=result.other_ranks,
+                   first_step=finding.first_step if finding else None,
+                   compared=finding.compared if finding else None),
+              open(f"{out}/rank{rank}.json", "w"))
+""")
+
+
+def test_verify_on_two_ranks_passes_a_faithful_rewrite_and_catches_a_doubled_gradient(tmp_path):
+    """graphmod.verify under Horovod: each rank compares the keys its part of
+    the table owns (adopted from the unmodified run's first checkpoint)
+    against the unmodified model on the same ranks; a doubled gradient in
+    the tables' update fails it on every rank, at step 1."""
+    script = tmp_path / "verify.py"
+    script.write_text(VERIFY_SCRIPT)
+    for fault in ("none", "doubled"):
+        out = tmp_path / fault
+        out.mkdir()
+        launch(2, script, fault, out)
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+        for r in ranks:
+            assert r["compared"].startswith("300 rows and 1 slot(s) at 4 steps (") and \
+                "of them on this rank" in r["compared"], r["compared"]
+        owned = [int(re.search(r"\((\d+) of them on this rank\)", r["compared"]).group(1))
+                 for r in ranks]
+        assert sum(owned) == 300 and min(owned) > 0
+        if fault == "none":
+            assert all(r["ok"] for r in ranks), ranks[0]["summary"] + ranks[1]["summary"]
+        else:
+            assert not any(r["ok"] for r in ranks)
+            assert all(r["first_step"] == 1 for r in ranks), [r["summary"] for r in ranks]
+            assert "rank 1:" in ranks[0]["summary"] and "DIFFERS" in ranks[0]["summary"]
+
+
+def test_a_warm_start_fills_each_ranks_part_with_the_keys_it_owns(tmp_path):
+    """The Estimator's WarmStartSettings start `emb` from a trained dense
+    checkpoint: on 2 hooked ranks each rank's part imports the keys it owns,
+    and training goes on as the dense model's on one rank."""
+    _, trained = run_estimator(tmp_path, "trained", 1, "dense")
+    (dense,), _ = run_estimator(tmp_path, "dense_warm", 1, "dense", warm_from=trained)
+    ranks, _ = run_estimator(tmp_path, "hooked_warm", 2, "hooked", warm_from=trained)
+    for r in ranks:
+        np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
+        np.testing.assert_allclose(r["logits"], dense["logits"], rtol=1e-5, atol=1e-6)
+    owned = [set(r["rows"]) for r in ranks]
+    assert not owned[0] & owned[1]
+    rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
+    assert len(rows) == 20000  # every warm-started row, each on one rank
+    for key, (values, accum) in dense["rows"].items():
+        np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
 
 
 def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):

@@ -177,18 +177,6 @@ def test_different_batches_are_refused(tmp_path):
                         hook=graphmod.GraphModifierHook(min_rows=100))
 
 
-def test_horovod_ranks_are_refused_before_training(tmp_path, monkeypatch):
-    """Under Horovod the hooked run could not start from the unmodified
-    run's rows (no adoption into sharded tables): verify says so at once,
-    before either run trains."""
-    monkeypatch.setattr(graphmod.horovod, "horovod_ranks", lambda: 2)
-    estimator = tf.estimator.Estimator(model_fn, str(tmp_path / "m"),
-                                       params={"optimizer": "adagrad"})
-    with pytest.raises(ValueError, match=r"under Horovod \(2 ranks\).*verify on one process"):
-        graphmod.verify(estimator, input_fn, steps=2, work_dir=str(tmp_path / "work"))
-    assert not (tmp_path / "work" / "unmodified").exists()
-
-
 def test_the_command_verifies_the_example_model(tmp_path, capsys):
     """`graphmod verify` on examples/verify_model.py:model passes (exit 0) and
     writes its picture; a target it cannot use is one line, exit 2."""

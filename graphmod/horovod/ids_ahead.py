@@ -50,6 +50,7 @@ class Ahead(NamedTuple):
     plan: Plan                # the owners' plan of them, as GraphmodExchangeServe gave it
     advance: tf.Operation     # stashes the next batch and its exchange; the applies wait for it
     prime: tf.Operation       # stashes the first batch: run once per session, before any step
+    unset_iterator: tf.Tensor  # an iterator like get_next's that nothing initializes
 
 
 def build(get_next: tf.Operation, keys_of: Callable[[Sequence[tf.Tensor]], List[tf.Tensor]],
@@ -118,7 +119,9 @@ def build(get_next: tf.Operation, keys_of: Callable[[Sequence[tf.Tensor]], List[
                                               output_shapes=shapes)
         route = _unflat(step[2:], _ROUTE, n, Route)
         plan = _unflat(step[2 + 3 + 2 * n:], _PLAN, n, Plan)
-    return Ahead(list(element), route, plan, advance, prime)
+        unset = tf.raw_ops.IteratorV2(shared_name="", container="", output_types=types,
+                                      output_shapes=shapes, name="unset_iterator")
+    return Ahead(list(element), route, plan, advance, prime, unset)
 
 
 def _flat(outputs, fields) -> List[tf.Tensor]:

@@ -103,8 +103,9 @@ class SharedTimer:
         return self._last_step
 
 
-def _gather(obj, name: str) -> list:
-    """Every rank's obj (JSON), in rank order: an allgather of bytes fed
+def gather(obj, name: str) -> list:
+    """Every rank's obj (JSON), in rank order (a collective: every rank
+    calls it alike): an allgather of bytes fed
     through placeholders (collectives with constant inputs run while the
     graph is built), in a graph and session of its own."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
@@ -118,11 +119,6 @@ def _gather(obj, name: str) -> list:
             got_sizes, got = sess.run([sizes, every], {size: [len(data)], sent: data})
     ends = np.cumsum(got_sizes)
     return [json.loads(got[end - n:end].tobytes().decode()) for n, end in zip(got_sizes, ends)]
-
-
-def rank0s(obj, name: str):
-    """Rank 0's obj (JSON) on every rank: a collective, every rank calls it."""
-    return _gather(obj, name)[0]
 
 
 def _refuse(ranks: List[int], what: str) -> None:
@@ -226,7 +222,7 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
                 steps=steps, saver_hooks=len(saver_hooks), marker=marker,
                 delta_steps=incremental.every_steps if incremental else None,
                 delta_secs=incremental.every_secs if incremental else None)
-    every = _gather(mine, "graphmod_save_settings")
+    every = gather(mine, "graphmod_save_settings")
     first = every[0]
     try:
         _refuse([r for r, s in enumerate(every) if s["saver_hooks"] > 1],
@@ -248,7 +244,7 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
                 f"(rank 0: incremental_every_steps={first['delta_steps']}, "
                 f"incremental_every_secs={first['delta_secs']}); give every rank's "
                 "GraphModifierHook the same settings")
-        seen = _gather(first["marker"] is None or tf.io.gfile.exists(first["marker"]),
+        seen = gather(first["marker"] is None or tf.io.gfile.exists(first["marker"]),
                        "graphmod_save_dir_shared")
     finally:
         if marker is not None:
@@ -340,8 +336,8 @@ def evaluate_rank0_checkpoint() -> None:
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
     session = tf_private.beginning_session()
     mine = tf_private.session_checkpoint(session[1]) if session is not None else None
-    first = _gather(absolute(mine), "graphmod_evaluated_checkpoint")[0]
-    seen = _gather(first is None or tf.io.gfile.exists(first + ".index"),
+    first = gather(absolute(mine), "graphmod_evaluated_checkpoint")[0]
+    seen = gather(first is None or tf.io.gfile.exists(first + ".index"),
                    "graphmod_evaluated_checkpoint_seen")
     path = first
     if not all(seen):  # a copy sent by rank 0 (graphmod.horovod.part_stream)

@@ -68,7 +68,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
         # whatever its own model_dir holds: what that checkpoint holds decides
         # adoption on every rank alike. (A collective: the tables are split
         # across the ranks, so all of them run this graph.)
-        seen, in_parts = save_schedule.rank0s([sorted(names), in_parts], "graphmod_rank0_checkpoint")
+        seen, in_parts = save_schedule.gather([sorted(names), in_parts],
+                                              "graphmod_rank0_checkpoint")[0]
         names = frozenset(seen)
     # exact=True: keys stay as the model squeezed them (collisions included).
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
