@@ -57,5 +57,9 @@ ops = tf.load_op_library(library_path)
 for _op in ("GraphmodTable", "GraphmodTableFindOrInsert", "GraphmodTableFind",
             "GraphmodFusedFindOrInsert", "GraphmodFusedFind",
             "GraphmodTableExport", "GraphmodTableInfo", "GraphmodTableRemove",
-            "GraphmodTableEvict", "GraphmodTableExportPending"):
+            "GraphmodTableEvict", "GraphmodTableExportPending",
+            # the exchange's plans (graphmod/horovod/exchange.py registers
+            # the gradients of its rows' moves, Pack and Unpack)
+            "GraphmodExchangeRoute", "GraphmodExchangeServe",
+            "GraphmodExchangeScatterGradients", "GraphmodExchangeGatherGradients"):
     tf_ops.no_gradient(_op)

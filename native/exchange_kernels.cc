@@ -185,8 +185,153 @@ class ScatterGradientsOp : public OpKernel {
   std::vector<int32_t> widths_;
 };
 
+class GatherGradientsOp : public OpKernel {
+ public:
+  explicit GatherGradientsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& received = ctx->input(0);
+    OpInputList keys_in, at_in;
+    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys_in));
+    OP_REQUIRES_OK(ctx, ctx->input_list("out_at", &at_in));
+    std::vector<std::vector<int64_t>> keys(n_);
+    std::vector<std::vector<int32_t>> at(n_);
+    for (int i = 0; i < n_; ++i) {
+      const auto k = keys_in[i].flat<int64_t>();
+      const auto a = at_in[i].flat<int32_t>();
+      keys[i].assign(k.data(), k.data() + k.size());
+      at[i].assign(a.data(), a.data() + a.size());
+    }
+    std::vector<std::vector<int64_t>> reached;
+    std::vector<std::vector<float>> rows;
+    const std::string error = GatherGradients(received.flat<float>().data(),
+                                              received.NumElements(), widths_, keys, at,
+                                              &reached, &rows);
+    OP_REQUIRES(ctx, error.empty(), errors::InvalidArgument("graphmod exchange: ", error));
+    OpOutputList reached_out, rows_out;
+    OP_REQUIRES_OK(ctx, ctx->output_list("reached_keys", &reached_out));
+    OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows_out));
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES_OK(ctx, VectorOutput(ctx, &reached_out, i, reached[i]));
+      Tensor* out = nullptr;
+      const int64_t dim = widths_[i] - 1;
+      OP_REQUIRES_OK(ctx, rows_out.allocate(
+                              i, TensorShape({static_cast<int64_t>(reached[i].size()), dim}), &out));
+      std::copy(rows[i].begin(), rows[i].end(), out->flat<float>().data());
+    }
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int32_t> widths_;
+};
+
+class PackOp : public OpKernel {
+ public:
+  explicit PackOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("H", &h_));
+    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_));
+    OP_REQUIRES(ctx, h_ == 0 || h_ == n_,
+                errors::InvalidArgument("graphmod exchange: handles of ", h_, " tables for ", n_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList rows, handles, last, first, count, out_at;
+    OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->input_list("handles", &handles));
+    OP_REQUIRES_OK(ctx, ctx->input_list("last", &last));
+    OP_REQUIRES_OK(ctx, ctx->input_list("first", &first));
+    OP_REQUIRES_OK(ctx, ctx->input_list("count", &count));
+    OP_REQUIRES_OK(ctx, ctx->input_list("out_at", &out_at));
+    std::vector<PackTable> tables;
+    int64_t total = 0;
+    for (int i = 0; i < n_; ++i) {
+      const Tensor& r = rows[i];
+      OP_REQUIRES(ctx, r.dims() == 2,
+                  errors::InvalidArgument("graphmod exchange: table ", i, "'s rows must be a "
+                                          "matrix, got shape ", r.shape().DebugString()));
+      const int64_t entries = out_at[i].NumElements();
+      OP_REQUIRES(ctx, last[i].NumElements() == entries && first[i].NumElements() == entries &&
+                           count[i].NumElements() == entries,
+                  errors::InvalidArgument("graphmod exchange: table ", i, "'s plan has entries "
+                                          "of different counts"));
+      OP_REQUIRES(ctx, h_ == 0 || handles[i].NumElements() == r.dim_size(0),
+                  errors::InvalidArgument("graphmod exchange: table ", i, " has ",
+                                          handles[i].NumElements(), " handles for ",
+                                          r.dim_size(0), " rows"));
+      tables.push_back({r.flat<float>().data(), r.dim_size(0),
+                        h_ ? handles[i].flat<int64_t>().data() : nullptr,
+                        last[i].flat<int32_t>().data(), first[i].flat<int32_t>().data(),
+                        count[i].flat<int32_t>().data(), out_at[i].flat<int32_t>().data(),
+                        entries, static_cast<int>(r.dim_size(1)), widths_[i]});
+      OP_REQUIRES(ctx, widths_[i] == r.dim_size(1) || (h_ && widths_[i] == r.dim_size(1) + 1),
+                  errors::InvalidArgument("graphmod exchange: table ", i, " has width ",
+                                          widths_[i], " for rows of dim ", r.dim_size(1)));
+      total += entries * widths_[i];
+    }
+    Tensor* back = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &back));
+    const std::string error = PackRows(tables, total, back->flat<float>().data());
+    OP_REQUIRES(ctx, error.empty(), errors::InvalidArgument("graphmod exchange: ", error));
+  }
+
+ private:
+  int n_ = 0, h_ = 0;
+  std::vector<int32_t> widths_;
+};
+
+class UnpackOp : public OpKernel {
+ public:
+  explicit UnpackOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_));
+    OP_REQUIRES(ctx, static_cast<int>(dims_.size()) == n_,
+                errors::InvalidArgument("graphmod exchange: dims has ", dims_.size(),
+                                        " entries for ", n_, " tables"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& returned = ctx->input(0);
+    OpInputList at, occurrence;
+    OP_REQUIRES_OK(ctx, ctx->input_list("at", &at));
+    OP_REQUIRES_OK(ctx, ctx->input_list("occurrence", &occurrence));
+    OpOutputList rows, no_row;
+    OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->output_list("no_row", &no_row));
+    std::vector<UnpackTable> tables;
+    for (int i = 0; i < n_; ++i) {
+      const int64_t n = at[i].NumElements();
+      OP_REQUIRES(ctx, occurrence[i].NumElements() == n,
+                  errors::InvalidArgument("graphmod exchange: table ", i, " has ", n,
+                                          " positions for ", occurrence[i].NumElements(),
+                                          " occurrences"));
+      Tensor *r = nullptr, *none = nullptr;
+      OP_REQUIRES_OK(ctx, rows.allocate(i, TensorShape({n, dims_[i]}), &r));
+      OP_REQUIRES_OK(ctx, no_row.allocate(i, TensorShape({n}), &none));
+      tables.push_back({at[i].flat<int32_t>().data(), occurrence[i].flat<int32_t>().data(), n,
+                        dims_[i], widths_[i], r->flat<float>().data(), none->flat<bool>().data()});
+    }
+    const std::string error = UnpackRows(returned.flat<float>().data(), returned.NumElements(),
+                                         tables);
+    OP_REQUIRES(ctx, error.empty(), errors::InvalidArgument("graphmod exchange: ", error));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int32_t> dims_, widths_;
+};
+
 }  // namespace
 
+REGISTER_KERNEL_BUILDER(Name("GraphmodExchangePack").Device(DEVICE_CPU), PackOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodExchangeUnpack").Device(DEVICE_CPU), UnpackOp);
+REGISTER_KERNEL_BUILDER(Name("GraphmodExchangeGatherGradients").Device(DEVICE_CPU),
+                        GatherGradientsOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodExchangeScatterGradients").Device(DEVICE_CPU),
                         ScatterGradientsOp);
 REGISTER_KERNEL_BUILDER(Name("GraphmodExchangeRoute").Device(DEVICE_CPU), RouteOp);

@@ -246,4 +246,78 @@ std::string ScatterGradients(const std::vector<int64_t>& keys, const std::vector
   return "";
 }
 
+std::string GatherGradients(const float* received, int64_t n, const std::vector<int32_t>& widths,
+                            const std::vector<std::vector<int64_t>>& keys,
+                            const std::vector<std::vector<int32_t>>& out_at,
+                            std::vector<std::vector<int64_t>>* keys_out,
+                            std::vector<std::vector<float>>* rows_out) {
+  const size_t num_tables = widths.size();
+  if (keys.size() != num_tables || out_at.size() != num_tables)
+    return "keys and positions of " + std::to_string(keys.size()) + " and " +
+           std::to_string(out_at.size()) + " tables for " + std::to_string(num_tables);
+  keys_out->assign(num_tables, {});
+  rows_out->assign(num_tables, {});
+  for (size_t t = 0; t < num_tables; ++t) {
+    if (keys[t].size() != out_at[t].size())
+      return "table " + std::to_string(t) + " has " + std::to_string(keys[t].size()) +
+             " keys for " + std::to_string(out_at[t].size()) + " positions";
+    const int64_t dim = widths[t] - 1;
+    if (dim < 0) return "table " + std::to_string(t) + " has no flag in its width";
+    for (size_t e = 0; e < keys[t].size(); ++e) {
+      const int64_t at = out_at[t][e];
+      if (at < 0 || at + dim + 1 > n)
+        return "table " + std::to_string(t) + "'s entry " + std::to_string(e) + " at " +
+               std::to_string(at) + " lies outside the " + std::to_string(n) +
+               " floats received";
+      if (received[at + dim] == 0.0f) continue;  // no gradient reached it
+      (*keys_out)[t].push_back(keys[t][e]);
+      (*rows_out)[t].insert((*rows_out)[t].end(), received + at, received + at + dim);
+    }
+  }
+  return "";
+}
+
+std::string PackRows(const std::vector<PackTable>& tables, int64_t total, float* back) {
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const PackTable& p = tables[t];
+    const std::string table = "table " + std::to_string(t);
+    // refused[i]: refused lookups among the first i.
+    std::vector<int64_t> refused;
+    if (p.width > p.dim) {
+      if (p.handles == nullptr && p.num_rows > 0)
+        return table + " has no row handles to count refusals by";
+      refused.assign(p.num_rows + 1, 0);
+      for (int64_t i = 0; i < p.num_rows; ++i) refused[i + 1] = refused[i] + (p.handles[i] < 0);
+    }
+    for (int64_t e = 0; e < p.entries; ++e) {
+      const int64_t last = p.last[e], first = p.first[e], count = p.count[e], at = p.out_at[e];
+      if (last < 0 || last >= p.num_rows || first < 0 || count < 0 || first + count > p.num_rows)
+        return table + "'s entry " + std::to_string(e) + " names lookups outside its " +
+               std::to_string(p.num_rows);
+      if (at < 0 || at + p.width > total)
+        return table + "'s entry " + std::to_string(e) + " lies outside the " +
+               std::to_string(total) + " floats sent back";
+      std::copy(p.rows + last * p.dim, p.rows + (last + 1) * p.dim, back + at);
+      if (p.width > p.dim)
+        back[at + p.dim] = static_cast<float>(refused[first + count] - refused[first]);
+    }
+  }
+  return "";
+}
+
+std::string UnpackRows(const float* returned, int64_t n, const std::vector<UnpackTable>& tables) {
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const UnpackTable& u = tables[t];
+    for (int64_t i = 0; i < u.n; ++i) {
+      const int64_t at = u.at[i];
+      if (at < 0 || at + u.width > n)
+        return "table " + std::to_string(t) + "'s id " + std::to_string(i) + " reads at " +
+               std::to_string(at) + ", outside the " + std::to_string(n) + " floats returned";
+      std::copy(returned + at, returned + at + u.dim, u.rows + i * u.dim);
+      u.no_row[i] = u.width > u.dim && u.occurrence[i] < returned[at + u.dim];
+    }
+  }
+  return "";
+}
+
 }  // namespace graphmod

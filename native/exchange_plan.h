@@ -20,6 +20,10 @@
 //     (each entry its dim floats, then 1 when a gradient reached it, else 0),
 //     so that they return to the owners without their keys: each owner knows
 //     which keys it served.
+//   GatherGradients (each owner): from that buffer as it arrived, per table,
+//     the keys a gradient reached and their gradient rows.
+//   PackRows / UnpackRows: the rows' moves themselves, on each side of their
+//     all-to-all (their gradients, for autodiff, are TF ops: exchange.py).
 // All are pure C++ (no TF), tested under the sanitizers (exchange_plan_test).
 #ifndef GRAPHMOD_NATIVE_EXCHANGE_PLAN_H_
 #define GRAPHMOD_NATIVE_EXCHANGE_PLAN_H_
@@ -101,6 +105,43 @@ struct GradientSpan {
 std::string ScatterGradients(const std::vector<int64_t>& keys, const std::vector<int32_t>& tables,
                              const std::vector<int32_t>& widths,
                              const std::vector<GradientSpan>& grads, std::vector<float>* out);
+
+// Per table t: from `received` (n floats, the rows' layout: an entry's
+// widths[t] - 1 gradient floats, then its flag), the entries at out_at[t]
+// (keys[t] their keys) whose flag is set: their keys into keys_out[t] and
+// gradient rows into rows_out[t]. Returns an error message, or "".
+std::string GatherGradients(const float* received, int64_t n, const std::vector<int32_t>& widths,
+                            const std::vector<std::vector<int64_t>>& keys,
+                            const std::vector<std::vector<int32_t>>& out_at,
+                            std::vector<std::vector<int64_t>>* keys_out,
+                            std::vector<std::vector<float>>* rows_out);
+
+// One table's part of the rows an owner sends back.
+struct PackTable {
+  const float* rows;       // num_rows x dim: the owner's lookups' rows
+  int64_t num_rows;
+  const int64_t* handles;  // per lookup, its row handle (-1: refused), or nullptr
+  const int32_t *last, *first, *count, *out_at;  // per entry (GraphmodExchangeServe's)
+  int64_t entries;
+  int dim, width;          // width > dim: the entry's refused lookups follow its row
+};
+
+// Fills back (total floats): each entry's row (its key's last lookup's) at
+// out_at, then (width > dim) how many of its lookups were refused. Returns
+// an error message, or "".
+std::string PackRows(const std::vector<PackTable>& tables, int64_t total, float* back);
+
+// One table's part of the rows a sender gets back.
+struct UnpackTable {
+  const int32_t* at;          // per id, its entry's first float (GraphmodExchangeRoute's)
+  const int32_t* occurrence;  // per id, its occurrence among its key's ids
+  int64_t n;
+  int dim, width;             // width > dim: the entry's refused count follows its row
+  float* rows;                // n x dim out
+  bool* no_row;               // n out: the id is one of its key's refused lookups
+};
+
+std::string UnpackRows(const float* returned, int64_t n, const std::vector<UnpackTable>& tables);
 
 }  // namespace graphmod
 

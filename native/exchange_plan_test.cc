@@ -5,6 +5,7 @@
 #include "native/exchange_plan.h"
 
 #include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -152,6 +153,26 @@ void TestSimulatedExchange(int size, uint32_t seed) {
       }
     }
     for (auto& kv : refused_per_key) CHECK(kv.second == 1);  // each key's first lookup, once
+    // PackRows writes the same buffer from the lookups' rows and handles.
+    std::vector<std::vector<float>> lookup_rows(dims.size());
+    std::vector<std::vector<int64_t>> handles(dims.size());
+    std::vector<PackTable> pack;
+    for (size_t t = 0; t < dims.size(); ++t) {
+      const Serve::Table& table = s.tables[t];
+      for (size_t l = 0; l < table.lookups.size(); ++l) {
+        for (int j = 0; j < dims[t]; ++j)
+          lookup_rows[t].push_back(RowValue(table.lookups[l], static_cast<int>(t), j));
+        handles[t].push_back(l == 0 || table.lookups[l] != table.lookups[l - 1] ? -1 : 7);
+      }
+      pack.push_back({lookup_rows[t].data(), static_cast<int64_t>(table.lookups.size()),
+                      handles[t].data(), table.last.data(), table.first.data(),
+                      table.count.data(), table.out_at.data(),
+                      static_cast<int64_t>(table.keys.size()), dims[t], widths[t]});
+    }
+    std::vector<float> packed(total, -1.0f);
+    CHECK(PackRows(pack, total, packed.data()).empty());
+    CHECK(packed == back);
+    CHECK(!PackRows(pack, total - 1, packed.data()).empty() || total == 0);
     for (float v : back) CHECK(v != -1.0f);  // every float of the buffer written
     // The all-to-all back: rank r's part is back_splits[r] floats, in rank order.
     int64_t at = 0;
@@ -165,6 +186,26 @@ void TestSimulatedExchange(int size, uint32_t seed) {
   // Each id reads its key's row; a key is looked up as often as all ranks read it.
   std::map<std::pair<int64_t, int64_t>, int64_t> reads;
   for (int rank = 0; rank < size; ++rank) {
+    // UnpackRows reads each id's row, and whether it is one of its key's
+    // refused lookups (its occurrence below the entry's refused count).
+    std::vector<std::vector<float>> rows(dims.size());
+    std::vector<std::unique_ptr<bool[]>> no_row;
+    std::vector<UnpackTable> unpack;
+    for (size_t t = 0; t < dims.size(); ++t) {
+      const int64_t n = static_cast<int64_t>(ids[rank][t].size());
+      rows[t].resize(n * dims[t]);
+      no_row.emplace_back(new bool[n > 0 ? n : 1]);
+      unpack.push_back({routes[rank].at[t].data(), routes[rank].occurrence[t].data(), n, dims[t],
+                        widths[t], rows[t].data(), no_row.back().get()});
+    }
+    CHECK(UnpackRows(returned[rank].data(), static_cast<int64_t>(returned[rank].size()), unpack)
+              .empty());
+    for (size_t t = 0; t < dims.size(); ++t)
+      for (size_t i = 0; i < ids[rank][t].size(); ++i) {
+        const int32_t at = routes[rank].at[t][i];
+        for (int j = 0; j < dims[t]; ++j) CHECK(rows[t][i * dims[t] + j] == returned[rank][at + j]);
+        CHECK(no_row[t][i] == (routes[rank].occurrence[t][i] < returned[rank][at + dims[t]]));
+      }
     for (size_t t = 0; t < dims.size(); ++t) {
       for (size_t i = 0; i < ids[rank][t].size(); ++i) {
         const int64_t key = ids[rank][t][i];
@@ -211,6 +252,35 @@ void TestScatterGradients() {
                          {{ga.data(), rows_a.data(), 3}, {stray.data(), one.data(), 1}}, &out)
             .find("key 5") != std::string::npos);
   CHECK(!ScatterGradients(r.keys, r.tables, {3}, {{ga.data(), rows_a.data(), 3}}, &out).empty());
+
+  // The owner's side (one rank: what it sent is what it receives): the
+  // entries a gradient reached, with their summed rows.
+  CHECK(ScatterGradients(r.keys, r.tables, {3, 2},
+                         {{ga.data(), rows_a.data(), 3}, {gb.data(), nullptr, 0}}, &out)
+            .empty());
+  const int32_t splits[] = {static_cast<int32_t>(r.keys.size())};
+  std::vector<int64_t> tables(r.tables.begin(), r.tables.end());
+  Serve s;
+  CHECK(PlanServe({r.keys.data(), r.counts.data(), tables.data(),
+                   static_cast<int64_t>(r.keys.size()), splits, 1},
+                  {3, 2}, &s)
+            .empty());
+  std::vector<std::vector<int64_t>> keys_out;
+  std::vector<std::vector<float>> rows_out;
+  CHECK(GatherGradients(out.data(), static_cast<int64_t>(out.size()), {3, 2},
+                        {s.tables[0].keys, s.tables[1].keys},
+                        {s.tables[0].out_at, s.tables[1].out_at}, &keys_out, &rows_out)
+            .empty());
+  CHECK(keys_out[0].size() == 2 && keys_out[1].empty());  // 7 and 3; not 9, not 4
+  for (size_t i = 0; i < keys_out[0].size(); ++i) {
+    const float* row = rows_out[0].data() + 2 * i;
+    if (keys_out[0][i] == 7) CHECK(row[0] == 101 && row[1] == 202);
+    if (keys_out[0][i] == 3) CHECK(row[0] == 10 && row[1] == 20);
+    CHECK(keys_out[0][i] == 7 || keys_out[0][i] == 3);
+  }
+  CHECK(!GatherGradients(out.data(), 2, {3, 2}, {s.tables[0].keys, s.tables[1].keys},
+                         {s.tables[0].out_at, s.tables[1].out_at}, &keys_out, &rows_out)
+             .empty());  // positions past what arrived
 }
 
 }  // namespace

@@ -452,4 +452,78 @@ REGISTER_OP("GraphmodExchangeScatterGradients")
          "laid out as the rows that came back: per entry its summed gradient, then 1 when "
          "a gradient reached it, else 0 (native/exchange_plan.h).");
 
+REGISTER_OP("GraphmodExchangeGatherGradients")
+    .Input("received: float")
+    .Input("keys: N * int64")
+    .Input("out_at: N * int32")
+    .Output("reached_keys: N * int64")
+    .Output("rows: N * float")
+    .Attr("N: int >= 1")
+    .Attr("widths: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      std::vector<int> widths;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("widths", &widths));
+      if (static_cast<int>(widths.size()) != n)
+        return ::tensorflow::errors::InvalidArgument("widths has ", widths.size(),
+                                                     " entries for ", n, " tables");
+      for (int i = 0; i < n; ++i) {
+        c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+        c->set_output(n + i, c->Matrix(InferenceContext::kUnknownDim, widths[i] - 1));
+      }
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The owner's side of GraphmodExchangeScatterGradients: from the floats received "
+         "(entries at out_at i, of keys i, as GraphmodExchangeServe placed them), per "
+         "table the keys a gradient reached and their gradient rows.");
+
+REGISTER_OP("GraphmodExchangePack")
+    .Input("rows: N * float")
+    .Input("handles: H * int64")
+    .Input("last: N * int32")
+    .Input("first: N * int32")
+    .Input("count: N * int32")
+    .Input("out_at: N * int32")
+    .Output("back: float")
+    .Attr("N: int >= 1")
+    .Attr("H: int >= 0")
+    .Attr("widths: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The rows an owner sends back (native/exchange_plan.h's PackRows): per entry of "
+         "table i (GraphmodExchangeServe's plan), rows i's row of its key's last lookup at "
+         "out_at, then, where widths[i] exceeds the rows' dim, how many of its lookups were "
+         "refused a row (handles i below 0; H is N then, else 0).");
+
+REGISTER_OP("GraphmodExchangeUnpack")
+    .Input("returned: float")
+    .Input("at: N * int32")
+    .Input("occurrence: N * int32")
+    .Output("rows: N * float")
+    .Output("no_row: N * bool")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .Attr("widths: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      std::vector<int> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      if (static_cast<int>(dims.size()) != n)
+        return ::tensorflow::errors::InvalidArgument("dims has ", dims.size(), " entries for ",
+                                                     n, " tables");
+      for (int i = 0; i < n; ++i) {
+        DimensionHandle ids = c->NumElements(c->input(1 + i));
+        c->set_output(i, c->Matrix(ids, dims[i]));
+        c->set_output(n + i, c->Vector(ids));
+      }
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The sender's rows from what came back (native/exchange_plan.h's UnpackRows): per "
+         "id of table i, the dims[i] floats at `at`, and (where widths[i] exceeds dims[i]) "
+         "whether it is one of its key's lookups that were refused a row.");
+
 }  // namespace graphmod

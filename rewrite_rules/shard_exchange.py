@@ -107,7 +107,8 @@ def _exchange_lookups(rw, lookups):
                     why_not[t.name] = str(e)
             # "sum": the hook's gradients do not flow back through the rows
             # (they travel by _exchange_applies), so no scaling is built.
-            rows, exchange = horovod.training_exchange(tables, keys, combine="sum", ahead=ahead)
+            rows, exchange = horovod.training_exchange(tables, keys, combine="sum", ahead=ahead,
+                                                       autodiff=False)
             exchanges.append(exchange)
             if ahead is not None:
                 aheads.append((get_next, ahead))

@@ -114,10 +114,13 @@ def exchanged_find_or_insert(tables: Sequence["graphmod.Table"], keys: Sequence[
 
 
 def training_exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
-                      combine: str = "average", ahead=None) -> Tuple[List[tf.Tensor], Exchange]:
+                      combine: str = "average", ahead=None, autodiff: bool = True
+                      ) -> Tuple[List[tf.Tensor], Exchange]:
     """exchanged_find_or_insert's rows, and its Exchange. ahead: the keys'
     exchange done a step ahead (graphmod.horovod.ids_ahead.Ahead), whose
-    route and owners' plan the lookups then use."""
+    route and owners' plan the lookups then use. autodiff: the gradients go
+    back through the rows' exchange (False: another way, returned_gradients;
+    only what the step sends is counted in BYTES_SENT)."""
     if combine not in COMBINES:
         raise ValueError(f"graphmod: combine must be one of {COMBINES}, got {combine!r}")
     for t in tables:
@@ -136,14 +139,15 @@ def training_exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tens
             Lookup(t, k, r, h) for t, k, r, h in zip(owned_tables, owned_keys, rows, handles))
         return [_scale_gradient(r, scale) for r in rows], handles
 
-    return _exchange(tables, keys, serve, "graphmod_exchange", training=True, ahead=ahead)
+    return _exchange(tables, keys, serve, "graphmod_exchange", training=True, ahead=ahead,
+                     autodiff=autodiff)
 
 
 def exchanged_find(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Read-only lookups as exchanged_find_or_insert's (keys without a row
     read their table's missing value, as on one rank)."""
     return _exchange(tables, keys, lambda t, k: (fused.find(t, k), None),
-                     "graphmod_exchange_find", training=False)[0]
+                     "graphmod_exchange_find", training=False, autodiff=False)[0]
 
 
 def exchanged_gradients(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
@@ -195,13 +199,9 @@ def returned_gradients(exchange: Exchange, keys: Sequence[tf.Tensor],
             [tf.reshape(g, [-1]) for g in grads], widths=exchange.widths)
         received, _ = hvd.alltoall(floats, splits=exchange.route.float_splits, name="rows")
         tf1.add_to_collection(BYTES_SENT, 4 * to_others(exchange.route.float_splits, hvd.rank()))
-        out = []
-        for t, width in enumerate(exchange.widths):
-            at = exchange.plan.out_at[t]
-            reached = tf.gather(received, at + (width - 1)) > 0
-            out.append((tf.boolean_mask(exchange.plan.keys[t], reached),
-                        tf.boolean_mask(tf.gather(received, _elements(at, width - 1)), reached)))
-        return out
+        owned = ops.graphmod_exchange_gather_gradients(
+            received, list(exchange.plan.keys), list(exchange.plan.out_at), widths=exchange.widths)
+        return list(zip(owned.reached_keys, owned.rows))
 
 
 def to_others(splits: tf.Tensor, rank: int) -> tf.Tensor:
@@ -227,7 +227,8 @@ def _scale_gradient(x: tf.Tensor, scale: float) -> tf.Tensor:
 
 def _exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
               serve: Callable[[List["graphmod.Table"], List[tf.Tensor]], List[tf.Tensor]],
-              name: str, training: bool, ahead=None) -> Tuple[List[tf.Tensor], Exchange]:
+              name: str, training: bool, ahead=None, autodiff: bool = False
+              ) -> Tuple[List[tf.Tensor], Exchange]:
     hvd = _horovod()
     size, rank = hvd.size(), hvd.rank()
     tables = list(tables)
@@ -257,33 +258,26 @@ def _exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
         # one its key's last lookup read: from its admission on, lookups read
         # the row.
         rows, handles = serve(tables, list(plan.lookups))
-        per_entry = []
-        for t in range(len(tables)):
-            row = tf.gather(rows[t], plan.last[t])
-            if extra:
-                refused = _refused(handles[t], plan.first[t], plan.count[t])
-                row = tf.concat([row, tf.cast(refused, tf.float32)[:, None]], 1)
-            per_entry.append(tf.reshape(row, [-1]))
-
         # 3. Rows back, flattened (tables of any dims together) in the order
-        # the ids arrived.
-        back = tf.dynamic_stitch([tf.reshape(_elements(plan.out_at[t], w), [-1])
-                                  for t, w in enumerate(widths)], per_entry)
+        # the ids arrived, each with (training) how many of its lookups were
+        # refused a row.
+        back = ops.graphmod_exchange_pack(rows, list(handles) if extra else [], plan.last,
+                                          plan.first, plan.count, plan.out_at, widths=widths)
         returned, returned_splits = _rows_alltoall(hvd, back, plan.back_splits, scope)
         # What this rank sends the others: 3 int64 per id, 4 bytes per float
-        # of the rows it serves and (training) of their gradients it returns.
+        # of the rows it serves and (autodiff) of their gradients it returns.
         sent_bytes = ids_bytes + 4 * to_others(plan.back_splits, rank)
-        if extra:
+        if autodiff:
             sent_bytes += 4 * to_others(returned_splits, rank)
         tf1.add_to_collection(BYTES_SENT, sent_bytes)
 
         # This rank's rows, in each table's ids' order.
+        mine = ops.graphmod_exchange_unpack(returned, route.at, route.occurrence,
+                                            dims=[t.dim for t in tables], widths=widths)
         out = []
-        for t, (table, k) in enumerate(zip(tables, keys)):
-            rows_t = tf.gather(returned, _elements(route.at[t], table.dim))
+        for table, k, rows_t, no_row in zip(tables, keys, mine.rows, mine.no_row):
             if extra:
-                refused = tf.cast(tf.gather(returned, route.at[t] + table.dim), tf.int32)
-                rows_t = _without_refused(table, rows_t, route.occurrence[t] < refused)
+                rows_t = _without_refused(table, rows_t, no_row)
             out.append(tf.reshape(rows_t, tf.concat([tf.shape(k, out_type=tf.int32),
                                                       [table.dim]], 0)))
         return out, Exchange(tables, widths, route, plan)
@@ -314,13 +308,6 @@ def _rows_alltoall(hvd, back: tf.Tensor, splits: tf.Tensor, scope: str):
     return returned, received_splits[0]
 
 
-def _refused(handles: tf.Tensor, first: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-    """Per entry, how many of its lookups (count of them from first on, in
-    the owner's lookups) got no row (handle -1)."""
-    no_row = tf.concat([[0], tf.cumsum(tf.cast(handles < 0, tf.int32))], 0)
-    return tf.gather(no_row, first + count) - tf.gather(no_row, first)
-
-
 def _without_refused(table: "graphmod.Table", rows: tf.Tensor, no_row: tf.Tensor) -> tf.Tensor:
     """rows (per id, in batch order) where the ids no_row marks (the first
     `refused` occurrences of their key) read the missing value and pass no
@@ -335,3 +322,32 @@ def _without_refused(table: "graphmod.Table", rows: tf.Tensor, no_row: tf.Tensor
 def _elements(at: tf.Tensor, dim: int) -> tf.Tensor:
     """[len(at), dim] indices of the dim floats of each row starting at at."""
     return at[:, None] + tf.range(dim)[None, :]
+
+
+# The rows' moves are native ops (native/exchange_plan.h); autodiff runs back
+# through them as through the gathers they stand for: a row's gradient goes
+# back where it came from, summed where one row went to several places.
+@tf.RegisterGradient("GraphmodExchangePack")
+def _pack_gradient(op, d_back):
+    n, h = op.get_attr("N"), op.get_attr("H")
+    rows = op.inputs[:n]
+    last, out_at = op.inputs[n + h:2 * n + h], op.inputs[4 * n + h:5 * n + h]
+    d_back = tf.convert_to_tensor(d_back)
+    d_rows = [tf.math.unsorted_segment_sum(tf.gather(d_back, _elements(at, width - (1 if h else 0))),
+                                           lookup, tf.shape(r)[0])
+              for r, lookup, at, width in zip(rows, last, out_at, op.get_attr("widths"))]
+    return d_rows + [None] * (len(op.inputs) - n)
+
+
+@tf.RegisterGradient("GraphmodExchangeUnpack")
+def _unpack_gradient(op, *grads):
+    n, dims = op.get_attr("N"), op.get_attr("dims")
+    returned, at = op.inputs[0], op.inputs[1:1 + n]
+    parts = [(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.reshape(_elements(a, d), [-1]))
+             for g, a, d in zip(grads[:n], at, dims) if g is not None]
+    if not parts:
+        return [None] * len(op.inputs)
+    d_returned = tf.math.unsorted_segment_sum(tf.concat([g for g, _ in parts], 0),
+                                              tf.concat([i for _, i in parts], 0),
+                                              tf.size(returned))
+    return [d_returned] + [None] * (len(op.inputs) - 1)

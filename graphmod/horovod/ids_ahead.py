@@ -5,9 +5,10 @@ A training step of sharded tables sends its ids to their owners before any
 lookup can run: a round of Horovod's loop on the step's critical path. Where
 the keys are a pure function of the tf.data iterator's element
 (graphmod.rewrite.input_keys), that round moves one step ahead:
-  - the step reads its batch from a stash (a local variable holding the
-    iterator's Optional of it), not from the iterator, and its lookups use
-    the stashed plan of that batch's exchange (the route of its ids and the
+  - the step reads its batch from a stash (local variables holding the
+    iterator's Optional of it, and an Optional of its exchange's plan), not
+    from the iterator, and its lookups use the stashed plan of that batch's
+    exchange (the route of its ids and the
     owners' plans: GraphmodExchangeRoute's and GraphmodExchangeServe's
     outputs);
   - the advance, which the step's applies wait for, takes the next element
@@ -66,8 +67,9 @@ def build(get_next: tf.Operation, keys_of: Callable[[Sequence[tf.Tensor]], List[
     with tf1.name_scope(None, "graphmod_ids_ahead"):
         def fetch(scope: str) -> list:
             """The iterator's next element (an Optional), whether it had one,
-            and its ids' route and owners' plan, flattened. (Only the
-            advance's bytes count as the step's: the prime runs once.)"""
+            and its ids' route and owners' plan (an Optional of them, one
+            tensor to stash). (Only the advance's bytes count as the step's:
+            the prime runs once.)"""
             with tf1.name_scope(scope):
                 optional = tf.raw_ops.IteratorGetNextAsOptional(
                     iterator=iterator, output_types=types, output_shapes=shapes)
@@ -86,19 +88,21 @@ def build(get_next: tf.Operation, keys_of: Callable[[Sequence[tf.Tensor]], List[
                                                    widths=list(widths))
                 if scope == "next":
                     tf1.add_to_collection(BYTES_SENT, 24 * to_others(route.splits, hvd.rank()))
-                return ([optional, tf.where(has, _BATCH, _END)] + _flat(route, _ROUTE)
-                        + _flat(plan, _PLAN))
+                exchanged = _flat(route, _ROUTE) + _flat(plan, _PLAN)
+                layout.extend((t.dtype, t.shape) for t in exchanged[len(layout):])
+                return [optional, tf.where(has, _BATCH, _END),
+                        tf.raw_ops.OptionalFromValue(components=exchanged)]
 
-        def stash_for(value: tf.Tensor, i: int):
-            initial = (tf.raw_ops.OptionalNone() if value.dtype == tf.variant else
-                       tf.constant(_NOT_PRIMED) if i == 1 else
-                       tf.zeros([0] * max(value.shape.rank or 1, 1), value.dtype))
+        def stash_for(value: tf.Tensor, name: str):
+            initial = (tf.raw_ops.OptionalNone() if value.dtype == tf.variant
+                       else tf.constant(_NOT_PRIMED))
             return tf1.Variable(initial, trainable=False, use_resource=True, validate_shape=False,
                                 shape=tf.TensorShape(None),
-                                collections=[tf1.GraphKeys.LOCAL_VARIABLES], name=f"stash_{i}")
+                                collections=[tf1.GraphKeys.LOCAL_VARIABLES], name=name)
 
+        layout = []  # the exchange's tensors in the plan's Optional: (dtype, shape)
         primed = fetch("prime")
-        stash = [stash_for(v, i) for i, v in enumerate(primed)]
+        stash = [stash_for(v, name) for v, name in zip(primed, ("batch", "state", "exchange"))]
         prime = tf.group([s.assign(v, read_value=False) for s, v in zip(stash, primed)],
                          name="prime")
         reads = [s.read_value() for s in stash]
@@ -108,17 +112,18 @@ def build(get_next: tf.Operation, keys_of: Callable[[Sequence[tf.Tensor]], List[
         # Nothing of the step (and of the advance) starts before the stash
         # holds a batch: at the end of the input, no rank starts a collective.
         with tf.control_dependencies([ready]):
-            step = [tf.identity(r) for r in reads]
+            batch, exchange = tf.identity(reads[0]), tf.identity(reads[2])
             fresh = fetch("next")
-        for read, value in zip(step, fresh):
-            read.set_shape(value.shape)  # what the stash holds (its variable's shape is open)
         with tf.control_dependencies([r.op for r in reads]):
             advance = tf.group([s.assign(v, read_value=False) for s, v in zip(stash, fresh)],
                                name="advance")
-        element = tf.raw_ops.OptionalGetValue(optional=step[0], output_types=types,
+        element = tf.raw_ops.OptionalGetValue(optional=batch, output_types=types,
                                               output_shapes=shapes)
-        route = _unflat(step[2:], _ROUTE, n, Route)
-        plan = _unflat(step[2 + 3 + 2 * n:], _PLAN, n, Plan)
+        exchanged = tf.raw_ops.OptionalGetValue(optional=exchange,
+                                                output_types=[d for d, _ in layout],
+                                                output_shapes=[s for _, s in layout])
+        route = _unflat(exchanged, _ROUTE, n, Route)
+        plan = _unflat(exchanged[3 + 2 * n:], _PLAN, n, Plan)
         unset = tf.raw_ops.IteratorV2(shared_name="", container="", output_types=types,
                                       output_shapes=shapes, name="unset_iterator")
     return Ahead(list(element), route, plan, advance, prime, unset)
