@@ -13,7 +13,9 @@ hvd.BroadcastGlobalVariablesHook, as a Horovod user writes it. Four runs:
   2 ranks, hook            GraphModifierHook(): tables sharded by key, ids,
                            rows and gradients exchanged with each key's owner
 Per run: examples/s over the steps after warm-up (all ranks together), the
-median step time, process CPU-seconds per million examples (all ranks),
+median step time, process CPU-seconds per million examples (all ranks), the
+ops of one traced step (rank 0) and its rounds of Horovod collectives (see
+ops_and_rounds),
 and per step and rank the bytes of the embeddings' traffic to other ranks:
 for the hook, what the exchanges send (ids, rows served, gradients), beside
 what they would send without deduplication (every id occurrence, 8 bytes,
@@ -74,21 +76,27 @@ def one_run(steps: int, hooked: bool, model_dir: str) -> None:
         return tf.data.Dataset.from_tensor_slices((feats, y)).batch(reference.B).prefetch(2)
 
     class Measure(reference.Timer):
-        """Step times and CPU (Timer), and each step's keys and exchange bytes."""
+        """Step times and CPU (Timer), each step's keys and exchange bytes, and
+        one traced step's ops and rounds of Horovod collectives."""
         def begin(self):
             self.keys = tf1.get_collection("benchmark_keys")[0]
             sent = tf1.get_collection(BYTES_SENT)
             self.sent = tf.add_n(sent) if sent else tf.constant(0, tf.int64)
             self.log = []
+            self.traced = None
 
         def before_run(self, ctx):
             super().before_run(ctx)
-            return tf1.train.SessionRunArgs([self.keys, self.sent])
+            trace = len(self.t) == self.warm + steps // 2
+            return tf1.train.SessionRunArgs([self.keys, self.sent], options=tf1.RunOptions(
+                trace_level=tf1.RunOptions.FULL_TRACE) if trace else None)
 
         def after_run(self, ctx, values):
             super().after_run(ctx, values)
             if len(self.t) > self.warm:
                 self.log.append(values.results)
+            if values.run_metadata is not None and values.run_metadata.step_stats.dev_stats:
+                self.traced = ops_and_rounds(values.run_metadata.step_stats)
 
     measure = Measure(WARMUP)
     hooks = [hvd.BroadcastGlobalVariablesHook(0)]
@@ -109,11 +117,27 @@ def one_run(steps: int, hooked: bool, model_dir: str) -> None:
         sent.append(int(exchanged))
         undeduplicated.append(sum(others * (8 + 2 * 4 * d) for d in DIMS) if hooked else 0)
         allgathered.append(sum(keys.size * (4 * d + 8) for d in DIMS) * (size - 1))
-    print(json.dumps(dict(rank=rank, size=size, wall=float(np.sum(times)),
+    ops, rounds = measure.traced or (0, 0)
+    print(json.dumps(dict(rank=rank, size=size, wall=float(np.sum(times)), ops=ops, rounds=rounds,
                           examples=len(times) * reference.B, cpu=measure.cpu,
                           step_s=float(np.median(times)), sent=float(np.median(sent)),
                           undeduplicated=float(np.median(undeduplicated)),
                           allgathered=float(np.median(allgathered)))), flush=True)
+
+
+def ops_and_rounds(step_stats):
+    """A traced step's ops, and its rounds of Horovod collectives: the most of
+    its collectives that ran one after another, each starting after the one
+    before it ended (collectives that overlap in time waited in the same
+    rounds of Horovod's background loop)."""
+    nodes = [n for d in step_stats.dev_stats for n in d.node_stats]
+    spans = sorted((n.all_start_micros + n.all_end_rel_micros, n.all_start_micros)
+                   for n in nodes if " = Horovod" in n.timeline_label)
+    rounds, end = 0, -1
+    for stop, start in spans:  # by end: the longest chain of disjoint spans
+        if start > end:
+            rounds, end = rounds + 1, stop
+    return len(nodes), rounds
 
 
 def graphmod_owners(keys: np.ndarray, size: int) -> np.ndarray:
@@ -149,6 +173,7 @@ def run(variant: str, steps: int) -> dict:
     return dict(examples_per_s=examples / max(r["wall"] for r in per_rank),
                 cpu_s_per_m=sum(r["cpu"] for r in per_rank) / examples * 1e6,
                 step_s=max(r["step_s"] for r in per_rank),
+                ops=per_rank[0]["ops"], rounds=max(r["rounds"] for r in per_rank),
                 sent=float(np.mean([r["sent"] for r in per_rank])),
                 undeduplicated=float(np.mean([r["undeduplicated"] for r in per_rank])),
                 allgathered=float(np.mean([r["allgathered"] for r in per_rank])))
@@ -173,15 +198,17 @@ def main():
             x = runs[variant][-1]
             print(f"  round {r + 1}, {variant}: {x['examples_per_s']:,.0f} examples/s, "
                   f"step {x['step_s'] * 1e3:.1f} ms, {x['cpu_s_per_m']:.1f} CPU-s/M examples, "
+                  f"{x['ops']} ops and {x['rounds']} Horovod round(s) a step, "
                   f"sent {x['sent'] / 1024:.0f} KiB/step/rank (without dedup "
                   f"{x['undeduplicated'] / 1024:.0f}, dense allgather "
                   f"{x['allgathered'] / 1024:.0f})", flush=True)
     print(f"\nreference Estimator (8 features x 120k Zipf ids, dim 16 + linear dim 1), batch "
           f"1024 per rank, {args.steps} steps after {WARMUP} of warm-up; median (min-max) over "
           f"{args.rounds} rounds")
-    print("| run | examples/s (all ranks) | step ms | CPU-s per M examples | embedding KiB "
-          "sent per step and rank | without deduplication |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| run | examples/s (all ranks) | step ms | CPU-s per M examples | ops a step | "
+          "Horovod rounds a step | embedding KiB sent per step and rank | without "
+          "deduplication |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for variant, col in runs.items():
         c = {k: [x[k] for x in col] for k in col[0]}
         hooked = VARIANTS[variant][1]
@@ -189,6 +216,7 @@ def main():
         print(f"| {variant} | {spread(c['examples_per_s'], '{:,.0f}')} | "
               f"{spread([v * 1e3 for v in c['step_s']], '{:.1f}')} | "
               f"{spread(c['cpu_s_per_m'], '{:.1f}')} | "
+              f"{spread(c['ops'], '{:.0f}')} | {spread(c['rounds'], '{:.0f}')} | "
               f"{spread([v / 1024 for v in sent], '{:.0f}')}"
               f"{'' if hooked else ' (allgather)'} | "
               f"{spread([v / 1024 for v in c['undeduplicated']], '{:.0f}') if hooked else '-'} |")
