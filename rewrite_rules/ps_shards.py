@@ -7,10 +7,13 @@ gather_to_lookup built there becomes that task's shard; a shard with the
 same settings is built on every other ps task, and a key's owner
 (graphmod.embeddings.partition) holds its row. Then, like shard_exchange
 for Horovod ranks:
-  - lookups: those of one dependency level (and input sources) partition
-    their keys by owner on the worker and become one fused lookup per ps
-    task, over every table's shard there; the rows come back in the keys'
-    order;
+  - lookups: those of one dependency level (and input sources) route
+    their keys to their owners on the worker, each table's distinct keys
+    once with how often they occur (GraphmodExchangeRoute), and become one
+    fused lookup per ps task, over every table's shard there, which looks
+    each key up as often as it occurred and sends back each distinct key's
+    row once (graphmod.embeddings.routing); the worker puts the rows in the
+    keys' order;
   - applies: those of one optimizer's step (the ops that wait for them, past
     the NoOps grouping its updates per device) sum each key's gradient rows
     on the worker (as a dense variable's sparse update sums duplicate
@@ -36,6 +39,7 @@ import tensorflow as tf
 
 from graphmod._ops import ops
 from graphmod.ps import tables as ps
+from graphmod.embeddings import routing
 from graphmod.embeddings.partition import owner_of
 from graphmod.embeddings.table import Table
 from graphmod.rewrite.index import GraphIndex
@@ -154,32 +158,39 @@ def _shard_lookups(rw, lookups, shards) -> None:
         groups[(op.type, levels[op], sources[op])].append((table, op))
     for (kind, _, _), group in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
         n = len(shards[group[0][0].name])
+        training = kind == "GraphmodTableFindOrInsert"
+        tables = [t for t, _ in group]
+        keys = [op.inputs[1] for _, op in group]
+        # Each entry's floats in the rows sent back: its row and, training,
+        # how many of its lookups were refused a row.
+        widths = [t.dim + training for t in tables]
         with tf.compat.v1.name_scope("graphmod/ps_lookup"):
-            split = [_by_owner(op.inputs[1], n) for _, op in group]
-            dims = [op.get_attr("dim") for _, op in group]
-            per_task = []
+            # Each table's distinct keys (with how often each occurs), by
+            # owner: what each ps task gets, in one tensor.
+            route = ops.graphmod_exchange_route([tf.reshape(k, [-1]) for k in keys], size=n,
+                                                widths=widths)
+            parts = tf.split(route.sent, route.splits, num=n)
+            back = []
             for i in range(n):
-                handles = [shards[t.name][i].handle for t, _ in group]
-                keys, sizes = _pack([parts[i] for parts, _, _ in split])
+                handles = [shards[t.name][i].handle for t in tables]
                 with tf.device(handles[0].device):
-                    keys = _unpack(keys, sizes, [None] * len(group))
-                    if kind == "GraphmodTableFindOrInsert":
-                        rows, _ = ops.graphmod_fused_find_or_insert(
-                            handles, keys, [op.inputs[2] for _, op in group],
-                            dims=[op.get_attr("dim") for _, op in group],
+                    # The task looks each key up as often as it occurred, and
+                    # sends back each entry's row once.
+                    plan = ops.graphmod_exchange_serve(parts[i], route.splits[i:i + 1],
+                                                       N=len(tables), widths=widths)
+                    if training:
+                        rows, row_handles = ops.graphmod_fused_find_or_insert(
+                            handles, list(plan.lookups), [op.inputs[2] for _, op in group],
+                            dims=[t.dim for t in tables],
                             access_thresholds=[op.get_attr("access_threshold")
                                                for _, op in group])
                     else:
-                        rows = ops.graphmod_fused_find(
-                            handles, keys, dims=[op.get_attr("dim") for _, op in group])
-                    rows, _ = _pack(rows)
-                per_task.append(_unpack(rows, _times(sizes, dims), dims))
-            for j, ((_, op), (_, positions, _)) in enumerate(zip(group, split)):
-                rows = tf.dynamic_stitch(positions, [per_task[i][j] for i in range(n)])
-                keys = op.inputs[1]
-                rows = tf.reshape(rows, tf.concat([tf.shape(keys, out_type=tf.int32),
-                                                   [op.get_attr("dim")]], 0))
-                rw.reroute(op.outputs[0], rows)
+                        rows, row_handles = ops.graphmod_fused_find(
+                            handles, list(plan.lookups), dims=[t.dim for t in tables]), None
+                    back.append(routing.pack(rows, row_handles, plan, widths))
+            rows = routing.unpack(tf.concat(back, 0), route, tables, keys, widths)
+        for (_, op), new in zip(group, rows):
+            rw.reroute(op.outputs[0], new)
 
 
 def _shard_applies(rw, applies, shards) -> None:

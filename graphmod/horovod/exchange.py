@@ -31,7 +31,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphmod._ops import ops
-from graphmod.embeddings import features, fused
+from graphmod.embeddings import features, fused, routing
 from graphmod.state import Lookup, graph_state
 
 tf1 = tf.compat.v1
@@ -173,14 +173,14 @@ def exchanged_gradients(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Te
         # This rank's rows summed per key, each key's where its entry goes.
         floats = tf.math.unsorted_segment_sum(
             tf.concat([tf.reshape(g, [-1]) for g in grads], 0),
-            tf.concat([tf.reshape(_elements(at, d), [-1]) for at, d in zip(route.at, dims)], 0),
+            tf.concat([tf.reshape(routing.elements(at, d), [-1]) for at, d in zip(route.at, dims)], 0),
             tf.reduce_sum(route.float_splits))
         received, received_splits = hvd.alltoall(route.sent, splits=route.splits, name="ids")
         received_rows, _ = hvd.alltoall(floats, splits=route.float_splits, name="rows")
         tf1.add_to_collection(BYTES_SENT, 16 * to_others(route.splits, hvd.rank())
                               + 4 * to_others(route.float_splits, hvd.rank()))
         plan = ops.graphmod_exchange_serve(received, received_splits, N=len(dims), widths=dims)
-        return [(plan.keys[i], tf.gather(received_rows, _elements(plan.out_at[i], d)))
+        return [(plan.keys[i], tf.gather(received_rows, routing.elements(plan.out_at[i], d)))
                 for i, d in enumerate(dims)]
 
 
@@ -261,8 +261,7 @@ def _exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
         # 3. Rows back, flattened (tables of any dims together) in the order
         # the ids arrived, each with (training) how many of its lookups were
         # refused a row.
-        back = ops.graphmod_exchange_pack(rows, list(handles) if extra else [], plan.last,
-                                          plan.first, plan.count, plan.out_at, widths=widths)
+        back = routing.pack(rows, handles if extra else None, plan, widths)
         returned, returned_splits = _rows_alltoall(hvd, back, plan.back_splits, scope)
         # What this rank sends the others: 3 int64 per id, 4 bytes per float
         # of the rows it serves and (autodiff) of their gradients it returns.
@@ -272,14 +271,7 @@ def _exchange(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Tensor],
         tf1.add_to_collection(BYTES_SENT, sent_bytes)
 
         # This rank's rows, in each table's ids' order.
-        mine = ops.graphmod_exchange_unpack(returned, route.at, route.occurrence,
-                                            dims=[t.dim for t in tables], widths=widths)
-        out = []
-        for table, k, rows_t, no_row in zip(tables, keys, mine.rows, mine.no_row):
-            if extra:
-                rows_t = _without_refused(table, rows_t, no_row)
-            out.append(tf.reshape(rows_t, tf.concat([tf.shape(k, out_type=tf.int32),
-                                                      [table.dim]], 0)))
+        out = routing.unpack(returned, route, tables, keys, widths)
         return out, Exchange(tables, widths, route, plan)
 
 
@@ -306,48 +298,3 @@ def _rows_alltoall(hvd, back: tf.Tensor, splits: tf.Tensor, scope: str):
 
     returned = exchange_rows(back, splits)
     return returned, received_splits[0]
-
-
-def _without_refused(table: "graphmod.Table", rows: tf.Tensor, no_row: tf.Tensor) -> tf.Tensor:
-    """rows (per id, in batch order) where the ids no_row marks (the first
-    `refused` occurrences of their key) read the missing value and pass no
-    gradient, as they do on one rank."""
-    # The missing value: the table's initial row (the row's value when
-    # admitted later in the step, read through the row), or its constant.
-    missing = (tf.stop_gradient(rows) if table.default_value is None
-               else tf.fill(tf.shape(rows), tf.constant(table.default_value, tf.float32)))
-    return tf.where(no_row[:, None], missing, rows)
-
-
-def _elements(at: tf.Tensor, dim: int) -> tf.Tensor:
-    """[len(at), dim] indices of the dim floats of each row starting at at."""
-    return at[:, None] + tf.range(dim)[None, :]
-
-
-# The rows' moves are native ops (native/exchange_plan.h); autodiff runs back
-# through them as through the gathers they stand for: a row's gradient goes
-# back where it came from, summed where one row went to several places.
-@tf.RegisterGradient("GraphmodExchangePack")
-def _pack_gradient(op, d_back):
-    n, h = op.get_attr("N"), op.get_attr("H")
-    rows = op.inputs[:n]
-    last, out_at = op.inputs[n + h:2 * n + h], op.inputs[4 * n + h:5 * n + h]
-    d_back = tf.convert_to_tensor(d_back)
-    d_rows = [tf.math.unsorted_segment_sum(tf.gather(d_back, _elements(at, width - (1 if h else 0))),
-                                           lookup, tf.shape(r)[0])
-              for r, lookup, at, width in zip(rows, last, out_at, op.get_attr("widths"))]
-    return d_rows + [None] * (len(op.inputs) - n)
-
-
-@tf.RegisterGradient("GraphmodExchangeUnpack")
-def _unpack_gradient(op, *grads):
-    n, dims = op.get_attr("N"), op.get_attr("dims")
-    returned, at = op.inputs[0], op.inputs[1:1 + n]
-    parts = [(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.reshape(_elements(a, d), [-1]))
-             for g, a, d in zip(grads[:n], at, dims) if g is not None]
-    if not parts:
-        return [None] * len(op.inputs)
-    d_returned = tf.math.unsorted_segment_sum(tf.concat([g for g, _ in parts], 0),
-                                              tf.concat([i for _, i in parts], 0),
-                                              tf.size(returned))
-    return [d_returned] + [None] * (len(op.inputs) - 1)
