@@ -58,8 +58,8 @@ for _op in ("GraphmodTable", "GraphmodTableFindOrInsert", "GraphmodTableFind",
             "GraphmodFusedFindOrInsert", "GraphmodFusedFind",
             "GraphmodTableExport", "GraphmodTableInfo", "GraphmodTableRemove",
             "GraphmodTableEvict", "GraphmodTableExportPending",
-            # the exchange's plans (graphmod/horovod/exchange.py registers
-            # the gradients of its rows' moves, Pack and Unpack)
+            # the exchange's plans (graphmod/embeddings/routing.py registers
+            # the gradients of the rows' moves, Pack and Unpack)
             "GraphmodExchangeRoute", "GraphmodExchangeServe",
             "GraphmodExchangeScatterGradients", "GraphmodExchangeGatherGradients"):
     tf_ops.no_gradient(_op)

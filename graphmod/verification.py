@@ -45,6 +45,7 @@ import tensorflow as tf
 from absl import logging
 
 from graphmod import horovod
+from graphmod.embeddings.partition import owner_of_numpy
 from graphmod.horovod import save_schedule
 from graphmod.state import graph_state
 
@@ -305,31 +306,50 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
         hooked = _Recorder(hooked_state)
         _estimator(estimator, hooked_dir, steps).train(input_fn, steps=steps,
                                                        hooks=[hook, hooked])
-        if plain.batches != hooked.batches:
-            step = next(i for i, (a, b) in enumerate(zip(plain.batches, hooked.batches), 1)
-                        if a != b) if len(plain.batches) == len(hooked.batches) else 1
-            raise ValueError(f"graphmod.verify: input_fn gave different batches to the two runs "
-                             f"(first at step {step}): seed its shuffles and random ops")
-        report = hook.report
-        losses = [[a, b] for a, b in zip(plain.losses, hooked.losses)]
-        loss_first = next((i for i, (a, b) in enumerate(losses, 1)
-                           if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
-        findings = {t["variable"]: _compare_table(t, report, plain.after, hooked.after, rtol,
-                                                  atol, _owned(t["rows"], ranks))
-                    for t in report.tables}
-        converted = {n for t in report.tables for n in [t["variable"], *t["slot_variables"]]}
-        shared = [n for n in hooked.after[0]["dense"] if n not in converted
-                  and n != "global_step"]
-        dense = {n: _compare_dense(n, plain.after, hooked.after, rtol, atol) for n in shared}
-        notes = [f"'{k['op']}' keeps its squeezed keys here ({k['reason']}): a fresh training "
-                 "with collision_free=True keys the full ids, a model this cannot compare"
-                 for k in report.squeezed_keys_kept]
-        result = VerifyResult(steps, losses, loss_first, findings, dense, list(report.skipped),
-                              rtol, atol, notes)
+        try:
+            if plain.batches != hooked.batches:
+                step = next(i for i, (a, b) in enumerate(zip(plain.batches, hooked.batches), 1)
+                            if a != b) if len(plain.batches) == len(hooked.batches) else 1
+                raise ValueError(f"graphmod.verify: input_fn gave different batches to the two "
+                                 f"runs (first at step {step}): seed its shuffles and random "
+                                 "ops")
+            report = hook.report
+            losses = [[a, b] for a, b in zip(plain.losses, hooked.losses)]
+            loss_first = next((i for i, (a, b) in enumerate(losses, 1)
+                               if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
+            findings = {t["variable"]: _compare_table(t, report, plain.after, hooked.after, rtol,
+                                                      atol, _owned(t["rows"], ranks))
+                        for t in report.tables}
+            converted = {n for t in report.tables
+                         for n in [t["variable"], *t["slot_variables"]]}
+            shared = [n for n in hooked.after[0]["dense"] if n not in converted
+                      and n != "global_step"]
+            dense = {n: _compare_dense(n, plain.after, hooked.after, rtol, atol) for n in shared}
+            notes = [f"'{k['op']}' keeps its squeezed keys here ({k['reason']}): a fresh "
+                     "training with collision_free=True keys the full ids, a model this cannot "
+                     "compare" for k in report.squeezed_keys_kept]
+            result = VerifyResult(steps, losses, loss_first, findings, dense,
+                                  list(report.skipped), rtol, atol, notes)
+        except Exception as e:  # pylint: disable=broad-except
+            if ranks <= 1:
+                raise
+            result, error = None, e  # raised on every rank, once all know
+        else:
+            error = None
         if ranks > 1:
-            every = save_schedule.gather([result.ok, result.summary()], "graphmod_verify")
-            result.other_ranks = [f"rank {r}: {summary}" for r, (ok, summary) in enumerate(every)
-                                  if not ok and r != horovod.horovod_rank()]
+            # Every rank's verdict on every rank (its own keys are all it saw).
+            every = save_schedule.gather(
+                [False, repr(error)] if error is not None else [result.ok, result.summary()],
+                "graphmod_verify")
+            failed = [(r, summary) for r, (ok, summary) in enumerate(every)
+                      if not ok and r != horovod.horovod_rank()]
+            if error is not None:
+                raise error
+            crashed = [f"rank {r}: {summary}" for r, summary in failed
+                       if not summary.startswith("graphmod.verify:")]
+            if crashed:
+                raise RuntimeError("graphmod.verify failed on another rank: " + "; ".join(crashed))
+            result.other_ranks = [f"rank {r}: {summary}" for r, summary in failed]
         logging.info("%s", result.summary())
         return result
     finally:
@@ -389,7 +409,7 @@ def _owned(rows: int, ranks: int) -> Optional[np.ndarray]:
     if ranks <= 1:
         return None
     keys = np.arange(rows, dtype=np.int64)
-    return keys[horovod.owner_of(tf.constant(keys), ranks).numpy() == horovod.horovod_rank()]
+    return keys[owner_of_numpy(keys, ranks) == horovod.horovod_rank()]
 
 
 def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], rtol: float,

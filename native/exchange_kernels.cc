@@ -32,11 +32,18 @@ Status VectorOutput(OpKernelContext* ctx, OpOutputList* list, int i, const std::
   return ::tensorflow::OkStatus();
 }
 
-Status ReadWidths(OpKernelConstruction* ctx, int n, std::vector<int32_t>* widths) {
+// The op's widths attribute: n of them, each at least `least` (a row's
+// floats; 2 where a flag follows a row of at least one).
+Status ReadWidths(OpKernelConstruction* ctx, int n, std::vector<int32_t>* widths,
+                  int least = 1) {
   TF_RETURN_IF_ERROR(ctx->GetAttr("widths", widths));
   if (static_cast<int>(widths->size()) != n)
     return errors::InvalidArgument("graphmod exchange: widths has ", widths->size(),
                                    " entries for ", n, " tables");
+  for (int i = 0; i < n; ++i)
+    if ((*widths)[i] < least)
+      return errors::InvalidArgument("graphmod exchange: table ", i, "'s width is ",
+                                     (*widths)[i], ", below ", least);
   return ::tensorflow::OkStatus();
 }
 
@@ -53,7 +60,8 @@ class RouteOp : public OpKernel {
     OpInputList ids;
     OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
     std::vector<IdSpan> spans;
-    for (int i = 0; i < n_; ++i) spans.push_back({ids[i].flat<int64_t>().data(), ids[i].NumElements()});
+    for (int i = 0; i < n_; ++i)
+      spans.push_back({ids[i].flat<int64_t>().data(), ids[i].NumElements()});
     Route route;
     const std::string error = PlanRoute(spans, size_, widths_, &route);
     OP_REQUIRES(ctx, error.empty(), errors::InvalidArgument("graphmod exchange: ", error));
@@ -95,7 +103,8 @@ class ServeOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& received = ctx->input(0);
     const Tensor& splits = ctx->input(1);
-    OP_REQUIRES(ctx, received.dims() == 2 && (received.dim_size(1) == 2 || received.dim_size(1) == 3),
+    OP_REQUIRES(ctx,
+                received.dims() == 2 && (received.dim_size(1) == 2 || received.dim_size(1) == 3),
                 errors::InvalidArgument("graphmod exchange: received must be [n, 3] (id, count, "
                                         "table) or [n, 2] (id, table), got shape ",
                                         received.shape().DebugString()));
@@ -146,7 +155,7 @@ class ScatterGradientsOp : public OpKernel {
  public:
   explicit ScatterGradientsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_));
+    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_, 2));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -160,7 +169,11 @@ class ScatterGradientsOp : public OpKernel {
     std::vector<int32_t> tables(m);
     for (int64_t e = 0; e < m; ++e) {
       keys[e] = in[e * columns];
-      tables[e] = static_cast<int32_t>(in[e * columns + columns - 1]);
+      const int64_t table = in[e * columns + columns - 1];
+      OP_REQUIRES(ctx, table >= 0 && table < n_,
+                  errors::InvalidArgument("graphmod exchange: entry ", e, " names table ", table,
+                                          " of ", n_));
+      tables[e] = static_cast<int32_t>(table);
     }
     OpInputList ids, grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &ids));
@@ -189,7 +202,7 @@ class GatherGradientsOp : public OpKernel {
  public:
   explicit GatherGradientsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_));
+    OP_REQUIRES_OK(ctx, ReadWidths(ctx, n_, &widths_, 2));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -218,8 +231,8 @@ class GatherGradientsOp : public OpKernel {
       OP_REQUIRES_OK(ctx, VectorOutput(ctx, &reached_out, i, reached[i]));
       Tensor* out = nullptr;
       const int64_t dim = widths_[i] - 1;
-      OP_REQUIRES_OK(ctx, rows_out.allocate(
-                              i, TensorShape({static_cast<int64_t>(reached[i].size()), dim}), &out));
+      const TensorShape shape({static_cast<int64_t>(reached[i].size()), dim});
+      OP_REQUIRES_OK(ctx, rows_out.allocate(i, shape, &out));
       std::copy(rows[i].begin(), rows[i].end(), out->flat<float>().data());
     }
   }
@@ -263,19 +276,23 @@ class PackOp : public OpKernel {
                   errors::InvalidArgument("graphmod exchange: table ", i, " has ",
                                           handles[i].NumElements(), " handles for ",
                                           r.dim_size(0), " rows"));
+      // With handles, each row is followed by its entry's refused lookups.
+      OP_REQUIRES(ctx, widths_[i] == r.dim_size(1) + (h_ ? 1 : 0),
+                  errors::InvalidArgument("graphmod exchange: table ", i, " has width ",
+                                          widths_[i], " for rows of dim ", r.dim_size(1),
+                                          h_ ? " and a refused count" : ""));
       tables.push_back({r.flat<float>().data(), r.dim_size(0),
                         h_ ? handles[i].flat<int64_t>().data() : nullptr,
                         last[i].flat<int32_t>().data(), first[i].flat<int32_t>().data(),
                         count[i].flat<int32_t>().data(), out_at[i].flat<int32_t>().data(),
                         entries, static_cast<int>(r.dim_size(1)), widths_[i]});
-      OP_REQUIRES(ctx, widths_[i] == r.dim_size(1) || (h_ && widths_[i] == r.dim_size(1) + 1),
-                  errors::InvalidArgument("graphmod exchange: table ", i, " has width ",
-                                          widths_[i], " for rows of dim ", r.dim_size(1)));
       total += entries * widths_[i];
     }
     Tensor* back = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &back));
-    const std::string error = PackRows(tables, total, back->flat<float>().data());
+    float* out = back->flat<float>().data();
+    std::fill(out, out + total, 0.0f);  // (a plan that misses a float sends no stale memory)
+    const std::string error = PackRows(tables, total, out);
     OP_REQUIRES(ctx, error.empty(), errors::InvalidArgument("graphmod exchange: ", error));
   }
 
@@ -293,6 +310,10 @@ class UnpackOp : public OpKernel {
     OP_REQUIRES(ctx, static_cast<int>(dims_.size()) == n_,
                 errors::InvalidArgument("graphmod exchange: dims has ", dims_.size(),
                                         " entries for ", n_, " tables"));
+    for (int i = 0; i < n_; ++i)
+      OP_REQUIRES(ctx, dims_[i] >= 1 && (widths_[i] == dims_[i] || widths_[i] == dims_[i] + 1),
+                  errors::InvalidArgument("graphmod exchange: table ", i, " has dim ", dims_[i],
+                                          " and width ", widths_[i], " (the dim, or one more)"));
   }
 
   void Compute(OpKernelContext* ctx) override {

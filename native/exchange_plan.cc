@@ -190,7 +190,8 @@ std::string PlanServe(const Received& in, const std::vector<int32_t>& widths, Se
     }
     if (lookups > kMaxIndex) return "one table's lookups would exceed 2^31-1";
     table.lookups.reserve(lookups);
-    for (size_t u = 0; u < keys.size(); ++u) table.lookups.insert(table.lookups.end(), total[t][u], keys[u]);
+    for (size_t u = 0; u < keys.size(); ++u)
+      table.lookups.insert(table.lookups.end(), total[t][u], keys[u]);
     table.first.resize(number[t].size());
     table.last.resize(number[t].size());
     for (size_t i = 0; i < number[t].size(); ++i) {
@@ -298,8 +299,13 @@ std::string PackRows(const std::vector<PackTable>& tables, int64_t total, float*
         return table + "'s entry " + std::to_string(e) + " lies outside the " +
                std::to_string(total) + " floats sent back";
       std::copy(p.rows + last * p.dim, p.rows + (last + 1) * p.dim, back + at);
-      if (p.width > p.dim)
-        back[at + p.dim] = static_cast<float>(refused[first + count] - refused[first]);
+      if (p.width > p.dim) {
+        const int64_t no_row = refused[first + count] - refused[first];
+        if (no_row > (int64_t{1} << 24))  // a float holds counts exactly up to 2^24
+          return table + "'s entry " + std::to_string(e) + " has " + std::to_string(no_row) +
+                 " refused lookups in one step, more than 2^24";
+        back[at + p.dim] = static_cast<float>(no_row);
+      }
     }
   }
   return "";

@@ -1,8 +1,7 @@
-// The index work of an exchange between ranks and their keys' owners
-// (graphmod/horovod/exchange.py), done in one pass each side instead of a few
-// dozen small TF ops a step (unique, argsort, bincount, repeat, cumsums...):
-// the data itself (rows, gradients) still moves through TF ops, so autodiff
-// sees gathers and stitches it knows.
+// An exchange between ranks (or a worker and its ps tasks) and their keys'
+// owners (graphmod/horovod/exchange.py, rewrite_rules/ps_shards.py), done in
+// one pass each side instead of a few dozen small TF ops a step (unique,
+// argsort, bincount, repeat, cumsums, gathers, stitches):
 //
 //   Route (each sender): the ids of every table, deduplicated per table (with
 //     each key's count), ordered by owner rank, then table, then first
@@ -23,7 +22,8 @@
 //   GatherGradients (each owner): from that buffer as it arrived, per table,
 //     the keys a gradient reached and their gradient rows.
 //   PackRows / UnpackRows: the rows' moves themselves, on each side of their
-//     all-to-all (their gradients, for autodiff, are TF ops: exchange.py).
+//     all-to-all (their gradients, for autodiff, are TF ops:
+//     graphmod/embeddings/routing.py).
 // All are pure C++ (no TF), tested under the sanitizers (exchange_plan_test).
 #ifndef GRAPHMOD_NATIVE_EXCHANGE_PLAN_H_
 #define GRAPHMOD_NATIVE_EXCHANGE_PLAN_H_

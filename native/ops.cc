@@ -469,6 +469,9 @@ REGISTER_OP("GraphmodExchangeGatherGradients")
         return ::tensorflow::errors::InvalidArgument("widths has ", widths.size(),
                                                      " entries for ", n, " tables");
       for (int i = 0; i < n; ++i) {
+        if (widths[i] < 2)
+          return ::tensorflow::errors::InvalidArgument("table ", i, "'s width ", widths[i],
+                                                       " holds no gradient and flag");
         c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
         c->set_output(n + i, c->Matrix(InferenceContext::kUnknownDim, widths[i] - 1));
       }
@@ -516,6 +519,8 @@ REGISTER_OP("GraphmodExchangeUnpack")
         return ::tensorflow::errors::InvalidArgument("dims has ", dims.size(), " entries for ",
                                                      n, " tables");
       for (int i = 0; i < n; ++i) {
+        if (dims[i] < 1)
+          return ::tensorflow::errors::InvalidArgument("table ", i, "'s dim is ", dims[i]);
         DimensionHandle ids = c->NumElements(c->input(1 + i));
         c->set_output(i, c->Matrix(ids, dims[i]));
         c->set_output(n + i, c->Vector(ids));

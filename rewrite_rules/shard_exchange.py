@@ -41,6 +41,8 @@ from graphmod.rewrite_rules.optimizer_updates import Apply
 NAME = "shard_exchange"
 AFTER = ("optimizer_updates", "dense_reads")
 _LOOKUPS = ("GraphmodTableFindOrInsert", "GraphmodTableFind")
+# Iterators whose elements ids_ahead may take one step ahead.
+_PLAIN_ITERATORS = ("IteratorV2", "Iterator", "OneShotIterator")
 # For the report: table -> "" (its training lookups' ids are exchanged a step
 # ahead, graphmod.horovod.ids_ahead) or why not.
 IdsAhead = NamedTuple("IdsAhead", [("ids_ahead", dict)])
@@ -139,8 +141,21 @@ def _ids_ahead(index, tables, keys):
         raise input_keys.NotFromInput("its exchange's keys come from more than one tf.data "
                                       "iterator")
     get_next = get_nexts.pop()
-    if any(op.type == "SerializeIterator" for op in index.consumers(get_next.inputs[0])):
-        raise input_keys.NotFromInput("the state of its iterator is checkpointed")
+    iterator = get_next.inputs[0]
+    if iterator.op.type not in _PLAIN_ITERATORS:
+        raise input_keys.NotFromInput(f"its iterator is a {iterator.op.type} "
+                                      f"('{iterator.op.name}'), not one made from one dataset")
+    users = [op for op in index.consumers(iterator) if op is not get_next
+             and (op.type == "MakeIterator" or index.used(op))]
+    makes = [op for op in users if op.type == "MakeIterator"]
+    for op in users:
+        # One element a step, from one dataset: re-initializing it from another
+        # (a reinitializable iterator), a handle to feed it by, saving its
+        # state or reading it twice would not meet the stash. (Ops nothing
+        # reads, as the handle an Estimator's iterator makes, are no use.)
+        if not (op.type == "MakeIterator" and len(makes) == 1):
+            raise input_keys.NotFromInput(f"its iterator ('{iterator.op.name}') is also used by "
+                                          f"{op.type} '{op.name}'")
     keys_of = input_keys.recompute(index, get_next,
                                    [(k, ops) for k, (_, ops) in zip(keys, paths)])
     return ids_ahead.build(get_next, keys_of, [t.dim + 1 for t in tables]), get_next

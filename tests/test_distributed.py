@@ -406,7 +406,8 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         got = {int(k): (rows.rows["emb"][k].tolist(), rows.rows["accum"][k].tolist()) for k in used}
     json.dump(dict(losses=[l for r in recorders for l in r.losses], rows=got,
                    logits=np.array(logits).tolist(),
-                   eval=float(evaluation["global_loss"]), w=estimator.get_variable_value("w").tolist(),
+                   eval=float(evaluation["global_loss"]),
+                   w=estimator.get_variable_value("w").tolist(),
                    ids_ahead=reports[0].ids_ahead if reports else None,
                    adopted=reports[0].adopted if reports else None),
               open(f"{out}/rank{rank}.json", "w"))
@@ -573,6 +574,51 @@ def test_a_warm_start_fills_each_ranks_part_with_the_keys_it_owns(tmp_path):
     for key, (values, accum) in dense["rows"].items():
         np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
+
+
+# A run that reads the model's input without training, where the iterator
+# would have handed it a batch: with the ids a step ahead, the run after it
+# fails, saying so (never a silently shifted input).
+READ_WITHOUT_TRAINING = textwrap.dedent("""
+    import sys
+    import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
+    tf1 = tf.compat.v1
+    hvd.init()
+    ids = np.random.default_rng(hvd.rank()).integers(0, 60, size=(40, 8, 2))
+
+    # LOGITS_OF
+
+    def model_fn(features, labels, mode):
+        logits = logits_of(features)
+        loss = tf.reduce_mean(logits)
+        tf1.add_to_collection("read_only", tf.reduce_sum(features["ids"]))
+        opt = hvd.DistributedOptimizer(tf1.train.AdagradOptimizer(0.3))
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, train_op=opt.minimize(loss, tf1.train.get_or_create_global_step()))
+
+    class ReadsAlone(tf1.train.SessionRunHook):
+        def after_run(self, run_context, run_values):  # a run of its own, no update
+            run_context.session.run(tf1.get_collection("read_only"))
+
+    estimator = tf.estimator.Estimator(model_fn, sys.argv[1])
+    try:
+        estimator.train(lambda: tf.data.Dataset.from_tensor_slices({"ids": ids}), steps=5,
+                        hooks=[graphmod.GraphModifierHook(), ReadsAlone()])
+    except tf.errors.InvalidArgumentError as e:
+        print("REFUSED:", str(e), flush=True)
+        sys.exit(3)
+""")
+
+
+def test_a_run_reading_the_input_without_training_fails_the_next_step(tmp_path):
+    script = tmp_path / "read_without_training.py"
+    script.write_text(with_model(READ_WITHOUT_TRAINING))
+    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H",
+               "localhost:2", "--gloo", sys.executable, str(script), str(tmp_path / "model")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "a run read the input of the model without training" in done.stdout + done.stderr, \
+        (done.stdout + done.stderr)[-3000:]
 
 
 def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):

@@ -745,7 +745,7 @@ def test_the_exchange_plan_brings_each_id_its_own_keys_row_from_its_owner():
     ranks, the all-to-alls done in numpy: each rank's ids go to owner_of's
     owner, each owner looks every key up as often as all ranks read it, and
     each id reads back its own key's row and its key's refused count."""
-    from graphmod.embeddings.partition import owner_of
+    from graphmod.embeddings.partition import owner_of, owner_of_numpy
     size, dims = 3, [2, 1]
     widths = [d + 1 for d in dims]
     rng = np.random.default_rng(5)
@@ -755,8 +755,9 @@ def test_the_exchange_plan_brings_each_id_its_own_keys_row_from_its_owner():
         routes = sess.run([ops.graphmod_exchange_route([tf.constant(b, tf.int64) for b in rank],
                                                        size=size, widths=widths)
                            for rank in batches])
-        owners = sess.run(owner_of(tf.constant(np.concatenate(
-            [r.sent[:, 0] for r in routes]), tf.int64), size))
+        sent_keys = np.concatenate([r.sent[:, 0] for r in routes])
+        owners = sess.run(owner_of(tf.constant(sent_keys, tf.int64), size))
+        assert np.array_equal(owner_of_numpy(sent_keys, size), owners)
         assert np.array_equal(owners, np.concatenate(
             [np.repeat(np.arange(size), r.splits) for r in routes]))
         returned = [[] for _ in range(size)]
@@ -786,7 +787,8 @@ def test_the_exchange_plan_brings_each_id_its_own_keys_row_from_its_owner():
             for t, (ids, d) in enumerate(zip(batch, dims)):
                 for i, key in enumerate(ids):
                     at = route.at[t][i]
-                    assert list(flat[at:at + d]) == [float(key % 97) + t + 0.5 * j for j in range(d)]
+                    want = [float(key % 97) + t + 0.5 * j for j in range(d)]
+                    assert list(flat[at:at + d]) == want
                     assert flat[at + d] == np.count_nonzero(ids == key)  # its count from this rank
                     assert route.occurrence[t][i] == np.count_nonzero(ids[:i] == key)
                     read[(t, key)] = read.get((t, key), 0) + 1

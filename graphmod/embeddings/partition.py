@@ -26,3 +26,14 @@ def owner_of(keys: tf.Tensor, size: int) -> tf.Tensor:
     top = tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))
     return tf.cast(tf.bitwise.right_shift(top * tf.constant(size, tf.uint64),
                                           tf.constant(32, tf.uint64)), tf.int32)
+
+
+def owner_of_numpy(keys, size: int):
+    """owner_of in numpy (int32 owners of int64 keys), for host code."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    h = np.asarray(keys, np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint64(31))
+        h = h * np.uint64(_MIX)
+        h = h ^ (h >> np.uint64(29))
+        return (((h >> np.uint64(32)) * np.uint64(size)) >> np.uint64(32)).astype(np.int32)

@@ -17,14 +17,20 @@ Every rank issues the same collectives, named by the exchange's name scope,
 also when it has no ids for a table (Horovod matches collectives by name,
 and a collective one rank never issues hangs the others).
 
+The index work of both sides is native (GraphmodExchangeRoute on the
+sender, GraphmodExchangeServe on the owner), and so are the rows' moves
+(graphmod.embeddings.routing).
+
 Training exchanges record the owner's lookup (graphmod.training_lookups), so
 the sparse optimizers find each owned row's gradient there: autodiff brings
 it back through the reverse all-to-alls, summed over the ranks that read
 the row, and scaled by 1/size with combine="average" (sparse_lookup's and
 fused_lookup's), as Horovod's DistributedOptimizer (op=Average, its
 default) combines a dense variable's. The hook's tables take their
-gradients another way (exchanged_gradients), keyed, since the model's
-autodiff ran before the rewrite.
+gradients another way, since the model's autodiff ran before the rewrite:
+returned_gradients sends them in the layout the rows came in, without their
+keys, where one exchange served exactly an optimizer step's tables
+(exchanged_gradients, keyed, otherwise).
 """
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -173,7 +179,8 @@ def exchanged_gradients(tables: Sequence["graphmod.Table"], keys: Sequence[tf.Te
         # This rank's rows summed per key, each key's where its entry goes.
         floats = tf.math.unsorted_segment_sum(
             tf.concat([tf.reshape(g, [-1]) for g in grads], 0),
-            tf.concat([tf.reshape(routing.elements(at, d), [-1]) for at, d in zip(route.at, dims)], 0),
+            tf.concat([tf.reshape(routing.elements(at, d), [-1])
+                       for at, d in zip(route.at, dims)], 0),
             tf.reduce_sum(route.float_splits))
         received, received_splits = hvd.alltoall(route.sent, splits=route.splits, name="ids")
         received_rows, _ = hvd.alltoall(floats, splits=route.float_splits, name="rows")

@@ -24,9 +24,14 @@ would without the rewrite. Every rank runs one advance per training run, and
 the prime, so the ids' all-to-alls match across ranks as the step's own do.
 Exact: only ids move ahead; rows are read and updated in step order.
 
-A run that reads the model without training (no optimizer update in it)
-reads the stashed batch again, where the iterator would have handed it the
-next one: only runs that train advance the input.
+Only runs that train advance the input: a run that reads the model without
+training (no optimizer update in it) is where the iterator would have
+handed out a batch, so the run after it fails, saying so. A fetch of the
+iterator's own outputs (a hook logging the raw labels) fails too: they come
+from an iterator nothing initializes (the rule cuts the old get_next off, so
+that it cannot take a batch the step never sees). An error of the input
+pipeline (a corrupt record) surfaces in the advance: one step earlier than
+without the rewrite, and that step's update is lost with it.
 """
 from typing import Callable, List, NamedTuple, Sequence
 
@@ -37,7 +42,7 @@ from graphmod.horovod.exchange import BYTES_SENT, to_others
 
 tf1 = tf.compat.v1
 
-_NOT_PRIMED, _BATCH, _END = 0, 1, 2
+_NOT_PRIMED, _BATCH, _END, _TAKEN = 0, 1, 2, 3  # the stash's state
 _ROUTE = ("sent", "splits", "float_splits", "at", "occurrence")
 _PER_TABLE = {"at", "occurrence", "lookups", "keys", "last", "first", "count", "out_at"}
 _PLAN = ("lookups", "keys", "last", "first", "count", "out_at", "back_splits")
@@ -107,14 +112,19 @@ def build(get_next: tf.Operation, keys_of: Callable[[Sequence[tf.Tensor]], List[
                          name="prime")
         reads = [s.read_value() for s in stash]
         ready = tf.switch_case(reads[1], [_not_primed, lambda: tf.constant(0),
-                                          lambda: _end_of_input(iterator, types, shapes)],
+                                          lambda: _end_of_input(iterator, types, shapes),
+                                          _taken],
                                name="ready")
         # Nothing of the step (and of the advance) starts before the stash
         # holds a batch: at the end of the input, no rank starts a collective.
+        # The batch read is marked taken until an advance stashes the next:
+        # a run that reads it without training fails the next run.
         with tf.control_dependencies([ready]):
+            taken = stash[1].assign(_TAKEN, read_value=False)
+        with tf.control_dependencies([taken]):
             batch, exchange = tf.identity(reads[0]), tf.identity(reads[2])
             fresh = fetch("next")
-        with tf.control_dependencies([r.op for r in reads]):
+        with tf.control_dependencies([r.op for r in reads] + [taken]):
             advance = tf.group([s.assign(v, read_value=False) for s, v in zip(stash, fresh)],
                                name="advance")
         element = tf.raw_ops.OptionalGetValue(optional=batch, output_types=types,
@@ -152,9 +162,19 @@ def _unflat(flat: List[tf.Tensor], fields, n: int, kind):
 
 def _not_primed():
     check = tf.debugging.Assert(False, [
-        "graphmod: the step's ids are exchanged one step ahead, and nothing primed the "
-        "first batch: run graphmod's prime op once per session before training (the "
+        "graphmod: the ids of each step are exchanged one step ahead, and nothing primed the "
+        "first batch: run the prime op of graphmod once per session before training (the "
         "GraphModifierHook does)"])
+    with tf.control_dependencies([check]):
+        return tf.constant(0)
+
+
+def _taken():
+    check = tf.debugging.Assert(False, [
+        "graphmod: a run read the input of the model without training (no optimizer update "
+        "ran in it), where the unmodified model would have given it a batch and this run the "
+        "next: with the ids of each step exchanged one step ahead, only runs that train move "
+        "the input on. Read the input in the training run"])
     with tf.control_dependencies([check]):
         return tf.constant(0)
 
@@ -164,5 +184,5 @@ def _end_of_input(iterator, types, shapes):
     iterator has no element left."""
     last = tf.raw_ops.IteratorGetNext(iterator=iterator, output_types=types,
                                       output_shapes=shapes)
-    with tf.control_dependencies([t.op for t in last][:1]):
+    with tf.control_dependencies([last[0].op]):
         return tf.constant(0)

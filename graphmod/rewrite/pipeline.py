@@ -59,18 +59,28 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
     training = mode == "train" and trains_anything(index)
     replay = plan_file.read(model_dir)
     conversions, skipped = plan(index, settings, training, replay)
-    latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
-    names = frozenset(n for n, _ in tf.train.list_variables(latest)) if latest else frozenset()
-    in_parts = latest is not None and TableParts.in_parts(latest)
     ranks = horovod.horovod_ranks() if mode != "predict" else 1
-    if ranks > 1 and (not training or any(_combined_by_horovod(c) for c in conversions)):
-        # Every rank restores rank 0's checkpoint (graphmod.horovod.save_schedule),
-        # whatever its own model_dir holds: what that checkpoint holds decides
-        # adoption on every rank alike. (A collective: the tables are split
-        # across the ranks, so all of them run this graph.)
-        seen, in_parts = save_schedule.gather([sorted(names), in_parts],
-                                              "graphmod_rank0_checkpoint")[0]
-        names = frozenset(seen)
+    # Split across Horovod ranks, every rank restores rank 0's checkpoint
+    # (graphmod.horovod.save_schedule), whatever its own model_dir holds:
+    # what that one holds decides adoption on every rank alike. (Gathered: a
+    # collective, which every rank runs, as it runs this graph's exchanges.)
+    split = ranks > 1 and conversions and (
+        not training or any(_combined_by_horovod(c) for c in conversions))
+    names, in_parts = frozenset(), False
+    if not split or horovod.horovod_rank() == 0:
+        try:
+            names, in_parts = _checkpoint_held(model_dir)
+        except Exception as e:  # pylint: disable=broad-except
+            if not split:
+                raise
+            names, in_parts = e, False  # every rank raises it, below
+    if split:
+        held, in_parts = save_schedule.gather(
+            [sorted(names) if isinstance(names, frozenset) else f"{names!r}", in_parts],
+            "graphmod_rank0_checkpoint")[0]
+        if isinstance(held, str):
+            raise ValueError(f"graphmod: rank 0 could not read its checkpoint: {held}")
+        names = frozenset(held)
     # exact=True: keys stay as the model squeezed them (collisions included).
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
@@ -186,3 +196,12 @@ def _combined_by_horovod(conversion) -> bool:
     is then split across the ranks)."""
     update = conversion.update
     return update is not None and update.combined is not None and update.combined.collective.runs
+
+
+def _checkpoint_held(model_dir: Optional[str]):
+    """The variable names of model_dir's latest checkpoint, and whether its
+    tables are in parts (none and False without one)."""
+    latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
+    if latest is None:
+        return frozenset(), False
+    return frozenset(n for n, _ in tf.train.list_variables(latest)), TableParts.in_parts(latest)
