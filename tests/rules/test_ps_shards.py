@@ -101,12 +101,16 @@ def test_the_sharded_tables_train_as_one_table_each(cluster):
     assert devices == {"/job:ps/task:0", "/job:ps/task:1"}
     # Each task's keys (and gradients) arrive as one tensor, cut apart on the
     # task: TensorFlow moves each tensor crossing tasks in an RPC of its own.
+    # A lookup's keys are the task's plan of the distinct keys routed to it.
     for op in applied.rw.graph.get_operations():
         if op.type in ("GraphmodFusedFindOrInsert", "GraphmodFusedApply") and \
                 applied.rw.index.used(op):
             sent = [t.op.inputs[0] if t.op.type == "Reshape" else t  # (gradient rows)
                     for t in op.inputs[2:4 if op.type == "GraphmodFusedFindOrInsert" else 6]]
-            assert {(t.op.type, t.op.device) for t in sent} == {("SplitV", op.device)}, op.name
+            cut = "GraphmodExchangeServe" if op.type == "GraphmodFusedFindOrInsert" else "SplitV"
+            assert {(t.op.type, t.op.device) for t in sent} == {(cut, op.device)}, op.name
+            if cut == "GraphmodExchangeServe":  # from one tensor: the task's routed keys
+                assert sent[0].op.inputs[0].op.type == "SplitV"
 
 
 def test_refuses_a_variable_off_the_ps_tasks_whole_reads_and_warm_starts():

@@ -58,12 +58,10 @@ def test_refuses_adopting_a_part_of_a_partitioned_variable():
 
 
 @pytest.mark.parametrize("names, fields, reason", [
-    (DENSE, dict(ranks=2), "adopting it into a table sharded across 2 Horovod ranks is not "
-                           "built " + HOLDS),
     (frozenset({"emb"}), {}, "its optimizer slots emb/Adagrad are not in the checkpoint " + HOLDS),
     (DENSE, dict(scaffold_saver=True), "the model's Scaffold brings its own Saver, which "
                                        "cannot restore its table from the checkpoint " + HOLDS),
-], ids=["horovod-ranks", "missing-slot", "scaffold-saver"])
+], ids=["missing-slot", "scaffold-saver"])
 def test_refuses_what_cannot_adopt_the_checkpoints_rows(names, fields, reason):
     with tf.Graph().as_default() as g:
         tiny_model(tf1.train.AdagradOptimizer(0.1))
@@ -71,6 +69,15 @@ def test_refuses_what_cannot_adopt_the_checkpoints_rows(names, fields, reason):
         with pytest.raises(Refused) as e:
             _check(g, names, **fields)
         assert str(e.value) == reason
+
+
+def test_adopts_into_tables_split_across_horovod_ranks():
+    """Each rank's part imports the keys it owns (tests/test_distributed.py
+    adopts a dense 2-rank model_dir so)."""
+    with tf.Graph().as_default() as g:
+        tiny_model(tf1.train.AdagradOptimizer(0.1))
+        _deferred_saver()
+        assert _check(g, DENSE, ranks=2) is None
 
 
 def test_refuses_adopting_when_the_savers_cannot_become_a_table_saver():
