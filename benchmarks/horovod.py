@@ -65,6 +65,7 @@ def one_run(steps: int, hooked: bool, model_dir: str) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
     import graphmod
+    from graphmod.embeddings.partition import owner_of_numpy
     from graphmod.horovod.exchange import BYTES_SENT
     tf1 = tf.compat.v1
     reference = _reference()
@@ -113,7 +114,7 @@ def one_run(steps: int, hooked: bool, model_dir: str) -> None:
     offsets = np.arange(reference.N_CAT, dtype=np.int64) * reference.VOCAB
     for ids, exchanged in measure.log:
         keys = (ids + offsets).reshape(-1)
-        others = int((graphmod_owners(keys, size) != rank).sum()) if size > 1 else 0
+        others = int((owner_of_numpy(keys, size) != rank).sum()) if size > 1 else 0
         sent.append(int(exchanged))
         undeduplicated.append(sum(others * (8 + 2 * 4 * d) for d in DIMS) if hooked else 0)
         allgathered.append(sum(keys.size * (4 * d + 8) for d in DIMS) * (size - 1))
@@ -138,16 +139,6 @@ def ops_and_rounds(step_stats):
         if start > end:
             rounds, end = rounds + 1, stop
     return len(nodes), rounds
-
-
-def graphmod_owners(keys: np.ndarray, size: int) -> np.ndarray:
-    """graphmod.horovod.owner_of, in numpy."""
-    h = keys.astype(np.int64).view(np.uint64)
-    with np.errstate(over="ignore"):
-        h = h ^ (h >> np.uint64(31))
-        h = h * np.uint64(0x9E3779B97F4A7C15)
-        h = h ^ (h >> np.uint64(29))
-        return (((h >> np.uint64(32)) * np.uint64(size)) >> np.uint64(32)).astype(np.int32)
 
 
 VARIANTS = {"1 rank, dense": (1, False), "1 rank, hook": (1, True),

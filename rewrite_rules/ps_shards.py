@@ -119,7 +119,7 @@ def _shards(table: Table, n: int) -> List[Table]:
     table with its settings (and name: the checkpoint's) on each other one."""
     op = table.handle.op
     # Every attribute the op declares: a setting added to it is copied too.
-    attrs = {a.name: op.get_attr(a.name) for a in op.op_def.attr}
+    attrs = {a.name: GraphIndex.attr(op, a.name) for a in op.op_def.attr}
     mine = ps.ps_task(table.handle.device)
     shards = []
     for i in range(n):
@@ -160,7 +160,7 @@ def _shard_lookups(rw, lookups, shards) -> None:
         n = len(shards[group[0][0].name])
         training = kind == "GraphmodTableFindOrInsert"
         tables = [t for t, _ in group]
-        keys = [op.inputs[1] for _, op in group]
+        keys = [rw.index.data_input(op, 1) for _, op in group]
         # Each entry's floats in the rows sent back: its row and, training,
         # how many of its lookups were refused a row.
         widths = [t.dim + training for t in tables]
@@ -180,9 +180,10 @@ def _shard_lookups(rw, lookups, shards) -> None:
                                                        N=len(tables), widths=widths)
                     if training:
                         rows, row_handles = ops.graphmod_fused_find_or_insert(
-                            handles, list(plan.lookups), [op.inputs[2] for _, op in group],
+                            handles, list(plan.lookups),
+                            [rw.index.data_input(op, 2) for _, op in group],
                             dims=[t.dim for t in tables],
-                            access_thresholds=[op.get_attr("access_threshold")
+                            access_thresholds=[rw.index.attr(op, "access_threshold")
                                                for _, op in group])
                     else:
                         rows, row_handles = ops.graphmod_fused_find(
@@ -205,8 +206,9 @@ def _shard_applies(rw, applies, shards) -> None:
             for _, op in group:
                 # A key's gradient rows summed on the worker (as a dense
                 # variable's sparse update sums duplicate indices) cross once.
-                keys, at = tf.unique(op.inputs[1], out_idx=tf.int32)
-                grads = tf.math.unsorted_segment_sum(op.inputs[2], at, tf.size(keys))
+                keys, at = tf.unique(rw.index.data_input(op, 1), out_idx=tf.int32)
+                grads = tf.math.unsorted_segment_sum(rw.index.data_input(op, 2), at,
+                                                     tf.size(keys))
                 ids, _, owner = _by_owner(keys, n)
                 split.append((ids, tf.dynamic_partition(grads, owner, n)))
             dims = [t.dim for t, _ in group]
@@ -219,9 +221,9 @@ def _shard_applies(rw, applies, shards) -> None:
                     per_task.append(ops.graphmod_fused_apply(
                         handles, _unpack(ids, sizes, [None] * len(group)),
                         _unpack(grads, _times(sizes, dims), dims),
-                        [op.inputs[3] for _, op in group],
-                        optimizers=[op.get_attr("optimizer").decode() for _, op in group],
-                        nesterov=[op.get_attr("nesterov") for _, op in group],
+                        [rw.index.data_input(op, 3) for _, op in group],
+                        optimizers=[rw.index.attr(op, "optimizer").decode() for _, op in group],
+                        nesterov=[rw.index.attr(op, "nesterov") for _, op in group],
                         by_address=False))
             apply = tf.group(per_task)
         for _, op in group:

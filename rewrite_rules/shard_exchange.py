@@ -122,7 +122,8 @@ def _exchange_lookups(rw, lookups):
                 # one nothing initializes.
                 for old, new in zip(get_next.outputs, ahead.element):
                     rw.reroute(old, new)
-                rw.reroute(get_next.inputs[0], ahead.unset_iterator, consumers=[get_next])
+                rw.reroute(rw.index.data_input(get_next), ahead.unset_iterator,
+                           consumers=[get_next])
         else:
             rows = horovod.exchanged_find(tables, keys)
         for (_, _, old), new in zip(group, rows):
@@ -141,7 +142,7 @@ def _ids_ahead(index, tables, keys):
         raise input_keys.NotFromInput("its exchange's keys come from more than one tf.data "
                                       "iterator")
     get_next = get_nexts.pop()
-    iterator = get_next.inputs[0]
+    iterator = index.data_input(get_next)
     if iterator.op.type not in _PLAIN_ITERATORS:
         raise input_keys.NotFromInput(f"its iterator is a {iterator.op.type} "
                                       f"('{iterator.op.name}'), not one made from one dataset")
@@ -176,16 +177,17 @@ def _exchange_applies(rw, applies, exchanges, advances) -> None:
             group = sorted(group, key=lambda pair: order.index(pair[0].name))
         tables = [table for table, _ in group]
         old = [op for _, op in group]
-        keys, grads = [op.inputs[1] for op in old], [op.inputs[2] for op in old]
+        keys = [rw.index.data_input(op, 1) for op in old]
+        grads = [rw.index.data_input(op, 2) for op in old]
         if exchange is not None:
             owned = horovod.returned_gradients(exchange, keys, grads)
         else:
             owned = horovod.exchanged_gradients(tables, keys, grads)
         with tf.compat.v1.name_scope("graphmod/owner_apply"), tf.control_dependencies(advances):
             apply = fused.apply([t.handle for t in tables], [k for k, _ in owned],
-                                [g for _, g in owned], [op.inputs[3] for op in old],
-                                [op.get_attr("optimizer").decode() for op in old],
-                                [op.get_attr("nesterov") for op in old], by_address=False)
+                                [g for _, g in owned], [rw.index.data_input(op, 3) for op in old],
+                                [rw.index.attr(op, "optimizer").decode() for op in old],
+                                [rw.index.attr(op, "nesterov") for op in old], by_address=False)
         for op in old:
             rw.replace_control_input(op, apply)
 
