@@ -69,6 +69,8 @@ SETTINGS = (
     Setting("storage_path", str, None, "a directory path",
             lambda v: v is None or isinstance(v, str) and v != "", "storage_path", ""),
     Setting("prefetch", bool, True),
+    Setting("placement", str, "auto", "'auto', 'sharded' or 'replicated'",
+            lambda v: v in ("auto", "sharded", "replicated")),
     Setting("convert", bool, True),
 )
 TABLE_SETTINGS = tuple(s for s in SETTINGS if s.attr)
@@ -138,7 +140,10 @@ class TableSettings(dataclasses.make_dataclass(
     it costs a second pass over the keys, which pays where a core is free or
     reads wait on the disk); False: each step reads its own;
     access_threshold, eviction_threshold and eviction_unit those of
-    graphmod.FeatureSpec; convert=False keeps the variable dense.
+    graphmod.FeatureSpec; placement, on several Horovod ranks: "sharded"
+    (each key's row on one rank), "replicated" (every row on every rank) or
+    "auto" (graphmod.horovod.placement decides); convert=False keeps the
+    variable dense.
     """
     def __post_init__(self):
         check("TableSettings", {s.name: getattr(self, s.name) for s in SETTINGS})

@@ -34,6 +34,8 @@ class GraphState:
     # Whether this graph's tables are split by key across Horovod ranks, as
     # GraphModifierHook's rewrite decided (None: graphmod.horovod.enable()'s)
     split_over_ranks: Optional[bool] = None
+    # Of those, the tables every rank holds whole (graphmod.horovod.placement)
+    replicated: frozenset = frozenset()
     # The model_dir's latest checkpoint holds tables in parts (graphmod.checkpoint.saver)
     reads_parts: bool = False
     # Tables split over ps tasks (graphmod.ps): name -> its

@@ -312,12 +312,19 @@ REGISTER_OP("GraphmodTableSave")
     .Attr("N: int >= 1")
     .Attr("checkpoint_format: int")
     .Attr("with_removed: bool = false")
+    .Attr("owned_only: list(bool) = []")
+    .Attr("owner_rank: int = 0")
+    .Attr("owner_size: int = 1")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Writes a tensor bundle at `prefix` holding, per table, the entries its saveable "
          "saves (rows and pending ids at version >= its min_versions entry, the sketch, the "
          "format number, and with_removed the keys removed since that version - 1), "
-         "copying one table shard at a time.");
+         "copying one table shard at a time. A table whose owned_only entry is true (a "
+         "copy of the whole table on every rank) writes only the rows, pending ids and "
+         "removed keys that rank owner_rank of owner_size owns (OwnerRank), gathered in "
+         "memory first, so that its part of a checkpoint holds a hash range like a "
+         "sharded table's.");
 
 REGISTER_OP("GraphmodTableRestore")
     .Input("table: resource")

@@ -15,13 +15,17 @@
 // becomes one part of a sharded checkpoint (graphmod/saver.py merges the
 // parts). A failed save removes its bundle's files.
 #include <algorithm>
+#include <array>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "native/exchange_plan.h"
 #include "native/table.h"
 #include "native/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -81,6 +85,13 @@ class SaveOp : public OpKernel {
   explicit SaveOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("checkpoint_format", &format_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("with_removed", &with_removed_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("owned_only", &owned_only_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("owner_rank", &owner_rank_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("owner_size", &owner_size_));
+    OP_REQUIRES(ctx, owner_size_ >= 1 && owner_rank_ >= 0 && owner_rank_ < owner_size_,
+                ::tensorflow::errors::InvalidArgument(
+                    "graphmod: a table save's owner_rank must be in [0, owner_size), got ",
+                    owner_rank_, " of ", owner_size_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -95,6 +106,10 @@ class SaveOp : public OpKernel {
                 ::tensorflow::errors::InvalidArgument(
                     "graphmod: a table save's `min_versions` must hold one version per "
                     "table (", n, "), got shape ", min_versions.shape().DebugString()));
+    OP_REQUIRES(ctx, owned_only_.empty() || static_cast<int>(owned_only_.size()) == n,
+                ::tensorflow::errors::InvalidArgument(
+                    "graphmod: a table save's owned_only must be empty or hold one entry per "
+                    "table (", n, "), got ", owned_only_.size()));
     const std::string path(prefix.scalar<::tensorflow::tstring>()());
     bool finishing = false;
     const Status status = WriteBundle(ctx, path, n, min_versions.vec<int64_t>(), &finishing);
@@ -114,7 +129,9 @@ class SaveOp : public OpKernel {
       TableResource* resource = nullptr;
       TF_RETURN_IF_ERROR(LookupResource(ctx, HandleFromInput(ctx, i), &resource));
       ::tensorflow::core::ScopedUnref unref(resource);
-      TF_RETURN_IF_ERROR(WriteTable(ctx, resource->table, min_versions(i), &writer));
+      const bool owned_only = !owned_only_.empty() && owned_only_[i];
+      TF_RETURN_IF_ERROR(
+          WriteTable(ctx, resource->table, min_versions(i), owned_only, &writer));
     }
     *finishing = true;
     return writer.Finish();
@@ -134,8 +151,13 @@ class SaveOp : public OpKernel {
   }
 
   Status WriteTable(OpKernelContext* ctx, EmbeddingTable& t, int64_t min_version,
-                    BundleWriter* writer) const {
-    TF_RETURN_IF_ERROR(WriteRowsAndPending(ctx, t, min_version, writer));
+                    bool owned_only, BundleWriter* writer) const {
+    const int rank = static_cast<int>(owner_rank_), size = static_cast<int>(owner_size_);
+    const std::function<bool(int64_t)> keep =
+        owned_only ? std::function<bool(int64_t)>(
+                         [rank, size](int64_t key) { return OwnerRank(key, size) == rank; })
+                   : nullptr;
+    TF_RETURN_IF_ERROR(WriteRowsAndPending(ctx, t, min_version, keep, writer));
     const std::string& name = t.config().name;
     Tensor format(::tensorflow::DT_INT64, TensorShape({}));
     format.scalar<int64_t>()() = format_;
@@ -150,7 +172,35 @@ class SaveOp : public OpKernel {
       return status.ok() ? removed.flat<int64_t>().data() : nullptr;
     });
     TF_RETURN_IF_ERROR(status);
+    if (keep) TF_RETURN_IF_ERROR(KeepRows(ctx, keep, &removed, {}));
     return writer->Add(name + "-removed_keys", removed);
+  }
+
+  // Keeps the rows i (of every tensor in `also`, all of keys' rows) whose
+  // key keys[i] passes `keep`, in order: each tensor is replaced by its kept rows.
+  static Status KeepRows(OpKernelContext* ctx, const std::function<bool(int64_t)>& keep,
+                         Tensor* keys, std::initializer_list<Tensor*> also) {
+    const int64_t n = keys->dim_size(0);
+    std::vector<int64_t> kept;
+    const int64_t* k = keys->flat<int64_t>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      if (keep(k[i])) kept.push_back(i);
+    }
+    const int64_t m = static_cast<int64_t>(kept.size());
+    std::vector<Tensor*> tensors{keys};
+    tensors.insert(tensors.end(), also.begin(), also.end());
+    for (Tensor* t : tensors) {
+      TensorShape shape = t->shape();
+      shape.set_dim(0, m);
+      Tensor out;
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), shape, &out));
+      const int64_t row = n ? t->TotalBytes() / n : 0;  // bytes of one row
+      const char* from = static_cast<const char*>(t->tensor_data().data());
+      char* to = const_cast<char*>(out.tensor_data().data());
+      for (int64_t j = 0; j < m; ++j) std::memcpy(to + j * row, from + kept[j] * row, row);
+      *t = out;
+    }
+    return ::tensorflow::OkStatus();
   }
 
   // Rows per chunk a save copies and writes: about 64 MiB of buffers
@@ -165,9 +215,13 @@ class SaveOp : public OpKernel {
 
   // One snapshot of the table: its pending keys (whole: they are few), then
   // its rows, chunk by chunk, each written as slices of the entries as soon
-  // as it is full.
+  // as it is full. With `keep`, only the rows and pending keys whose key it
+  // keeps: the rows are then gathered in memory and written once, whole
+  // (the entries' full shape is written with their first slice).
   static Status WriteRowsAndPending(OpKernelContext* ctx, const EmbeddingTable& t,
-                                    int64_t min_version, BundleWriter* writer) {
+                                    int64_t min_version,
+                                    const std::function<bool(int64_t)>& keep,
+                                    BundleWriter* writer) {
     const int64_t d = t.config().dim, k = t.config().num_slots;
     const std::string& name = t.config().name;
     Status status;
@@ -189,6 +243,8 @@ class SaveOp : public OpKernel {
     Tensor keys, values, slots, counts, last_seen, versions;
     std::unique_ptr<SlicedEntries> entries;
     int64_t offset = 0;
+    // With keep: the kept rows' chunks, written once the snapshot ends.
+    std::vector<std::array<Tensor, 6>> kept;
     const std::string error = t.Snapshot(
         min_version, ChunkRows(t), pending,
         [&](int64_t total, int64_t n) {
@@ -213,6 +269,13 @@ class SaveOp : public OpKernel {
           return out;
         },
         [&](int64_t n) -> std::string {
+          if (keep) {
+            if (status.ok())
+              status = KeepRows(ctx, keep, &keys, {&values, &slots, &counts, &last_seen,
+                                                   &versions});
+            kept.push_back({keys, values, slots, counts, last_seen, versions});
+            return status.ok() ? "" : "stopped";
+          }
           for (const auto& [field, part] :
                {std::pair<const char*, const Tensor*>{"keys", &keys}, {"values", &values},
                 {"slots", &slots}, {"counts", &counts}, {"last_seen", &last_seen},
@@ -225,6 +288,10 @@ class SaveOp : public OpKernel {
         });
     TF_RETURN_IF_ERROR(status);
     TF_RETURN_IF_ERROR(StorageError(t, error));
+    if (keep) {
+      TF_RETURN_IF_ERROR(WriteKept(ctx, name, d, k, kept, writer));
+      TF_RETURN_IF_ERROR(KeepRows(ctx, keep, &pending_keys, {&pending_counts, &pending_seen}));
+    }
     for (const auto& [field, part] :
          {std::pair<const char*, const Tensor*>{"pending_keys", &pending_keys},
           {"pending_counts", &pending_counts}, {"pending_last_seen", &pending_seen},
@@ -234,8 +301,36 @@ class SaveOp : public OpKernel {
     return ::tensorflow::OkStatus();
   }
 
+  // Writes the kept chunks' rows as the table's row entries, whole.
+  static Status WriteKept(OpKernelContext* ctx, const std::string& name, int64_t d, int64_t k,
+                          const std::vector<std::array<Tensor, 6>>& kept,
+                          BundleWriter* writer) {
+    static const char* const kFields[] = {"keys", "values", "slots",
+                                          "counts", "last_seen", "versions"};
+    const TensorShape shapes[] = {{0}, {0, d}, {0, k, d}, {0}, {0}, {0}};
+    int64_t total = 0;
+    for (const auto& chunk : kept) total += chunk[0].dim_size(0);
+    for (int f = 0; f < 6; ++f) {
+      TensorShape shape = shapes[f];
+      shape.set_dim(0, total);
+      const DataType type = f == 1 || f == 2 ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
+      Tensor whole;
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(type, shape, &whole));
+      char* to = const_cast<char*>(whole.tensor_data().data());
+      for (const auto& chunk : kept) {
+        const auto data = chunk[f].tensor_data();
+        std::memcpy(to, data.data(), data.size());
+        to += data.size();
+      }
+      TF_RETURN_IF_ERROR(writer->Add(name + "-" + kFields[f], whole));
+    }
+    return ::tensorflow::OkStatus();
+  }
+
   int64_t format_;
   bool with_removed_;
+  std::vector<bool> owned_only_;
+  int64_t owner_rank_, owner_size_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("GraphmodTableSave").Device(DEVICE_CPU), SaveOp);

@@ -1,8 +1,12 @@
-"""Rule: under Horovod, tables are sharded by key across the ranks.
+"""Rule: under Horovod, tables are sharded by key across the ranks, or replicated.
 
-When the model runs on several Horovod ranks, each key's row lives on one
-owner rank (graphmod.horovod). This rule moves the table ops the
-earlier rules built to the owners:
+When the model runs on several Horovod ranks, the placement planner
+(graphmod.horovod.placement) places each table: sharded, each key's row
+on one owner rank, or replicated, every row on every rank. A replicated
+table's lookups stay local, and each rank's distinct gradient rows are
+gathered by every rank, which applies them all (its copies stay equal).
+For the sharded tables, this rule moves the table ops the earlier rules
+built to the owners:
   - lookups: those of one dependency level become one exchange
     (graphmod.horovod.exchanged_find_or_insert, or exchanged_find in
     graphs that do not train): ids go to their owners, which look them up
@@ -23,13 +27,14 @@ lookup there is a collective every rank would have to run alike), and reads
 of the whole variable.
 """
 import collections
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
 from graphmod import horovod
-from graphmod.embeddings import fused
-from graphmod.horovod import ids_ahead
+from graphmod.embeddings import fused, lookup
+from graphmod.horovod import ids_ahead, placement
+from graphmod.horovod.exchange import BYTES_SENT
 from graphmod.rewrite import input_keys
 from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
@@ -48,9 +53,21 @@ _PLAIN_ITERATORS = ("IteratorV2", "Iterator", "OneShotIterator")
 IdsAhead = NamedTuple("IdsAhead", [("ids_ahead", dict)])
 
 
-def check(conversion: Conversion, context: Context) -> None:
+class Placed(NamedTuple):
+    """A table's placement (graphmod.horovod.placement), for the report and
+    the plan (the model's later graphs place it as training did)."""
+    choice: placement.Choice
+
+    def table_entry(self) -> dict:
+        return self.choice.report()
+
+    def plan_entry(self) -> dict:
+        return dict(placement=self.choice.placement)
+
+
+def check(conversion: Conversion, context: Context) -> Optional[Placed]:
     if context.ranks <= 1:
-        return
+        return None
     update = conversion.update
     if conversion.training and (update.combined is None or not update.combined.collective.runs):
         raise Refused(f"each of the {context.ranks} Horovod ranks trains its own copy of it "
@@ -62,22 +79,55 @@ def check(conversion: Conversion, context: Context) -> None:
                           "collective every Horovod rank must run alike")
     if conversion.dense_reads:
         raise Refused("it is read whole, which tables sharded across Horovod ranks cannot serve")
+    forced = conversion.settings.placement
+    if not conversion.training and conversion.planned_placement:
+        forced = conversion.planned_placement  # as training placed it
+    return Placed(placement.place(_shape(conversion), context.ranks, forced))
 
 
 def rewrite(rw, conversions, context: Context) -> None:
     if context.ranks <= 1:
         return
     built = {c.name: context.built(Lookups, c) for c in conversions}
+    replicated = [c for c in conversions if replicates(c, context)]
+    sharded = [c for c in conversions if c not in replicated]
+    rw.set_state("replicated", frozenset(c.table_name for c in replicated))
     with rw.rule(NAME):
-        exchanges, aheads, why_not = _exchange_lookups(rw, list(built.values()))
+        exchanges, aheads, why_not = _exchange_lookups(rw, [built[c.name] for c in sharded])
+        advances = [a.advance for _, a in aheads]
         _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
-                               for c in conversions if c.training], exchanges,
-                          [a.advance for _, a in aheads])
+                               for c in sharded if c.training], exchanges, advances)
+        _replicated_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
+                                 for c in replicated if c.training], advances)
         if aheads:
             rw.set_state("primes", [a.prime for _, a in aheads])
             rw.set_state("step_inputs", {get_next.name: a.element for get_next, a in aheads})
     if context.training:
         context.build(IdsAhead(why_not))
+
+
+def replicates(c: Conversion, context: Context) -> bool:
+    """Whether every rank holds every row of c's table (else: each key's
+    row is on its owner rank)."""
+    placed = context.built(Placed, c)
+    return placed is not None and placed.choice.placement == "replicated"
+
+
+def _shape(c: Conversion) -> placement.TableShape:
+    """What the planner knows of c's table (its training reads' ids: None
+    when a batch size is not static)."""
+    sizes = [g.ids.shape.num_elements() for g in c.gathers] if c.training else [None]
+    settings = c.settings
+    why = ("it admits or evicts rows by their use, which each rank counts for its own copy"
+           if settings.access_threshold >= 0 or settings.eviction_threshold >= 0 else
+           "a full table (max_rows) evicts by the use of each rank's own copy"
+           if settings.max_rows is not None else
+           "each rank's copy would have a disk tier of its own"
+           if settings.memory_budget is not None else "")
+    return placement.TableShape(
+        c.table_name, settings.max_rows or c.rows, c.dim,
+        len(c.update.slots) if c.update is not None else 0,
+        None if None in sizes else sum(sizes), why)
 
 
 def _exchange_lookups(rw, lookups):
@@ -188,6 +238,44 @@ def _exchange_applies(rw, applies, exchanges, advances) -> None:
                                 [g for _, g in owned], [rw.index.data_input(op, 3) for op in old],
                                 [rw.index.attr(op, "optimizer").decode() for op in old],
                                 [rw.index.attr(op, "nesterov") for op in old], by_address=False)
+        for op in old:
+            rw.replace_control_input(op, apply)
+
+
+def _replicated_applies(rw, applies, advances) -> None:
+    """The applies of replicated tables (each rank's copy of every row) that
+    one set of ops waits for: each rank's distinct keys and summed gradient
+    rows (its share of the combination, as optimizer_updates took it) are
+    gathered by every rank, which inserts the keys its copy lacks and steps
+    each key once with the sum of all ranks' shares, as one table would."""
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    groups = collections.defaultdict(list)
+    for table, apply in applies:
+        waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
+        groups[waiting].append((table, apply))
+    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+        tables, old = [t for t, _ in group], [op for _, op in group]
+        keys, grads, inserts = [], [], []
+        with tf.compat.v1.name_scope("graphmod/replicated_apply"):
+            for table, op in group:
+                unique, at = tf.unique(rw.index.data_input(op, 1))
+                summed = tf.math.unsorted_segment_sum(rw.index.data_input(op, 2), at,
+                                                      tf.size(unique))
+                keys.append(hvd.allgather(unique, name=f"graphmod_replicated_keys_{table.name}"))
+                grads.append(hvd.allgather(summed,
+                                           name=f"graphmod_replicated_grads_{table.name}"))
+                # The bytes this rank sends each other rank.
+                tf.compat.v1.add_to_collection(
+                    BYTES_SENT,
+                    (hvd.size() - 1) * tf.size(unique, tf.int64) * (8 + 4 * table.dim))
+                _, handles = lookup.find_or_insert(table, keys[-1])
+                inserts.append(handles.op)
+            with tf.control_dependencies(inserts + advances):
+                apply = fused.apply([t.handle for t in tables], keys, grads,
+                                    [rw.index.data_input(op, 3) for op in old],
+                                    [rw.index.attr(op, "optimizer").decode() for op in old],
+                                    [rw.index.attr(op, "nesterov") for op in old],
+                                    by_address=False)
         for op in old:
             rw.replace_control_input(op, apply)
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from graphmod import horovod
 from graphmod.rewrite.rule import Context
+from graphmod.rewrite_rules import shard_exchange
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "warm_start"
@@ -37,8 +38,8 @@ def rewrite(rw, conversions, context: Context) -> None:
         with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{table.name}"):
             rows = tf.reshape(c.warm_start, [c.rows, c.dim])
             keys = tf.range(c.rows, dtype=tf.int64)
-            if context.ranks > 1:
-                # Split across Horovod ranks: each rank's part takes the keys it owns.
+            if context.ranks > 1 and not shard_exchange.replicates(c, context):
+                # Sharded across Horovod ranks: each rank's part takes the keys it owns.
                 mine = tf.equal(horovod.owner_of(keys, context.ranks), horovod.horovod_rank())
                 keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
             imported = table.import_rows(keys, rows)

@@ -319,7 +319,8 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
     tf1 = tf.compat.v1
     mode, order, combine, model_dir, out = sys.argv[1:6]
-    warm_from = sys.argv[6] if len(sys.argv) > 6 else None  # a checkpoint emb starts from
+    warm_from = sys.argv[6] if sys.argv[6] != "-" else None  # a checkpoint emb starts from
+    placements = sys.argv[7].split(",")  # emb's, in the first training and the rest
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     B, STEPS, FIRST = 24, 8, 5
@@ -369,11 +370,12 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         warm_start_from=tf.estimator.WarmStartSettings(warm_from, vars_to_warm_start="emb")
         if warm_from else None)
 
-    def hooks(dense=mode == "dense"):
+    def hooks(dense=mode == "dense", placement=placements[-1]):
         broadcast = [hvd.BroadcastGlobalVariablesHook(0)]
         if dense:
             return broadcast
-        modifier = graphmod.GraphModifierHook(model_dir=None)
+        modifier = graphmod.GraphModifierHook(model_dir=None,
+                                              tables={"emb": {"placement": placement}})
         return broadcast + [modifier] if order == "after" else [modifier] + broadcast
 
     class Rows(tf1.train.SessionRunHook):
@@ -385,7 +387,7 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         def end(self, session):
             self.rows = session.run(self.fetch)
 
-    first = hooks(dense=mode != "hooked")
+    first = hooks(dense=mode != "hooked", placement=placements[0])
     estimator.train(input_fn(0), steps=FIRST, hooks=first)
     rows = Rows()  # the second call restores the checkpoint of step 5, trains to the input's end
     second = hooks()
@@ -409,19 +411,19 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
                    eval=float(evaluation["global_loss"]),
                    w=estimator.get_variable_value("w").tolist(),
                    ids_ahead=reports[0].ids_ahead if reports else None,
+                   placed=[r.tables[0].get("placement") for r in reports],
                    adopted=reports[0].adopted if reports else None),
               open(f"{out}/rank{rank}.json", "w"))
 """)
 
 
 def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average",
-                  warm_from=None):
+                  warm_from=None, placements="auto,auto"):
     out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
     out.mkdir()
     script = tmp_path / f"{name}.py"
     script.write_text(with_model(ESTIMATOR_SCRIPT))
-    launch(ranks, script, mode, order, combine, model_dir, out,
-           *([warm_from] if warm_from else []))
+    launch(ranks, script, mode, order, combine, model_dir, out, warm_from or "-", placements)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], model_dir
 
 
@@ -455,6 +457,36 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
             for r in range(2):
                 assert f"model.ckpt-{step}.tables-0000{r}-of-00002.index" in names
     assert_the_command_reads_both_parts(model_dir, dense_dir, len(rows), tmp_path)
+
+
+def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_path):
+    """emb placed replicated (every row on both ranks) trains as one dense
+    rank, and its checkpoint of step 5 restores into it sharded for 3 more
+    steps; and the other way round: the same losses, evaluation,
+    predictions, dense weights, rows and accumulators as the dense model.
+    A replicated table's two copies hold every key, equal."""
+    (dense,), _ = run_estimator(tmp_path, "dense", 1, "dense")
+    for first, then in (("replicated", "sharded"), ("sharded", "replicated")):
+        ranks, _ = run_estimator(tmp_path, f"{first}_{then}", 2, "hooked",
+                                 placements=f"{first},{then}")
+        for r in ranks:
+            assert r["placed"] == [first, then]
+            np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
+            assert len(r["losses"]) == 8
+            np.testing.assert_allclose(r["eval"], dense["eval"], rtol=1e-5)
+            np.testing.assert_allclose(r["w"], dense["w"], rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(r["logits"], dense["logits"], rtol=1e-5, atol=1e-6)
+        if then == "replicated":
+            copies = [r["rows"] for r in ranks]
+            assert set(copies[0]) == set(copies[1]) == set(dense["rows"])
+            assert copies[0] == copies[1]  # bit-equal copies
+        else:
+            assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"])
+        rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
+        assert set(rows) == set(dense["rows"])
+        for key, (values, accum) in dense["rows"].items():
+            np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
 
 
 def test_a_dense_horovod_model_dir_is_adopted_into_tables_split_across_ranks(tmp_path):

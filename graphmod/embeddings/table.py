@@ -12,7 +12,7 @@ saved by the ordinary tf.compat.v1.train.Saver (so by every Estimator).
 import inspect
 import math
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -224,11 +224,15 @@ class _TableDeltaSaveable(saveable_object.SaveableObject):
 
 
 def write_tables(saveables: List[saveable_object.SaveableObject],
-                 prefix: tf.Tensor, part: bool = False) -> tf.Operation:
+                 prefix: tf.Tensor, part: bool = False,
+                 owned_only: Sequence[bool] = (), owner: Tuple[int, int] = (0, 1)
+                 ) -> tf.Operation:
     """Writes the entries of tables' saveables (all _TableSaveable, or all
     _TableDeltaSaveable) as one checkpoint at `prefix`, a chunk of rows at a
     time (a part of a sharded checkpoint: graphmod.checkpoint.saver). part: the keys
-    this rank owns of sharded tables (graphmod.checkpoint.parts)."""
+    this rank owns of sharded tables (graphmod.checkpoint.parts). owned_only
+    (one per saveable, or none): the table is a copy every rank holds
+    whole, of whose keys only those `owner` (rank, of size) owns are written."""
     kinds = {type(s) for s in saveables}
     if len(kinds) != 1 or not kinds <= {_TableSaveable, _TableDeltaSaveable}:
         raise TypeError(f"graphmod: write_tables takes saveables of one kind of table "
@@ -240,7 +244,8 @@ def write_tables(saveables: List[saveable_object.SaveableObject],
         versions = tf.stack([tf.cast(s.min_version(), tf.int64) for s in saveables])
         return ops.graphmod_table_save([s.table.handle for s in saveables], prefix, versions,
                                        checkpoint_format=CHECKPOINT_FORMAT,
-                                       with_removed=delta)
+                                       with_removed=delta, owned_only=list(owned_only),
+                                       owner_rank=owner[0], owner_size=owner[1])
 
 
 def _unless_sharded(table: Table) -> List[tf.Operation]:

@@ -2,7 +2,10 @@
 
 A save runs on every rank at once (TableSaver; under GraphModifierHook at
 rank 0's save steps, into rank 0's model_dir: graphmod.horovod.save_schedule):
-rank r writes the keys it owns as part r of the checkpoint, all ranks meet
+rank r writes the keys it owns as part r of the checkpoint (of a table every
+rank holds whole, graphmod.horovod.placement's "replicated", too: its copy's
+keys that rank r owns, so parts are hash ranges whatever the placement, and
+a restore reads them into any other), all ranks meet
 in an allreduce once their parts are written, and rank 0 then commits the
 manifest before its Saver writes the dense variables and the `checkpoint`
 state file; deltas alike.
@@ -17,6 +20,7 @@ from graphmod.checkpoint import deltas
 from graphmod.checkpoint.parts import (PartLayout, TableParts, absolute, commit, commit_delta,
                                        manifest_path, part_prefix)
 from graphmod.embeddings.table import _TableDeltaSaveable, _TableSaveable, write_tables
+from graphmod.state import graph_state
 
 tf1 = tf.compat.v1
 
@@ -59,7 +63,10 @@ class RankParts(PartLayout):
         import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
         self.rank, self.size = hvd.rank(), hvd.size()
         self.whose = f"rank {self.rank} of {self.size}"
-        self.readers = [TableParts(saveables, self.rank, self.size)]
+        # Tables every rank holds whole read every part; the rest, their owner's.
+        self.replicated = graph_state().replicated
+        self.readers = [TableParts(self._of(saveables, False), self.rank, self.size),
+                        TableParts(self._of(saveables, True))]
         self.rank0_dir = rank0_dir
         self.stream, self.staging = stream or (None, None)
         with tf1.name_scope("graphmod_sharded_checkpoint"):
@@ -67,7 +74,7 @@ class RankParts(PartLayout):
             self._path = tf1.placeholder(tf.int64, [1], name="path_fingerprint")
             self._paths = hvd.allgather(self._path, name="graphmod_checkpoint_paths")
             self._part = tf1.placeholder(tf.string, [], name="part")
-            with tf.control_dependencies([write_tables(saveables, self._part, part=True)]):
+            with tf.control_dependencies([self._write(saveables, self._part)]):
                 # Returns on every rank once every rank's part is written.
                 self._written = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                               name="graphmod_tables_written")
@@ -76,7 +83,18 @@ class RankParts(PartLayout):
             self._committed = hvd.allreduce(_barrier_input(self._part), op=hvd.Sum,
                                             name="graphmod_checkpoint_committed")
 
+    def _of(self, saveables, replicated: bool) -> list:
+        return [s for s in saveables if (s.table.name in self.replicated) == replicated]
+
+    def _write(self, saveables, part: tf.Tensor) -> tf.Operation:
+        """Writes the keys this rank owns of every table, replicated or not."""
+        return write_tables(saveables, part, part=True,
+                            owned_only=[s.table.name in self.replicated for s in saveables],
+                            owner=(self.rank, self.size))
+
     def owned_parts(self, table) -> list:
+        if table.name in self.replicated:
+            return [(table, 0, 1)]  # every key
         return [(table, self.rank, self.size)]  # this rank's part, of the keys it owns
 
     def where(self, save_path: str) -> str:
@@ -105,10 +123,11 @@ class RankParts(PartLayout):
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> list:
         """This rank writes the changes to the keys it owns as a part of the
         delta, all ranks meet once all parts are written."""
-        self.readers[0].build_deltas(saveables)
+        for reader, replicated in zip(self.readers, (False, True)):
+            reader.build_deltas(self._of(saveables, replicated))
         with tf1.name_scope("graphmod_sharded_delta"):
             self._delta_part = tf1.placeholder(tf.string, [], name="part")
-            with tf.control_dependencies([write_tables(saveables, self._delta_part, part=True)]):
+            with tf.control_dependencies([self._write(saveables, self._delta_part)]):
                 import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
                 self._delta_written = hvd.allreduce(_barrier_input(self._delta_part),
                                                     op=hvd.Sum,

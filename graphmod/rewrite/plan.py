@@ -124,6 +124,8 @@ class Conversion:
     # A replayed plan's squeezing ops that training unsqueezed, and their op types
     planned_keys: Optional[List[str]] = None
     planned_key_types: Optional[List[str]] = None
+    # Where training placed its table across Horovod ranks ("" unplanned)
+    planned_placement: str = ""
 
     @property
     def name(self) -> str:
@@ -510,6 +512,7 @@ def plan(view: GraphIndex, settings: RewriteSettings, training: bool,
             training=trains, summaries=summaries, dense_reads=dense_reads,
             shape_reads=uses["shapes"], penalties=uses["penalties"], warm_start=warm_start,
             planned_keys=planned.unsqueezed if planned is not None else None,
-            planned_key_types=planned.unsqueezed_types if planned is not None else None))
+            planned_key_types=planned.unsqueezed_types if planned is not None else None,
+            planned_placement=planned.placement if planned is not None else ""))
     return conversions, skipped
 

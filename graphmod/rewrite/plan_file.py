@@ -43,6 +43,8 @@ class Planned:
     # [the whole's name in checkpoints, the part's first row, the whole's rows].
     slots: List[list] = dataclasses.field(default_factory=list)
     part_of: Optional[list] = None
+    # Where its table was placed across Horovod ranks (graphmod.horovod.placement)
+    placement: str = ""
 
 
 def path(model_dir: str) -> str:
