@@ -307,6 +307,55 @@ def test_a_failed_table_save_leaves_no_files(tmp_path):
     assert tf.train.load_checkpoint(prefix).get_tensor("good-keys").size == 24000
 
 
+def test_a_save_of_a_copy_every_rank_holds_writes_the_keys_its_rank_owns(tmp_path,
+                                                                        monkeypatch):
+    """owned_only (a table replicated on every Horovod rank): the rows,
+    pending ids and removed keys of keys that owner_rank of owner_size owns,
+    in chunks gathered whole; the other tables' entries are written whole."""
+    monkeypatch.setenv("GRAPHMOD_TEST_SAVE_CHUNK_ROWS", "7")
+    with tf.Graph().as_default():
+        ids = tf1.placeholder(tf.int64, [None])
+        opt = graphmod.optimizers.Adagrad(0.1)
+        graphmod.use_feature_specs({"copy": ids}, [graphmod.FeatureSpec(
+            "copy", access_threshold=2)])
+        copy = graphmod.create_table("copy", 3, optimizer=opt, num_shards=4)
+        whole = graphmod.create_table("whole", 2, optimizer=opt)
+        train = opt.minimize(tf.reduce_sum(tf.sin(graphmod.sparse_lookup(copy, ids))) +
+                             tf.reduce_sum(graphmod.sparse_lookup(whole, ids)))
+        track = ops.graphmod_table_track_removals(copy.handle)
+        removed = tf1.placeholder(tf.int64, [None])
+        remove = copy.remove(removed)
+        prefix = tf1.placeholder(tf.string, [])
+        full, delta = (ops.graphmod_table_save([copy.handle, whole.handle], prefix, [0, 0],
+                                               checkpoint_format=1, with_removed=d,
+                                               owned_only=[True, False], owner_rank=1,
+                                               owner_size=3) for d in (False, True))
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            twice = np.arange(-40, 60, dtype=np.int64)  # admitted: rows
+            sess.run(train, {ids: np.concatenate([twice, twice, [1000, 1001, 1002, 1003]])})
+            exported, pending = sess.run([copy.export(), copy.export_pending()])
+            sess.run(track)
+            sess.run(remove, {removed: np.arange(-40, -20)})
+            sess.run(full, {prefix: str(tmp_path / "full")})
+            sess.run(delta, {prefix: str(tmp_path / "delta")})
+    mine = lambda keys: np.asarray(keys)[graphmod.embeddings.partition.owner_of_numpy(keys, 3)
+                                         == 1]
+    saved = tf.train.load_checkpoint(str(tmp_path / "full"))
+    keys = saved.get_tensor("copy-keys")
+    kept = np.isin(exported["keys"], np.arange(-20, 60))
+    assert 10 < len(keys) < 70 and sorted(keys) == sorted(mine(exported["keys"][kept]))
+    order = {k: i for i, k in enumerate(exported["keys"])}
+    np.testing.assert_array_equal(saved.get_tensor("copy-values"),
+                                  exported["values"][[order[k] for k in keys]])
+    np.testing.assert_array_equal(saved.get_tensor("copy-slots"),
+                                  exported["slots"][[order[k] for k in keys]])
+    assert sorted(saved.get_tensor("copy-pending_keys")) == sorted(mine(pending["keys"]))
+    assert len(saved.get_tensor("whole-keys")) == 104  # written whole
+    gone = tf.train.load_checkpoint(str(tmp_path / "delta")).get_tensor("copy-removed_keys")
+    assert len(gone) and sorted(gone) == sorted(mine(np.arange(-40, -20)))
+
+
 @pytest.mark.parametrize("kind", ["exact_admission", "sketch_admission", "empty"])
 def test_the_table_saver_writes_shard_by_shard_what_a_plain_saver_writes(tmp_path, kind,
                                                                         monkeypatch):

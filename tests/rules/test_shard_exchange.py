@@ -8,7 +8,9 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
+from graphmod.horovod import placement
 from graphmod.rewrite.rule import Refused
+from graphmod.settings import TableSettings
 from graphmod.rewrite_rules import (dense_reads, l2_penalties, optimizer_updates, shard_exchange)
 from graphmod.rewrite_rules.optimizer_updates import Apply
 
@@ -42,13 +44,14 @@ def test_refuses_whole_reads_on_several_ranks_and_takes_warm_starts():
         m = tiny_model()
         c = only_conversion(g, training=False)
         context = context_for(g, training=False, ranks=2)
-        assert shard_exchange.check(c, context) is None  # it only reads rows: accepted
+        placed = shard_exchange.check(c, context)  # it only reads rows: accepted
+        assert placed.choice.placement == "replicated"  # tiny: a copy on every rank
         whole = dataclasses.replace(c, dense_reads=[m.variable.value()])
         with pytest.raises(Refused, match="^it is read whole, which tables sharded across "
                                           "Horovod ranks cannot serve$"):
             shard_exchange.check(whole, context)
         warm = dataclasses.replace(c, warm_start=tf.zeros([8, 2]))
-        assert shard_exchange.check(warm, context) is None
+        assert shard_exchange.check(warm, context).choice.placement == "replicated"
         # On one rank the same facts are fine.
         assert shard_exchange.check(whole, context_for(g, training=False)) is None
 
@@ -63,3 +66,54 @@ def test_on_one_rank_it_accepts_everything_and_changes_nothing():
         assert "shard_exchange" not in applied.rw.summary()
         assert applied.built_by("shard_exchange") == []
         assert applied.context.built(Apply, c).op.type == "GraphmodTableApply"
+
+
+def test_the_planner_replicates_tiny_tables_that_move_alike_on_every_copy():
+    """auto: a table whose copy fits REPLICATE_MAX_BYTES is replicated unless
+    it admits, evicts, is bounded or has a disk tier (each counts or evicts by
+    its own rank's use); TableSettings(placement=...) overrides; a plan's
+    placement is kept by the model's later graphs."""
+    with tf.Graph().as_default() as g:
+        tiny_model()
+        c = only_conversion(g, training=False)
+        context = context_for(g, training=False, ranks=2)
+
+        def placed(**settings):
+            conversion = dataclasses.replace(c, settings=TableSettings(**settings))
+            return shard_exchange.check(conversion, context).choice
+        assert placed().placement == "replicated"
+        assert placed(placement="sharded").placement == "sharded"
+        assert placed(placement="sharded").why == "TableSettings(placement=...)"
+        for settings, why in [(dict(access_threshold=2), "admits or evicts"),
+                              (dict(eviction_threshold=5), "admits or evicts"),
+                              (dict(max_rows=100), "max_rows"),
+                              (dict(memory_budget=0.5, storage_path="/tmp/x"), "disk tier")]:
+            choice = placed(**settings)
+            assert choice.placement == "sharded" and why in choice.why, (settings, choice)
+            with pytest.raises(ValueError, match=f"table 'emb' cannot be replicated.*{why}"):
+                placed(placement="replicated", **settings)
+        replayed = dataclasses.replace(c, planned_placement="sharded")
+        assert shard_exchange.check(replayed, context).choice.placement == "sharded"
+
+
+def test_the_estimates_follow_the_exchange_and_the_copies():
+    """Per rank and step: sharded sends each distinct id other ranks own
+    (24 B), its row back (dim + 1 floats) and its gradient row (dim floats),
+    and waits for the rows; replicated sends every distinct id and gradient
+    row to each other rank and waits for nothing; memory is a part or the
+    whole of the rows."""
+    shape = placement.TableShape("t", rows=10**9, dim=8, slots=1, ids_per_step=1000)
+    d = placement.distinct_ids(1000, 10**9)
+    assert 999 < d < 1000  # few repeats among 1000 uniform ids of 1e9
+    sharded = placement.estimate(shape, "sharded", 4)
+    assert sharded.bytes_per_step == round(d * 0.75 * (24 + 4 * 8 + 4 * 9))
+    assert sharded.waited_bytes == round(d * 0.75 * 4 * 9)
+    assert sharded.memory_bytes == 10**9 // 4 * (4 * 8 * 2 + placement.ROW_OVERHEAD_BYTES)
+    replicated = placement.estimate(shape, "replicated", 4)
+    assert replicated.bytes_per_step == round(d * 3 * (8 + 4 * 8))
+    assert replicated.waited_bytes == 0
+    assert replicated.memory_bytes == 4 * sharded.memory_bytes
+    assert placement.distinct_ids(4096, 50) == pytest.approx(50)  # every row, surely
+    assert placement.place(shape, 4).placement == "sharded"  # a copy: 104 GB
+    unknown = placement.estimate(dataclasses.replace(shape, ids_per_step=None), "sharded", 2)
+    assert unknown.bytes_per_step is None and unknown.memory_bytes > 0
