@@ -27,12 +27,12 @@ lookup there is a collective every rank would have to run alike), and reads
 of the whole variable.
 """
 import collections
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from graphmod import horovod
-from graphmod.embeddings import fused, lookup
+from graphmod.embeddings import fused
 from graphmod.horovod import ids_ahead, placement
 from graphmod.horovod.exchange import BYTES_SENT
 from graphmod.rewrite import input_keys
@@ -40,6 +40,7 @@ from graphmod.rewrite.index import GraphIndex
 from graphmod.rewrite.levels import levels_and_sources
 from graphmod.rewrite.plan import Conversion
 from graphmod.rewrite.rule import Context, Refused
+from graphmod.rewrite_rules import collisionless_keys
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 from graphmod.rewrite_rules.optimizer_updates import Apply
 
@@ -62,12 +63,12 @@ class Placed(NamedTuple):
         return self.choice.report()
 
     def plan_entry(self) -> dict:
-        return dict(placement=self.choice.placement)
+        return self.choice.report()
 
 
-def check(conversion: Conversion, context: Context) -> Optional[Placed]:
+def check(conversion: Conversion, context: Context) -> None:
     if context.ranks <= 1:
-        return None
+        return
     update = conversion.update
     if conversion.training and (update.combined is None or not update.combined.collective.runs):
         raise Refused(f"each of the {context.ranks} Horovod ranks trains its own copy of it "
@@ -79,10 +80,6 @@ def check(conversion: Conversion, context: Context) -> Optional[Placed]:
                           "collective every Horovod rank must run alike")
     if conversion.dense_reads:
         raise Refused("it is read whole, which tables sharded across Horovod ranks cannot serve")
-    forced = conversion.settings.placement
-    if not conversion.training and conversion.planned_placement:
-        forced = conversion.planned_placement  # as training placed it
-    return Placed(placement.place(_shape(conversion), context.ranks, forced))
 
 
 def rewrite(rw, conversions, context: Context) -> None:
@@ -97,7 +94,7 @@ def rewrite(rw, conversions, context: Context) -> None:
         advances = [a.advance for _, a in aheads]
         _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
                                for c in sharded if c.training], exchanges, advances)
-        _replicated_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
+        _replicated_applies(rw, [(built[c.name].table, context.built(Apply, c).op, c.rows)
                                  for c in replicated if c.training], advances)
         if aheads:
             rw.set_state("primes", [a.prime for _, a in aheads])
@@ -107,23 +104,37 @@ def rewrite(rw, conversions, context: Context) -> None:
 
 
 def replicates(c: Conversion, context: Context) -> bool:
-    """Whether every rank holds every row of c's table (else: each key's
-    row is on its owner rank)."""
+    """Whether every rank holds every row of c's table (else: each key's row
+    is on its owner rank); the planner's choice (graphmod.horovod.placement),
+    made once the keys are known, on the first call. Raises ValueError when
+    TableSettings forces a table that cannot be replicated."""
+    if context.ranks <= 1:
+        return False
     placed = context.built(Placed, c)
-    return placed is not None and placed.choice.placement == "replicated"
+    if placed is None:
+        forced = c.settings.placement
+        if not c.training and c.planned_placement:
+            forced = c.planned_placement  # as training placed it
+        placed = Placed(placement.place(_shape(c, context), context.ranks, forced))
+        context.build(placed, c)
+    return placed.choice.placement == "replicated"
 
 
-def _shape(c: Conversion) -> placement.TableShape:
+def _shape(c: Conversion, context: Context) -> placement.TableShape:
     """What the planner knows of c's table (its training reads' ids: None
     when a batch size is not static)."""
     sizes = [g.ids.shape.num_elements() for g in c.gathers] if c.training else [None]
     settings = c.settings
+    keys = context.built(collisionless_keys.Keys, c)
     why = ("it admits or evicts rows by their use, which each rank counts for its own copy"
            if settings.access_threshold >= 0 or settings.eviction_threshold >= 0 else
            "a full table (max_rows) evicts by the use of each rank's own copy"
            if settings.max_rows is not None else
            "each rank's copy would have a disk tier of its own"
-           if settings.memory_budget is not None else "")
+           if settings.memory_budget is not None else
+           "its keys are a hashed column's own values (collision-free), not the row numbers "
+           "its dense gradient's allreduce carries"
+           if keys is not None and keys.names else "")
     return placement.TableShape(
         c.table_name, settings.max_rows or c.rows, c.dim,
         len(c.update.slots) if c.update is not None else 0,
@@ -244,33 +255,35 @@ def _exchange_applies(rw, applies, exchanges, advances) -> None:
 
 def _replicated_applies(rw, applies, advances) -> None:
     """The applies of replicated tables (each rank's copy of every row) that
-    one set of ops waits for: each rank's distinct keys and summed gradient
-    rows (its share of the combination, as optimizer_updates took it) are
-    gathered by every rank, which inserts the keys its copy lacks and steps
-    each key once with the sum of all ranks' shares, as one table would."""
+    one set of ops waits for: each table's gradient rows (this rank's share
+    of the combination, as optimizer_updates took them) are summed into a
+    dense [rows, dim + 1] tensor, its last column counting the ids that
+    reached each row, and allreduced (a sum, in Horovod's fused allreduce
+    with the dense gradients); every rank inserts the rows some rank read
+    that its copy lacks and steps each once with the sum of all ranks'
+    shares, as one table would."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
     groups = collections.defaultdict(list)
-    for table, apply in applies:
+    for table, apply, rows in applies:
         waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
-        groups[waiting].append((table, apply))
+        groups[waiting].append((table, apply, rows))
     for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
-        tables, old = [t for t, _ in group], [op for _, op in group]
-        keys, grads, inserts = [], [], []
+        tables, old = [t for t, _, _ in group], [op for _, op, _ in group]
+        keys, grads = [], []
         with tf.compat.v1.name_scope("graphmod/replicated_apply"):
-            for table, op in group:
-                unique, at = tf.unique(rw.index.data_input(op, 1))
-                summed = tf.math.unsorted_segment_sum(rw.index.data_input(op, 2), at,
-                                                      tf.size(unique))
-                keys.append(hvd.allgather(unique, name=f"graphmod_replicated_keys_{table.name}"))
-                grads.append(hvd.allgather(summed,
-                                           name=f"graphmod_replicated_grads_{table.name}"))
-                # The bytes this rank sends each other rank.
-                tf.compat.v1.add_to_collection(
-                    BYTES_SENT,
-                    (hvd.size() - 1) * tf.size(unique, tf.int64) * (8 + 4 * table.dim))
-                _, handles = lookup.find_or_insert(table, keys[-1])
-                inserts.append(handles.op)
-            with tf.control_dependencies(inserts + advances):
+            for table, op, rows in group:
+                grad = rw.index.data_input(op, 2)
+                counted = tf.concat([grad, tf.ones_like(grad[:, :1])], 1)
+                total = hvd.allreduce(
+                    tf.math.unsorted_segment_sum(counted, rw.index.data_input(op, 1), rows),
+                    op=hvd.Sum, name=f"graphmod_replicated_{table.name}")
+                read = tf.where(total[:, table.dim] > 0)[:, 0]
+                keys.append(read)
+                grads.append(tf.gather(total[:, :table.dim], read))
+                tf.compat.v1.add_to_collection(BYTES_SENT, tf.constant(
+                    2 * (hvd.size() - 1) * rows * 4 * (table.dim + 1) // hvd.size(), tf.int64))
+            _, handles = fused.find_or_insert(tables, keys)
+            with tf.control_dependencies(handles + advances):
                 apply = fused.apply([t.handle for t in tables], keys, grads,
                                     [rw.index.data_input(op, 3) for op in old],
                                     [rw.index.attr(op, "optimizer").decode() for op in old],

@@ -199,7 +199,10 @@ def inspect(model_dir: str, fv) -> int:
         tables.append(dict(table=name, variable=planned.variable if planned else None,
                            dim=dim, rows=rows, slots=slots,
                            bytes=rows * (8 + 4 * dim * (1 + slots) + 8 * 3),
-                           pending_ids=e.get("pending_keys", [0])[0], settings=settings))
+                           pending_ids=e.get("pending_keys", [0])[0], settings=settings,
+                           placement=dict(placement=planned.placement, why=planned.placement_why,
+                                          estimates=planned.placement_estimates)
+                           if planned is not None and planned.placement else None))
     entries = deltas.read_manifest(latest)
     good = deltas.committed(latest)
     chain = [dict(name=os.path.basename(latest), kind="full")] + [
@@ -210,7 +213,8 @@ def inspect(model_dir: str, fv) -> int:
     for t in tables:
         t["counters"] = counters.get(t["table"])
     out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.in_parts(latest),
-               tables=tables, plan={v: p.table for v, p in sorted(plan.items())}, chain=chain)
+               tables=tables, plan={v: p.table for v, p in sorted(plan.items())}, chain=chain,
+               exchange=counters.get("exchange"))
     if fv.format == "json":
         print(json.dumps(out, indent=1))
     else:
@@ -253,6 +257,14 @@ def _inspect_text(out: dict) -> str:
                      f"{t['pending_ids']} ids pending admission"
                      + (f", from variable {t['variable']}" if t["variable"] else "")
                      + (f" [{policy}]" if policy else ""))
+        placed = t.get("placement")
+        if placed:
+            estimate = placed["estimates"].get(placed["placement"], {})
+            sent = estimate.get("bytes_per_step")
+            lines.append(f"    placed {placed['placement']} across Horovod ranks ({placed['why']}); "
+                         f"estimated per rank: {estimate.get('memory_bytes', 0) / 2**20:.1f} "
+                         f"MiB of rows, " + (f"{sent / 1024:.1f} KiB sent a step"
+                                            if sent is not None else "bytes a step unknown"))
         c = t.get("counters")
         if c:
             line = (f"    at step {c['step']}: {c.get('admitted', 0):.0f} admitted, "
@@ -266,6 +278,11 @@ def _inspect_text(out: dict) -> str:
                          f"prefetched), {c.get('disk_reads', 0):.0f} rows read from "
                          f"disk, {c.get('compaction_ms', 0):.0f} ms compacting")
             lines.append(line)
+    sent = out.get("exchange")
+    if sent:
+        lines.append(f"measured: {sent['bytes_sent'] / 1024:.1f} KiB sent to other ranks or ps "
+                     f"tasks a step by this model_dir's process (all tables, at step "
+                     f"{sent['step']})")
     lines.append(f"conversion plan: {len(out['plan'])} variable(s)")
     for v, t in out["plan"].items():
         lines.append(f"  {v} -> table {t}")

@@ -7,16 +7,21 @@ of two ways:
     to their owners and get the rows back, its gradients go back to the
     owners (graphmod.horovod.exchange). Memory per rank: rows / R.
   - "replicated": every rank holds every row. Lookups are local, so the
-    table takes no part in the rows' exchange the forward pass waits for;
-    each rank's distinct gradient rows are gathered by every rank beside the
-    step's allreduces, and every rank applies them all, so the copies stay
-    equal. Memory per rank: all rows.
+    table takes no part in the rows' exchange the forward pass waits for.
+    Its gradient is summed into a dense [rows, dim + 1] tensor (the last
+    column counts the ids that reached a row) and allreduced with the
+    step's dense gradients, in Horovod's fused allreduce, so it costs no
+    collective of its own; every rank then applies the rows some rank read,
+    so the copies stay equal. Memory per rank: all rows.
 For each table the planner estimates, per placement and rank, the bytes a
 step sends, the bytes the forward pass waits for and the memory held, and
-picks "replicated" for a tiny table (its copy fits `REPLICATE_MAX_BYTES`)
-that can be: one whose rows move the same on every rank's copy, that is,
-without admission, eviction, a row bound or a disk tier (each counts or
-evicts by its own rank's use). Everything else is sharded.
+picks "replicated" for a tiny table that can be: its copy fits
+`REPLICATE_MAX_BYTES`, its allreduce sends no more bytes than sharding it
+would (when the ids a step reads are known: its rows are about as many as
+the distinct ids a step reads), its rows move the same on every rank's
+copy (no admission, eviction, row bound or disk tier: each counts or
+evicts by its own rank's use), and its keys are row numbers (not the
+collision-free keys of a hashed column). Everything else is sharded.
 TableSettings(placement="sharded" | "replicated") overrides the choice.
 
 Not offered: a table whole on one rank (TorchRec's table-wise). In
@@ -28,7 +33,7 @@ Checkpoints do not depend on the placement: every rank writes the keys it
 owns (a replicated copy filters by owner when it saves), so a model trained
 with one placement restores into any other, and onto any number of ranks.
 
->>> place(TableShape("user", rows=50, dim=8, slots=1, ids_per_step=4096), ranks=2).placement
+>>> place(TableShape("country", rows=50, dim=8, slots=1, ids_per_step=4096), ranks=2).placement
 'replicated'
 """
 import dataclasses
@@ -64,7 +69,7 @@ class TableShape:
 class Estimate:
     """Per rank: bytes a training step sends other ranks, of them the bytes
     its forward pass waits for (the rows back), and bytes of rows held.
-    None where the ids per step are unknown."""
+    Sharded, None where the ids a step reads are unknown."""
     bytes_per_step: Optional[int]
     waited_bytes: Optional[int]
     memory_bytes: int
@@ -96,22 +101,21 @@ def row_bytes(shape: TableShape) -> int:
 
 def estimate(shape: TableShape, placement: str, ranks: int) -> Estimate:
     """The placement's estimate for one rank of `ranks` (see Estimate)."""
-    if placement == "sharded":
-        memory = row_bytes(shape) * -(-shape.rows // ranks)
-    else:
-        memory = row_bytes(shape) * shape.rows
+    if placement == "replicated":
+        # A ring allreduce of the [rows, dim + 1] gradient sends 2 (R - 1) / R
+        # of it from each rank; the forward pass waits for nothing.
+        return Estimate(round(2 * (ranks - 1) / ranks * shape.rows * 4 * (shape.dim + 1)), 0,
+                        row_bytes(shape) * shape.rows)
+    memory = row_bytes(shape) * -(-shape.rows // ranks)
     if shape.ids_per_step is None:
         return Estimate(None, None, memory)
-    d = distinct_ids(shape.ids_per_step, shape.rows)
-    others = (ranks - 1) / ranks  # the share of a rank's ids other ranks own
-    if placement == "sharded":
-        # Ids to their owners, rows back (dim floats and the refused count),
-        # gradient rows to the owners (graphmod.horovod.exchange).
-        waited = d * others * 4 * (shape.dim + 1)
-        sent = d * others * (_ID_BYTES + 4 * shape.dim) + waited
-        return Estimate(round(sent), round(waited), memory)
-    # Each rank's distinct keys and gradient rows, to every other rank.
-    return Estimate(round(d * (ranks - 1) * (8 + 4 * shape.dim)), 0, memory)
+    # The distinct ids other ranks own go to them, their rows come back
+    # (dim floats and the refused count: what the forward pass waits for),
+    # and their gradient rows go to them (graphmod.horovod.exchange).
+    owned_by_others = distinct_ids(shape.ids_per_step, shape.rows) * (ranks - 1) / ranks
+    waited = owned_by_others * 4 * (shape.dim + 1)
+    sent = owned_by_others * (_ID_BYTES + 4 * shape.dim) + waited
+    return Estimate(round(sent), round(waited), memory)
 
 
 def place(shape: TableShape, ranks: int, forced: str = "auto") -> Choice:
@@ -121,6 +125,8 @@ def place(shape: TableShape, ranks: int, forced: str = "auto") -> Choice:
     is forced to be replicated and cannot be."""
     estimates = {p: estimate(shape, p, ranks) for p in ("sharded", "replicated")}
     copy = estimates["replicated"].memory_bytes
+    sharded = estimates["sharded"].bytes_per_step
+    allreduced = estimates["replicated"].bytes_per_step
     if forced == "replicated" and shape.not_replicable:
         raise ValueError(f"graphmod: table '{shape.name}' cannot be replicated "
                          f"(TableSettings(placement='replicated')): {shape.not_replicable}")
@@ -128,12 +134,18 @@ def place(shape: TableShape, ranks: int, forced: str = "auto") -> Choice:
         placement, why = forced, "TableSettings(placement=...)"
     elif shape.not_replicable:
         placement, why = "sharded", f"not replicable: {shape.not_replicable}"
-    elif copy <= REPLICATE_MAX_BYTES:
-        placement, why = "replicated", (f"its copy ({_mib(copy)}) fits "
-                                        f"{_mib(REPLICATE_MAX_BYTES)} on every rank")
-    else:
+    elif copy > REPLICATE_MAX_BYTES:
         placement, why = "sharded", (f"a copy ({_mib(copy)}) is over "
                                      f"{_mib(REPLICATE_MAX_BYTES)} per rank")
+    elif sharded is not None and allreduced > sharded:
+        placement, why = "sharded", (f"its allreduce ({allreduced:,} B a step) would send more "
+                                     f"than its exchange ({sharded:,} B)")
+    else:
+        placement, why = "replicated", (f"its copy ({_mib(copy)}) fits "
+                                        f"{_mib(REPLICATE_MAX_BYTES)} on every rank" +
+                                        (f", its allreduce ({allreduced:,} B a step) sends no "
+                                         f"more than its exchange ({sharded:,} B)"
+                                         if sharded is not None else ""))
     return Choice(placement, why, estimates)
 
 

@@ -43,8 +43,11 @@ class Planned:
     # [the whole's name in checkpoints, the part's first row, the whole's rows].
     slots: List[list] = dataclasses.field(default_factory=list)
     part_of: Optional[list] = None
-    # Where its table was placed across Horovod ranks (graphmod.horovod.placement)
+    # Where its table was placed across Horovod ranks, why, and the
+    # planner's estimates per placement (graphmod.horovod.placement)
     placement: str = ""
+    placement_why: str = ""
+    placement_estimates: dict = dataclasses.field(default_factory=dict)
 
 
 def path(model_dir: str) -> str:

@@ -11,7 +11,8 @@ import tensorflow as tf
 from graphmod.horovod import placement
 from graphmod.rewrite.rule import Refused
 from graphmod.settings import TableSettings
-from graphmod.rewrite_rules import (dense_reads, l2_penalties, optimizer_updates, shard_exchange)
+from graphmod.rewrite_rules import (collisionless_keys, dense_reads, l2_penalties,
+                                    optimizer_updates, shard_exchange)
 from graphmod.rewrite_rules.optimizer_updates import Apply
 
 from .helpers import READING_RULES, apply_rules, context_for, only_conversion, tiny_model
@@ -44,14 +45,13 @@ def test_refuses_whole_reads_on_several_ranks_and_takes_warm_starts():
         m = tiny_model()
         c = only_conversion(g, training=False)
         context = context_for(g, training=False, ranks=2)
-        placed = shard_exchange.check(c, context)  # it only reads rows: accepted
-        assert placed.choice.placement == "replicated"  # tiny: a copy on every rank
+        assert shard_exchange.check(c, context) is None  # it only reads rows: accepted
         whole = dataclasses.replace(c, dense_reads=[m.variable.value()])
         with pytest.raises(Refused, match="^it is read whole, which tables sharded across "
                                           "Horovod ranks cannot serve$"):
             shard_exchange.check(whole, context)
         warm = dataclasses.replace(c, warm_start=tf.zeros([8, 2]))
-        assert shard_exchange.check(warm, context).choice.placement == "replicated"
+        assert shard_exchange.check(warm, context) is None
         # On one rank the same facts are fine.
         assert shard_exchange.check(whole, context_for(g, training=False)) is None
 
@@ -78,9 +78,11 @@ def test_the_planner_replicates_tiny_tables_that_move_alike_on_every_copy():
         c = only_conversion(g, training=False)
         context = context_for(g, training=False, ranks=2)
 
-        def placed(**settings):
-            conversion = dataclasses.replace(c, settings=TableSettings(**settings))
-            return shard_exchange.check(conversion, context).choice
+        def placed(conversion=c, **settings):
+            conversion = dataclasses.replace(conversion, settings=TableSettings(**settings))
+            context = context_for(g, training=False, ranks=2)  # (it files the choice)
+            shard_exchange.replicates(conversion, context)
+            return context.built(shard_exchange.Placed, conversion).choice
         assert placed().placement == "replicated"
         assert placed(placement="sharded").placement == "sharded"
         assert placed(placement="sharded").why == "TableSettings(placement=...)"
@@ -93,15 +95,17 @@ def test_the_planner_replicates_tiny_tables_that_move_alike_on_every_copy():
             with pytest.raises(ValueError, match=f"table 'emb' cannot be replicated.*{why}"):
                 placed(placement="replicated", **settings)
         replayed = dataclasses.replace(c, planned_placement="sharded")
-        assert shard_exchange.check(replayed, context).choice.placement == "sharded"
+        assert placed(replayed).placement == "sharded"
+        assert not shard_exchange.replicates(c, context_for(g, training=False))  # one rank
 
 
 def test_the_estimates_follow_the_exchange_and_the_copies():
     """Per rank and step: sharded sends each distinct id other ranks own
     (24 B), its row back (dim + 1 floats) and its gradient row (dim floats),
-    and waits for the rows; replicated sends every distinct id and gradient
-    row to each other rank and waits for nothing; memory is a part or the
-    whole of the rows."""
+    and waits for the rows; replicated allreduces its [rows, dim + 1]
+    gradient and waits for nothing; memory is a part or the whole of the
+    rows. auto replicates a tiny table only where its allreduce sends no
+    more than its exchange would."""
     shape = placement.TableShape("t", rows=10**9, dim=8, slots=1, ids_per_step=1000)
     d = placement.distinct_ids(1000, 10**9)
     assert 999 < d < 1000  # few repeats among 1000 uniform ids of 1e9
@@ -110,10 +114,34 @@ def test_the_estimates_follow_the_exchange_and_the_copies():
     assert sharded.waited_bytes == round(d * 0.75 * 4 * 9)
     assert sharded.memory_bytes == 10**9 // 4 * (4 * 8 * 2 + placement.ROW_OVERHEAD_BYTES)
     replicated = placement.estimate(shape, "replicated", 4)
-    assert replicated.bytes_per_step == round(d * 3 * (8 + 4 * 8))
+    assert replicated.bytes_per_step == round(1.5 * 10**9 * 4 * 9)
     assert replicated.waited_bytes == 0
     assert replicated.memory_bytes == 4 * sharded.memory_bytes
     assert placement.distinct_ids(4096, 50) == pytest.approx(50)  # every row, surely
     assert placement.place(shape, 4).placement == "sharded"  # a copy: 104 GB
+    tiny = placement.TableShape("t", rows=500, dim=8, slots=1, ids_per_step=1024)
+    assert placement.place(tiny, 2).placement == "replicated"  # 18 KB against 22 KB
+    assert placement.place(dataclasses.replace(tiny, rows=2000), 2).placement == "sharded"
+    assert placement.place(dataclasses.replace(tiny, rows=2000, ids_per_step=None),
+                           2).placement == "replicated"  # fits, bytes unknown
     unknown = placement.estimate(dataclasses.replace(shape, ids_per_step=None), "sharded", 2)
     assert unknown.bytes_per_step is None and unknown.memory_bytes > 0
+
+
+def test_collision_free_keys_are_not_replicated():
+    """A replicated table's gradient is allreduced densely, indexed by row
+    number: a hashed column's full keys cannot be, so its table is sharded."""
+    with tf.Graph().as_default() as g:
+        raw = tf1.placeholder(tf.int64, [None], name="raw")
+        tiny_model(rows=1000, ids=tf.math.floormod(raw, 1000, name="bucket"))
+        applied = apply_rules(g, *READING_RULES, training=False)
+        c = applied.only()
+        context = context_for(g, training=False, ranks=2)
+        context.build(applied.context.built(collisionless_keys.Keys, c), c)
+        assert not shard_exchange.replicates(c, context)
+        assert "not the row numbers" in context.built(shard_exchange.Placed, c).choice.why
+        forced = dataclasses.replace(c, settings=TableSettings(placement="replicated"))
+        context = context_for(g, training=False, ranks=2)
+        context.build(applied.context.built(collisionless_keys.Keys, c), forced)
+        with pytest.raises(ValueError, match="table 'emb' cannot be replicated"):
+            shard_exchange.replicates(forced, context)
