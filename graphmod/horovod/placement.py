@@ -46,9 +46,8 @@ REPLICATE_MAX_BYTES = 1 << 20
 # Bytes a row costs beside its floats (key, index, counters): measured
 # 101.8 B/key for dim 16 and no slots (docs/benchmarks.md), 64 of them floats.
 ROW_OVERHEAD_BYTES = 40
-# What a training exchange sends (graphmod.horovod.exchange): per distinct id
-# 3 int64 (id, count, table), per row back its floats and the refused
-# count, per gradient row its floats.
+# What a training exchange sends per distinct id (graphmod.horovod.exchange):
+# 3 int64 (id, count, table).
 _ID_BYTES = 24
 
 
@@ -111,10 +110,11 @@ def estimate(shape: TableShape, placement: str, ranks: int) -> Estimate:
         return Estimate(None, None, memory)
     # The distinct ids other ranks own go to them, their rows come back
     # (dim floats and the refused count: what the forward pass waits for),
-    # and their gradient rows go to them (graphmod.horovod.exchange).
+    # and their gradient rows go to them (dim floats and whether a gradient
+    # reached the row: graphmod.horovod.exchange.returned_gradients).
     owned_by_others = distinct_ids(shape.ids_per_step, shape.rows) * (ranks - 1) / ranks
     waited = owned_by_others * 4 * (shape.dim + 1)
-    sent = owned_by_others * (_ID_BYTES + 4 * shape.dim) + waited
+    sent = owned_by_others * _ID_BYTES + 2 * waited
     return Estimate(round(sent), round(waited), memory)
 
 
