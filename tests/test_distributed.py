@@ -866,7 +866,7 @@ FAILURE_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
     tf1 = tf.compat.v1
-    phase, every, model_dir, out = sys.argv[1:5]
+    phase, every, model_dir, out, placement = sys.argv[1:6]
     every = int(every) or None  # steps between deltas
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
@@ -917,19 +917,23 @@ FAILURE_SCRIPT = textwrap.dedent("""
     rows = Rows()
     estimator.train(data, max_steps=STEPS, hooks=[
         hvd.BroadcastGlobalVariablesHook(0),
-        graphmod.GraphModifierHook(incremental_every_steps=every), Steps(), rows])
+        graphmod.GraphModifierHook(incremental_every_steps=every,
+                                   tables={"emb": {"placement": placement}}), Steps(), rows])
     json.dump(dict(start=start, losses=Steps.losses, rows=rows.rows),
               open(f"{out}/rank{rank}.json", "w"))
 """)
 
 
-@pytest.mark.parametrize("every, resume_ranks", [(0, 2), (1, 1)])
+@pytest.mark.parametrize("every, resume_ranks, placement", [
+    (0, 2, "sharded"), (1, 1, "sharded"), (1, 2, "replicated")])
 def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path, every,
-                                                                   resume_ranks):
+                                                                   resume_ranks, placement):
     """Full checkpoints every 2 steps; rank 1 dies after step 5. Without
     deltas the restart on 2 ranks resumes at the full checkpoint of step 4;
     with a delta every step (each rank writing its keys' changes) it resumes
-    at step 5, on 1 rank (the parts of 2 ranks read by one)."""
+    at step 5, on 1 rank (the parts of 2 ranks read by one), and, the table
+    replicated (each rank writing the keys it owns of its copy), on 2 ranks
+    that each read every part."""
     script = tmp_path / "failure.py"
     script.write_text(with_model(FAILURE_SCRIPT))
     runs = {}
@@ -940,14 +944,14 @@ def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path, ever
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
             done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
                                    sys.executable, str(script), name, str(every), model,
-                                   tmp_path / name],
+                                   tmp_path / name, placement],
                                   capture_output=True, text=True, timeout=300)
             # Fails, within the timeout, naming the rank that died.
             assert done.returncode != 0
             assert "Process 1 exit with status code 3" in done.stdout + done.stderr
             continue
         ranks = resume_ranks if name == "resume" else 2
-        launch(ranks, script, name, every, model, tmp_path / name)
+        launch(ranks, script, name, every, model, tmp_path / name, placement)
         runs[name] = [json.loads((tmp_path / name / f"rank{r}.json").read_text())
                       for r in range(ranks)]
     whole, resume = runs["whole"], runs["resume"]
@@ -957,6 +961,8 @@ def test_a_dead_rank_fails_the_others_and_a_restart_loses_nothing(tmp_path, ever
         np.testing.assert_allclose(r["losses"], whole[0]["losses"][start:], rtol=1e-5)
     rows = {k: v for r in resume for k, v in r["rows"].items()}
     expected = {k: v for w in whole for k, v in w["rows"].items()}
+    if placement == "replicated":  # each rank's copy holds every key, the same
+        assert all(r["rows"] == resume[0]["rows"] for r in resume + whole)
     assert set(rows) == set(expected)
     for key, values in expected.items():
         np.testing.assert_allclose(rows[key], values, rtol=1e-5, atol=1e-7)
