@@ -318,7 +318,7 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
             loss_first = next((i for i, (a, b) in enumerate(losses, 1)
                                if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
             findings = {t["variable"]: _compare_table(t, report, plain.after, hooked.after, rtol,
-                                                      atol, _owned(t["rows"], ranks))
+                                                      atol, _owned(t, ranks))
                         for t in report.tables}
             converted = {n for t in report.tables
                          for n in [t["variable"], *t["slot_variables"]]}
@@ -404,11 +404,12 @@ def _compare_dense(name: str, plain: List[dict], hooked: List[dict], rtol: float
     return f
 
 
-def _owned(rows: int, ranks: int) -> Optional[np.ndarray]:
-    """The keys of 0..rows-1 this Horovod rank's tables own (None: one process)."""
-    if ranks <= 1:
+def _owned(entry: dict, ranks: int) -> Optional[np.ndarray]:
+    """The keys of 0..rows-1 this Horovod rank's part of the report entry's
+    table holds (None: every key, in one process or a replicated table)."""
+    if ranks <= 1 or entry.get("placement") == "replicated":
         return None
-    keys = np.arange(rows, dtype=np.int64)
+    keys = np.arange(entry["rows"], dtype=np.int64)
     return keys[owner_of_numpy(keys, ranks) == horovod.horovod_rank()]
 
 

@@ -525,7 +525,7 @@ VERIFY_SCRIPT = textwrap.dedent("""
     import numpy as np, tensorflow as tf, horovod.tensorflow as hvd, graphmod
     from graphmod._ops import ops
     tf1 = tf.compat.v1
-    fault, out = sys.argv[1:3]
+    fault, out, placement = sys.argv[1:4]
     hvd.init()
     rank = hvd.rank()
     if fault == "doubled":  # the table's update gets twice the gradient
@@ -554,7 +554,8 @@ VERIFY_SCRIPT = textwrap.dedent("""
     estimator = tf.estimator.Estimator(model_fn,
                                        config=tf.estimator.RunConfig(tf_random_seed=7))
     result = graphmod.verify(estimator, input_fn, steps=4,
-                             hook=graphmod.GraphModifierHook(min_rows=100))
+                             hook=graphmod.GraphModifierHook(
+                                 min_rows=100, tables={"emb": {"placement": placement}}))
     finding = result.findings.get("emb")
     json.dump(dict(ok=result.ok, summary=result.summary(), other_ranks=result.other_ranks,
                    first_step=finding.first_step if finding else None,
@@ -567,13 +568,22 @@ def test_verify_on_two_ranks_passes_a_faithful_rewrite_and_catches_a_doubled_gra
     """graphmod.verify under Horovod: each rank compares the keys its part of
     the table owns (adopted from the unmodified run's first checkpoint)
     against the unmodified model on the same ranks; a doubled gradient in
-    the tables' update fails it on every rank, at step 1."""
+    the tables' update fails it on every rank, at step 1. Replicated, each
+    rank compares every key of its copy."""
     script = tmp_path / "verify.py"
     script.write_text(VERIFY_SCRIPT)
+    out = tmp_path / "replicated"
+    out.mkdir()
+    launch(2, script, "none", out, "replicated")
+    for r in range(2):
+        got = json.loads((out / f"rank{r}.json").read_text())
+        assert got["ok"], got["summary"]
+        assert got["compared"].startswith("300 rows and 1 slot(s) at 4 steps") and \
+            "on this rank" not in got["compared"], got["compared"]
     for fault in ("none", "doubled"):
         out = tmp_path / fault
         out.mkdir()
-        launch(2, script, fault, out)
+        launch(2, script, fault, out, "sharded")
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
         for r in ranks:
             assert r["compared"].startswith("300 rows and 1 slot(s) at 4 steps (") and \
