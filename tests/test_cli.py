@@ -2,6 +2,7 @@
 --dry-run, inspect, their formats, exit statuses and input errors."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -334,6 +335,24 @@ def test_inspect_lists_tables_plan_and_verified_chain(model_dir, capsys):
         f.write(b"torn")
     code, out, _ = run(capsys, "inspect", model_dir)
     assert code == 1 and "TORN" in out
+
+
+def test_inspect_shows_the_bytes_last_sent_a_step(model_dir, tmp_path, capsys):
+    """The newest graphmod/exchange/bytes_sent a training graph logged (its
+    exchanges with other ranks or ps tasks) is printed beside the tables."""
+    copy = str(tmp_path / "copy")
+    shutil.copytree(model_dir, copy)
+    code, out, _ = run(capsys, "inspect", copy)
+    assert code == 0 and "measured:" not in out  # one process: no exchange
+    with tf.Graph().as_default():
+        writer = tf1.summary.FileWriter(copy)
+        for step, sent in ((2, 1024.0), (3, 2048.0)):
+            writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(
+                tag="graphmod/exchange/bytes_sent", simple_value=sent)]), step)
+        writer.close()
+    code, out, _ = run(capsys, "inspect", copy)
+    assert "measured: 2.0 KiB sent to other ranks or ps tasks a step" in out, out
+    assert "(all tables, at step 3)" in out
 
 
 def test_the_command_runs_as_a_module_and_as_the_installed_script():

@@ -464,11 +464,15 @@ def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_pat
     rank, and its checkpoint of step 5 restores into it sharded for 3 more
     steps; and the other way round: the same losses, evaluation,
     predictions, dense weights, rows and accumulators as the dense model.
-    A replicated table's two copies hold every key, equal."""
-    (dense,), _ = run_estimator(tmp_path, "dense", 1, "dense")
+    A replicated table's two copies hold every key, equal. The command reads
+    the checkpoints, and `graphmod inspect` shows the placement."""
+    import contextlib
+    import io
+    from graphmod_cli import main
+    (dense,), dense_dir = run_estimator(tmp_path, "dense", 1, "dense")
     for first, then in (("replicated", "sharded"), ("sharded", "replicated")):
-        ranks, _ = run_estimator(tmp_path, f"{first}_{then}", 2, "hooked",
-                                 placements=f"{first},{then}")
+        ranks, model_dir = run_estimator(tmp_path, f"{first}_{then}", 2, "hooked",
+                                         placements=f"{first},{then}")
         for r in ranks:
             assert r["placed"] == [first, then]
             np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
@@ -487,6 +491,12 @@ def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_pat
         for key, (values, accum) in dense["rows"].items():
             np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
+        assert_the_command_reads_both_parts(model_dir, dense_dir, len(rows),
+                                            tmp_path / f"{first}_{then}")
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            assert main(["graphmod", "inspect", str(model_dir)]) == 0
+        assert f"placed {then} across Horovod ranks (TableSettings" in text.getvalue()
 
 
 def test_a_dense_horovod_model_dir_is_adopted_into_tables_split_across_ranks(tmp_path):
@@ -680,7 +690,8 @@ def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):
         out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
         out.mkdir()
         (tmp_path / f"{name}.py").write_text(script)
-        launch(ranks, tmp_path / f"{name}.py", mode, "after", "average", model_dir, out)
+        launch(ranks, tmp_path / f"{name}.py", mode, "after", "average", model_dir, out, "-",
+               "auto,auto")
         results[name] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     (dense,), ranks = results["dense"], results["hooked"]
     for r in ranks:

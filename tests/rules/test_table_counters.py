@@ -1,6 +1,7 @@
 """table_counters: a training graph summarises its tables' counters in one summary op."""
 import tensorflow as tf
 
+from graphmod.horovod.exchange import BYTES_SENT
 from graphmod.rewrite_rules import table_counters
 
 from .helpers import READING_RULES, TRAINING_RULES, apply_rules, tiny_model
@@ -41,3 +42,19 @@ def test_a_graph_that_does_not_train_gets_none():
         assert applied.reported("counters") == {}
         assert applied.built_by("table_counters") == []
         assert g.get_collection(tf1.GraphKeys.SUMMARIES) == []
+
+
+def test_the_bytes_the_exchanges_send_are_summarised():
+    """What shard_exchange and ps_shards count in BYTES_SENT becomes one
+    scalar, graphmod/exchange/bytes_sent (graphmod inspect prints it)."""
+    with tf.Graph().as_default() as g:
+        m = tiny_model(tf1.train.AdagradOptimizer(0.1))
+        tf1.add_to_collection(BYTES_SENT, tf.size(m.ids, tf.int64) * 8)
+        tf1.add_to_collection(BYTES_SENT, tf.constant(100, tf.int64))
+        apply_rules(g, *TRAINING_RULES, table_counters)
+        (sent,) = [s for s in g.get_collection(tf1.GraphKeys.SUMMARIES)
+                   if s.op.name.startswith("graphmod/exchange/bytes_sent")]
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            proto = sess.run(sent, {m.ids: [1, 2, 3]})
+        assert tf1.Summary.FromString(proto).value[0].simple_value == 124
