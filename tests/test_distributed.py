@@ -320,6 +320,9 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
     tf1 = tf.compat.v1
     mode, order, combine, model_dir, out = sys.argv[1:6]
     warm_from = sys.argv[6] if sys.argv[6] != "-" else None  # a checkpoint emb starts from
+    # "graphmod:DIR": the model starts from DIR by GraphModifierHook(warm_start=...)
+    graphmod_warm = warm_from[len("graphmod:"):] if warm_from and \
+        warm_from.startswith("graphmod:") else None
     placements = sys.argv[7].split(",")  # emb's, in the first training and the rest
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
@@ -368,14 +371,15 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         model_dir=model_dir if mode != "adopt" or rank == 0 else None,
         save_checkpoints_steps=3, tf_random_seed=1),
         warm_start_from=tf.estimator.WarmStartSettings(warm_from, vars_to_warm_start="emb")
-        if warm_from else None)
+        if warm_from and not graphmod_warm else None)
 
     def hooks(dense=mode == "dense", placement=placements[-1]):
         broadcast = [hvd.BroadcastGlobalVariablesHook(0)]
         if dense:
             return broadcast
-        modifier = graphmod.GraphModifierHook(model_dir=None,
-                                              tables={"emb": {"placement": placement}})
+        modifier = graphmod.GraphModifierHook(
+            model_dir=None, tables={"emb": {"placement": placement}},
+            warm_start=graphmod.WarmStartSettings([graphmod_warm]) if graphmod_warm else None)
         return broadcast + [modifier] if order == "after" else [modifier] + broadcast
 
     class Rows(tf1.train.SessionRunHook):
@@ -612,7 +616,8 @@ def test_verify_on_two_ranks_passes_a_faithful_rewrite_and_catches_a_doubled_gra
 def test_a_warm_start_fills_each_ranks_part_with_the_keys_it_owns(tmp_path):
     """The Estimator's WarmStartSettings start `emb` from a trained dense
     checkpoint: on 2 hooked ranks each rank's part imports the keys it owns,
-    and training goes on as the dense model's on one rank."""
+    and training goes on as the dense model's on one rank; graphmod's own
+    warm start alike, sharded and replicated."""
     _, trained = run_estimator(tmp_path, "trained", 1, "dense")
     (dense,), _ = run_estimator(tmp_path, "dense_warm", 1, "dense", warm_from=trained)
     ranks, _ = run_estimator(tmp_path, "hooked_warm", 2, "hooked", warm_from=trained)
@@ -626,6 +631,28 @@ def test_a_warm_start_fills_each_ranks_part_with_the_keys_it_owns(tmp_path):
     for key, (values, accum) in dense["rows"].items():
         np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
+    # graphmod's own warm start (GraphModifierHook(warm_start=...), here of
+    # `emb` and `w`) into 2 ranks, sharded and replicated, trains as into one.
+    (one,), _ = run_estimator(tmp_path, "one_graphmod", 1, "hooked",
+                              warm_from=f"graphmod:{trained}")
+    assert len(one["rows"]) == 20000
+    for placement in ("sharded", "replicated"):
+        ranks, _ = run_estimator(tmp_path, f"two_graphmod_{placement}", 2, "hooked",
+                                 warm_from=f"graphmod:{trained}",
+                                 placements=f"{placement},{placement}")
+        for r in ranks:
+            np.testing.assert_allclose(r["losses"], one["losses"], rtol=1e-5)
+            np.testing.assert_allclose(r["logits"], one["logits"], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(r["w"], one["w"], rtol=1e-5, atol=1e-7)
+        if placement == "sharded":
+            assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"])
+        else:
+            assert ranks[0]["rows"] == ranks[1]["rows"]
+        rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
+        assert set(rows) == set(one["rows"])
+        for key, (values, accum) in one["rows"].items():
+            np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
 
 
 # A run that reads the model's input without training, where the iterator

@@ -40,6 +40,7 @@ from absl import logging
 
 from graphmod._ops import ops
 from graphmod.checkpoint import deltas
+from graphmod.embeddings.partition import owner_of
 
 tf1 = tf.compat.v1
 
@@ -123,11 +124,15 @@ class WarmStarter:
     initializers), reading the sources then. Initialization runs on a fresh
     start only, before anything saves the model (the Estimator's first
     checkpoint included), and never again in a session made after an error,
-    which restores instead. `started` names what it warm-starts."""
+    which restores instead. `started` names what it warm-starts. owners:
+    table name -> (rank, ranks) for a table that holds only the keys that
+    rank owns (split across Horovod ranks): it imports only those."""
 
-    def __init__(self, settings: WarmStartSettings, graph: tf.Graph):
+    def __init__(self, settings: WarmStartSettings, graph: tf.Graph,
+                 owners: Optional[Dict[str, Tuple[int, int]]] = None):
         from graphmod.state import tables
         self.settings = settings
+        self.owners = owners or {}
         table_by_name = {t.name: t for t in tables(graph)}
         variables = {v.op.name: v for v in graph.get_collection(
             tf1.GraphKeys.TRAINABLE_VARIABLES) if v.op.name not in table_by_name}
@@ -229,6 +234,10 @@ class WarmStarter:
                                          name=f"{table.name}_key_filter")
                 keep.set_shape([None])
                 keys, values, counts = (tf.boolean_mask(t, keep) for t in (keys, values, counts))
+            if table.name in self.owners:
+                rank, ranks = self.owners[table.name]
+                mine = tf.equal(owner_of(keys, ranks), rank)
+                keys, values, counts = (tf.boolean_mask(t, mine) for t in (keys, values, counts))
             values.set_shape([None, table.dim])
             imported = table.import_rows(keys, values, counts=counts,
                                          last_seen=tf.fill(tf.shape(keys), seen))

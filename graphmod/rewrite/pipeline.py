@@ -49,9 +49,6 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
 
     if mode not in MODES:
         raise ValueError(f"graphmod: mode must be one of {MODES}, got {mode!r}")
-    if settings.warm_start is not None and mode == "train" and horovod.horovod_ranks() > 1:
-        raise ValueError("graphmod: a warm start (GraphModifierHook(warm_start=...)) into "
-                         "tables sharded across Horovod ranks is not built")
     start = time.time()
     # A "training" graph that updates no variable at all only reads (a
     # MonitoredSession run for inference): its lookups must not insert.
