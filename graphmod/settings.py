@@ -165,6 +165,7 @@ class RewriteSettings:
     collision_free: bool = True
     exact: bool = False
     warm_start: Any = None  # a graphmod.WarmStartSettings (fresh training starts only)
+    ids_ahead: bool = True  # under Horovod, exchange the next step's ids during this one
 
     def __post_init__(self):
         if not _is_int(self.min_rows) or self.min_rows < 0:
@@ -184,6 +185,7 @@ class RewriteSettings:
             tables[pattern] = settings
         self.tables = tables
         self.collision_free, self.exact = bool(self.collision_free), bool(self.exact)
+        self.ids_ahead = bool(self.ids_ahead)
 
     def table_settings(self, name: str) -> Optional[TableSettings]:
         return next((s for p, s in self.tables.items() if fnmatch.fnmatchcase(name, p)), None)

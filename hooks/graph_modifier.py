@@ -142,6 +142,9 @@ class GraphModifierHook(tf1.train.SessionRunHook):
         and its op times and the tables' counters written to
         <model_dir>/graphmod/profile/ (graphmod.profiles), for `graphmod
         profile MODEL_DIR`.
+      ids_ahead: under Horovod, a step's ids go to their owners during the
+        step before, where they come from a plain tf.data iterator
+        (graphmod.horovod.ids_ahead); False: each step sends its own.
 
     Only training decides what converts: evaluate, predict, export and resumes
     replay the plan training saved in model_dir (settings given to a later
@@ -157,9 +160,10 @@ class GraphModifierHook(tf1.train.SessionRunHook):
                  incremental_every_secs: Optional[float] = None,
                  warm_start: Optional[WarmStartSettings] = None,
                  serving_export: Optional[ServingExport] = None,
-                 profile_every_steps: Optional[int] = None):
+                 profile_every_steps: Optional[int] = None, ids_ahead: bool = True):
         # (validates min_rows and the tables' settings, naming the hook)
-        self.settings = RewriteSettings(min_rows, tables, collision_free, exact, warm_start)
+        self.settings = RewriteSettings(min_rows, tables, collision_free, exact, warm_start,
+                                        ids_ahead)
         self.dump_graph = dump_graph
         self.full_check = full_check
         self.model_dir = model_dir

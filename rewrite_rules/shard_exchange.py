@@ -90,7 +90,8 @@ def rewrite(rw, conversions, context: Context) -> None:
     sharded = [c for c in conversions if c not in replicated]
     rw.set_state("replicated", frozenset(c.table_name for c in replicated))
     with rw.rule(NAME):
-        exchanges, aheads, why_not = _exchange_lookups(rw, [built[c.name] for c in sharded])
+        exchanges, aheads, why_not = _exchange_lookups(rw, [built[c.name] for c in sharded],
+                                                       context.ids_ahead)
         advances = [a.advance for _, a in aheads]
         _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
                                for c in sharded if c.training], exchanges, advances)
@@ -141,7 +142,7 @@ def _shape(c: Conversion, context: Context) -> placement.TableShape:
         None if None in sizes else sum(sizes), why)
 
 
-def _exchange_lookups(rw, lookups):
+def _exchange_lookups(rw, lookups, ahead_allowed: bool):
     """Each dependency level's lookups (of every table) become one exchange.
     Returns the training exchanges (horovod.Exchange), (the iterator's
     get_next, the ids_ahead.Ahead) of the one whose ids go a step ahead, and
@@ -161,6 +162,8 @@ def _exchange_lookups(rw, lookups):
         keys = [k for _, k, _ in group]
         if kind == "GraphmodTableFindOrInsert":
             try:
+                if not ahead_allowed:
+                    raise input_keys.NotFromInput("GraphModifierHook(ids_ahead=False)")
                 if aheads:
                     raise input_keys.NotFromInput("another exchange's ids go ahead (one a step)")
                 ahead, get_next = _ids_ahead(rw.index, tables, keys)

@@ -681,8 +681,10 @@ READ_WITHOUT_TRAINING = textwrap.dedent("""
 
     estimator = tf.estimator.Estimator(model_fn, sys.argv[1])
     try:
+        hook = graphmod.GraphModifierHook(ids_ahead=sys.argv[2] == "ahead")
         estimator.train(lambda: tf.data.Dataset.from_tensor_slices({"ids": ids}), steps=5,
-                        hooks=[graphmod.GraphModifierHook(), ReadsAlone()])
+                        hooks=[hook, ReadsAlone()])
+        print("IDS_AHEAD:", hook.report.ids_ahead, flush=True)
     except tf.errors.InvalidArgumentError as e:
         print("REFUSED:", str(e), flush=True)
         sys.exit(3)
@@ -690,14 +692,21 @@ READ_WITHOUT_TRAINING = textwrap.dedent("""
 
 
 def test_a_run_reading_the_input_without_training_fails_the_next_step(tmp_path):
+    """... and trains, as without the hook, with GraphModifierHook(ids_ahead=False)."""
     script = tmp_path / "read_without_training.py"
     script.write_text(with_model(READ_WITHOUT_TRAINING))
-    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H",
-               "localhost:2", "--gloo", sys.executable, str(script), str(tmp_path / "model")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0
-    assert "a run read the input of the model without training" in done.stdout + done.stderr, \
-        (done.stdout + done.stderr)[-3000:]
+    for ahead in ("ahead", "not_ahead"):
+        command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2",
+                   "-H", "localhost:2", "--gloo", sys.executable, str(script),
+                   str(tmp_path / ahead), ahead]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        out = done.stdout + done.stderr
+        if ahead == "ahead":
+            assert done.returncode != 0
+            assert "a run read the input of the model without training" in out, out[-3000:]
+        else:
+            assert done.returncode == 0, out[-3000:]
+            assert "IDS_AHEAD: {'emb': 'GraphModifierHook(ids_ahead=False)'}" in out, out[-3000:]
 
 
 def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):

@@ -90,7 +90,8 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
                       ps_tasks=ps.ps_tasks(graph),
                       checkpoint_names=names, scaffold_saver=scaffold_saver, current=rw.current,
                       # a fresh start (no checkpoint in model_dir) imports the sources' rows
-                      warm_start=settings.warm_start if training and not names else None)
+                      warm_start=settings.warm_start if training and not names else None,
+                      ids_ahead=settings.ids_ahead)
     ready = []
     for c in conversions:
         try:

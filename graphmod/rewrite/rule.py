@@ -81,6 +81,9 @@ class Context:
     scaffold_saver: bool = False
     # graphmod.WarmStartSettings of a fresh training start (rule warm_start_sources)
     warm_start: Any = None
+    # Under Horovod, the next step's ids may go to their owners during this
+    # step (rule shard_exchange; GraphModifierHook(ids_ahead=...))
+    ids_ahead: bool = True
     # Follows a replaced op or tensor to its replacement (Rewriter.current).
     current: Callable[[Any], Any] = lambda x: x
     # variable -> the approximations rules accepted for it
