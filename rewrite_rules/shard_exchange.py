@@ -3,8 +3,9 @@
 When the model runs on several Horovod ranks, the placement planner
 (graphmod.horovod.placement) places each table: sharded, each key's row
 on one owner rank, or replicated, every row on every rank. A replicated
-table's lookups stay local, and each rank's distinct gradient rows are
-gathered by every rank, which applies them all (its copies stay equal).
+table's lookups stay local; the step's gradient rows and lookup counts of
+all ranks are summed by an allreduce, and every rank counts and applies
+them all (its copies stay equal).
 For the sharded tables, this rule moves the table ops the earlier rules
 built to the owners:
   - lookups: those of one dependency level become one exchange
@@ -95,7 +96,7 @@ def rewrite(rw, conversions, context: Context) -> None:
         advances = [a.advance for _, a in aheads]
         _exchange_applies(rw, [(built[c.name].table, context.built(Apply, c).op)
                                for c in sharded if c.training], exchanges, advances)
-        _replicated_applies(rw, [(built[c.name].table, context.built(Apply, c).op, c.rows)
+        _replicated_applies(rw, [(built[c.name], context.built(Apply, c).op, c.rows)
                                  for c in replicated if c.training], advances)
         if aheads:
             rw.set_state("primes", [a.prime for _, a in aheads])
@@ -258,34 +259,52 @@ def _exchange_applies(rw, applies, exchanges, advances) -> None:
 
 def _replicated_applies(rw, applies, advances) -> None:
     """The applies of replicated tables (each rank's copy of every row) that
-    one set of ops waits for: each table's gradient rows (this rank's share
-    of the combination, as optimizer_updates took them) are summed into a
-    dense [rows, dim + 1] tensor, its last column counting the ids that
-    reached each row, and allreduced (a sum, in Horovod's fused allreduce
-    with the dense gradients); every rank inserts the rows some rank read
-    that its copy lacks and steps each once with the sum of all ranks'
-    shares, as one table would."""
+    one set of ops waits for. Per table, this rank sums into a dense
+    [rows, dim + 2] tensor its gradient rows (its share of the combination,
+    as optimizer_updates took them), how many reached each row, and how
+    often its lookups read each row; one allreduce (a sum) gives every rank
+    the step's totals. Every copy then counts the other ranks' lookups
+    (inserting the rows it lacks), and steps each row a gradient reached
+    once, with the sum of all ranks' shares: every copy holds, counts and
+    moves its rows as one table read by every rank would."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
     groups = collections.defaultdict(list)
-    for table, apply, rows in applies:
+    for lookups, apply, rows in applies:
         waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
-        groups[waiting].append((table, apply, rows))
+        groups[waiting].append((lookups, apply, rows))
     for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
-        tables, old = [t for t, _, _ in group], [op for _, op, _ in group]
-        keys, grads = [], []
+        tables, old = [lk.table for lk, _, _ in group], [op for _, op, _ in group]
+        others_read, keys, grads = [], [], []
         with tf.compat.v1.name_scope("graphmod/replicated_apply"):
-            for table, op, rows in group:
-                grad = rw.index.data_input(op, 2)
-                counted = tf.concat([grad, tf.ones_like(grad[:, :1])], 1)
-                total = hvd.allreduce(
-                    tf.math.unsorted_segment_sum(counted, rw.index.data_input(op, 1), rows),
-                    op=hvd.Sum, name=f"graphmod_replicated_{table.name}")
-                read = tf.where(total[:, table.dim] > 0)[:, 0]
-                keys.append(read)
-                grads.append(tf.gather(total[:, :table.dim], read))
+            for lookups, op, rows in group:
+                table, dim = lookups.table, lookups.table.dim
+                grad_keys, grad = rw.index.data_input(op, 1), rw.index.data_input(op, 2)
+                # (the keys as they are now: the ids a step ahead may have
+                # replaced the iterator's outputs they were)
+                read = tf.concat([tf.zeros([0], tf.int64)] + [
+                    tf.reshape(rw.current(k), [-1]) for k, r in lookups.reads
+                    if r.op.type == "GraphmodTableFindOrInsert"], 0)
+                in_rows = tf.debugging.Assert(
+                    tf.reduce_all((read >= 0) & (read < rows)),
+                    [f"graphmod: replicated table '{table.name}' read a key outside its "
+                     f"{rows} rows"])
+                with tf.control_dependencies([in_rows]):
+                    mine = tf.concat([
+                        tf.math.unsorted_segment_sum(
+                            tf.concat([grad, tf.ones_like(grad[:, :1])], 1), grad_keys, rows),
+                        tf.math.unsorted_segment_sum(tf.ones_like(read, tf.float32)[:, None],
+                                                     read, rows)], 1)
+                total = hvd.allreduce(mine, op=hvd.Sum, name=f"graphmod_replicated_{table.name}")
+                # (counts are exact in float32 up to 2^24 reads of a row a step)
+                others = tf.cast(total[:, dim + 1] - mine[:, dim + 1], tf.int64)
+                elsewhere = tf.where(others > 0)[:, 0]
+                others_read.append(tf.repeat(elsewhere, tf.gather(others, elsewhere)))
+                stepped = tf.where(total[:, dim] > 0)[:, 0]
+                keys.append(stepped)
+                grads.append(tf.gather(total[:, :dim], stepped))
                 tf.compat.v1.add_to_collection(BYTES_SENT, tf.constant(
-                    2 * (hvd.size() - 1) * rows * 4 * (table.dim + 1) // hvd.size(), tf.int64))
-            _, handles = fused.find_or_insert(tables, keys)
+                    2 * (hvd.size() - 1) * rows * 4 * (dim + 2) // hvd.size(), tf.int64))
+            _, handles = fused.find_or_insert(tables, others_read)
             with tf.control_dependencies(handles + advances):
                 apply = fused.apply([t.handle for t in tables], keys, grads,
                                     [rw.index.data_input(op, 3) for op in old],

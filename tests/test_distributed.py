@@ -305,8 +305,24 @@ LOGITS_OF = textwrap.dedent("""
 """)
 
 
-def with_model(script: str) -> str:
-    return script.replace("# LOGITS_OF\n", LOGITS_OF)
+# emb beside an 8-row variable read by the same ids, which the planner
+# (auto) replicates whatever emb's placement: its allreduce sends less than
+# an exchange of the rows of a batch's 24 ids would.
+TWO_TABLES = textwrap.dedent("""
+    def logits_of(features):
+        emb = tf1.get_variable("emb", [20000, 4], initializer=tf1.constant_initializer(0.1))
+        small = tf1.get_variable("small", [8, 4], initializer=tf1.constant_initializer(0.2))
+        w = tf1.get_variable("w", initializer=np.linspace(-0.5, 0.5, 8, dtype=np.float32)
+                             .reshape(8, 1))
+        ids = features["ids"]
+        x = tf.reshape(tf.nn.embedding_lookup(emb, ids), [-1, 8]) * \\
+            tf.reshape(tf.nn.embedding_lookup(small, ids % 8), [-1, 8])
+        return tf.squeeze(tf.matmul(x, w), 1)
+""")
+
+
+def with_model(script: str, logits: str = LOGITS_OF) -> str:
+    return script.replace("# LOGITS_OF\n", logits)
 
 
 # Hook mode: an unchanged Horovod Estimator (DistributedOptimizer and
@@ -378,15 +394,15 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         if dense:
             return broadcast
         modifier = graphmod.GraphModifierHook(
-            model_dir=None, tables={"emb": {"placement": placement}},
+            model_dir=None, min_rows=8, tables={"emb": {"placement": placement}},
             warm_start=graphmod.WarmStartSettings([graphmod_warm]) if graphmod_warm else None)
         return broadcast + [modifier] if order == "after" else [modifier] + broadcast
 
     class Rows(tf1.train.SessionRunHook):
         def begin(self):
-            tables = graphmod.tables()
+            tables = {t.name: t for t in graphmod.tables()}
             named = {v.op.name: v for v in tf1.global_variables()}
-            self.fetch = tables[0].export() if tables else {
+            self.fetch = tables["emb"].export() if tables else {
                 "emb": named["emb"].read_value(), "accum": named["emb/Adagrad"].read_value()}
         def end(self, session):
             self.rows = session.run(self.fetch)
@@ -405,8 +421,8 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
         lambda: tf.data.Dataset.from_tensor_slices({"ids": ids[0]}).batch(B),
         hooks=modifier)]
     if "keys" in rows.rows:
-        got = {int(k): (v.tolist(), s.reshape(-1).tolist())
-               for k, v, s in zip(rows.rows["keys"], rows.rows["values"], rows.rows["slots"])}
+        got = {int(k): (v.tolist(), s.reshape(-1).tolist(), int(c)) for k, v, s, c in zip(
+            rows.rows["keys"], rows.rows["values"], rows.rows["slots"], rows.rows["counts"])}
     else:
         used = np.unique(ids)
         got = {int(k): (rows.rows["emb"][k].tolist(), rows.rows["accum"][k].tolist()) for k in used}
@@ -415,18 +431,19 @@ ESTIMATOR_SCRIPT = textwrap.dedent("""
                    eval=float(evaluation["global_loss"]),
                    w=estimator.get_variable_value("w").tolist(),
                    ids_ahead=reports[0].ids_ahead if reports else None,
-                   placed=[r.tables[0].get("placement") for r in reports],
+                   placed=[{t["variable"]: t.get("placement") for t in r.tables}
+                           for r in reports],
                    adopted=reports[0].adopted if reports else None),
               open(f"{out}/rank{rank}.json", "w"))
 """)
 
 
 def run_estimator(tmp_path, name, ranks, mode, order="after", combine="average",
-                  warm_from=None, placements="auto,auto"):
+                  warm_from=None, placements="auto,auto", logits=LOGITS_OF):
     out, model_dir = tmp_path / name, tmp_path / f"{name}_model"
     out.mkdir()
     script = tmp_path / f"{name}.py"
-    script.write_text(with_model(ESTIMATOR_SCRIPT))
+    script.write_text(with_model(ESTIMATOR_SCRIPT, logits))
     launch(ranks, script, mode, order, combine, model_dir, out, warm_from or "-", placements)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], model_dir
 
@@ -467,18 +484,22 @@ def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_pat
     """emb placed replicated (every row on both ranks) trains as one dense
     rank, and its checkpoint of step 5 restores into it sharded for 3 more
     steps; and the other way round: the same losses, evaluation,
-    predictions, dense weights, rows and accumulators as the dense model.
-    A replicated table's two copies hold every key, equal. The command reads
-    the checkpoints, and `graphmod inspect` shows the placement."""
+    predictions, dense weights, rows and accumulators as the dense model,
+    beside an 8-row table the planner replicates. A replicated table's two
+    copies hold every key, equal, and count each key's reads as the sharded
+    table's owner does. The command reads the checkpoints, and `graphmod
+    inspect` shows the placement."""
     import contextlib
     import io
     from graphmod_cli import main
-    (dense,), dense_dir = run_estimator(tmp_path, "dense", 1, "dense")
+    (dense,), dense_dir = run_estimator(tmp_path, "dense", 1, "dense", logits=TWO_TABLES)
+    counts = []
     for first, then in (("replicated", "sharded"), ("sharded", "replicated")):
         ranks, model_dir = run_estimator(tmp_path, f"{first}_{then}", 2, "hooked",
-                                         placements=f"{first},{then}")
+                                         placements=f"{first},{then}", logits=TWO_TABLES)
         for r in ranks:
-            assert r["placed"] == [first, then]
+            assert [p["emb"] for p in r["placed"]] == [first, then]
+            assert all(p["small"] == "replicated" for p in r["placed"]), r["placed"]
             np.testing.assert_allclose(r["losses"], dense["losses"], rtol=1e-5)
             assert len(r["losses"]) == 8
             np.testing.assert_allclose(r["eval"], dense["eval"], rtol=1e-5)
@@ -487,7 +508,7 @@ def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_pat
         if then == "replicated":
             copies = [r["rows"] for r in ranks]
             assert set(copies[0]) == set(copies[1]) == set(dense["rows"])
-            assert copies[0] == copies[1]  # bit-equal copies
+            assert copies[0] == copies[1]  # bit-equal copies, counts included
         else:
             assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"])
         rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
@@ -495,12 +516,15 @@ def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_pat
         for key, (values, accum) in dense["rows"].items():
             np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
+        counts.append({k: r[2] for k, r in rows.items()})
         assert_the_command_reads_both_parts(model_dir, dense_dir, len(rows),
                                             tmp_path / f"{first}_{then}")
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             assert main(["graphmod", "inspect", str(model_dir)]) == 0
         assert f"placed {then} across Horovod ranks (TableSettings" in text.getvalue()
+    # Each key's reads over the 8 steps (2 per id per step: both ranks' batches).
+    assert counts[0] == counts[1] and sum(counts[0].values()) == 8 * 24 * 2
 
 
 def test_a_dense_horovod_model_dir_is_adopted_into_tables_split_across_ranks(tmp_path):

@@ -8,17 +8,19 @@ of two ways:
     owners (graphmod.horovod.exchange). Memory per rank: rows / R.
   - "replicated": every rank holds every row. Lookups are local, so the
     table takes no part in the rows' exchange the forward pass waits for.
-    Its gradient is summed into a dense [rows, dim + 1] tensor (the last
-    column counts the ids that reached a row) and allreduced with the
-    step's dense gradients, in Horovod's fused allreduce, so it costs no
-    collective of its own; every rank then applies the rows some rank read,
-    so the copies stay equal. Memory per rank: all rows.
+    Its gradient is summed into a dense [rows, dim + 2] tensor (with how
+    many gradient rows reached a row and how often the rank's lookups read
+    it) and allreduced beside the step's dense gradients (Horovod fuses
+    collectives ready in the same cycle); every rank then counts the other
+    ranks' reads and applies every row a gradient reached, so the copies
+    stay equal. Memory per rank: all rows.
 For each table the planner estimates, per placement and rank, the bytes a
 step sends, the bytes the forward pass waits for and the memory held, and
 picks "replicated" for a tiny table that can be: its copy fits
 `REPLICATE_MAX_BYTES`, its allreduce sends no more bytes than sharding it
-would (when the ids a step reads are known: its rows are about as many as
-the distinct ids a step reads), its rows move the same on every rank's
+would (its rows are about as many as the distinct ids a step reads; where
+a dynamic batch size hides those, it has at most `REPLICATE_ROWS_UNKNOWN`
+rows), its rows move the same on every rank's
 copy (no admission, eviction, row bound or disk tier: each counts or
 evicts by its own rank's use), and its keys are row numbers (not the
 collision-free keys of a hashed column). Everything else is sharded.
@@ -43,6 +45,10 @@ from typing import Dict, Optional
 PLACEMENTS = ("auto", "sharded", "replicated")
 # A table whose copy holds at most this many bytes is replicated (auto).
 REPLICATE_MAX_BYTES = 1 << 20
+# ... and, where the ids a step reads are unknown, at most this many rows
+# (about a batch's distinct ids: its allreduce then sends about what one
+# batch's exchange would).
+REPLICATE_ROWS_UNKNOWN = 1024
 # Bytes a row costs beside its floats (key, index, counters): measured
 # 101.8 B/key for dim 16 and no slots (docs/benchmarks.md), 64 of them floats.
 ROW_OVERHEAD_BYTES = 40
@@ -101,9 +107,9 @@ def row_bytes(shape: TableShape) -> int:
 def estimate(shape: TableShape, placement: str, ranks: int) -> Estimate:
     """The placement's estimate for one rank of `ranks` (see Estimate)."""
     if placement == "replicated":
-        # A ring allreduce of the [rows, dim + 1] gradient sends 2 (R - 1) / R
-        # of it from each rank; the forward pass waits for nothing.
-        return Estimate(round(2 * (ranks - 1) / ranks * shape.rows * 4 * (shape.dim + 1)), 0,
+        # A ring allreduce of the [rows, dim + 2] gradient and counts sends
+        # 2 (R - 1) / R of it from each rank; the forward pass waits for nothing.
+        return Estimate(round(2 * (ranks - 1) / ranks * shape.rows * 4 * (shape.dim + 2)), 0,
                         row_bytes(shape) * shape.rows)
     memory = row_bytes(shape) * -(-shape.rows // ranks)
     if shape.ids_per_step is None:
@@ -140,6 +146,9 @@ def place(shape: TableShape, ranks: int, forced: str = "auto") -> Choice:
     elif sharded is not None and allreduced > sharded:
         placement, why = "sharded", (f"its allreduce ({allreduced:,} B a step) would send more "
                                      f"than its exchange ({sharded:,} B)")
+    elif sharded is None and shape.rows > REPLICATE_ROWS_UNKNOWN:
+        placement, why = "sharded", (f"the ids a step reads are unknown (a dynamic batch size) "
+                                     f"and it has over {REPLICATE_ROWS_UNKNOWN} rows")
     else:
         placement, why = "replicated", (f"its copy ({_mib(copy)}) fits "
                                         f"{_mib(REPLICATE_MAX_BYTES)} on every rank" +

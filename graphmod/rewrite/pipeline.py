@@ -11,6 +11,7 @@ collections and graphmod's per-graph state) and raised.
 >>> report = rewrite(tf.compat.v1.get_default_graph(), RewriteSettings(), "train",
 ...                  rules=graphmod.rewrite_rules.RULES, model_dir="/tmp/model")
 """
+import dataclasses
 import time
 from typing import List, Optional, Sequence
 
@@ -72,12 +73,17 @@ def rewrite(graph: tf.Graph, settings: RewriteSettings, mode: str, *, rules: Seq
                 raise
             names, in_parts = e, False  # every rank raises it, below
     if split:
-        held, in_parts = save_schedule.gather(
-            [sorted(names) if isinstance(names, frozenset) else f"{names!r}", in_parts],
+        # With it, where rank 0's plan placed each table: every rank places
+        # it alike (a rank without the model_dir has no plan of its own).
+        placed = {v: p.placement for v, p in (replay or {}).items() if p.placement}
+        held, in_parts, placed = save_schedule.gather(
+            [sorted(names) if isinstance(names, frozenset) else f"{names!r}", in_parts, placed],
             "graphmod_rank0_checkpoint")[0]
         if isinstance(held, str):
             raise ValueError(f"graphmod: rank 0 could not read its checkpoint: {held}")
         names = frozenset(held)
+        conversions = [dataclasses.replace(c, planned_placement=placed.get(c.name, ""))
+                       for c in conversions]
     # exact=True: keys stay as the model squeezed them (collisions included).
     # Estimator.train puts its Saver in the SAVERS collection before hooks run,
     # unless the model's Scaffold brings one: then no other Saver is used.
