@@ -12,7 +12,8 @@ ranks in fresh processes:
                 table (graphmod.horovod.placement)
 Per run: examples/s (all ranks), process CPU-seconds per million examples
 (all ranks), and per step and rank the bytes sent to other ranks: measured
-(graphmod's exchanges and replicated gathers count what they send) beside
+(graphmod's exchanges count what they send, a replicated table's
+allreduce counts its size) beside
 the planner's estimate (the report's estimates of the placements taken,
 summed over the tables). Each round runs the three in turn; figures are
 medians (min-max) over the rounds. On this 2-core machine the 2 ranks

@@ -4,8 +4,8 @@ Matches every table a training graph converted; builds one summary op of
 their counters (graphmod/<table>/rows, admitted, rejected, evicted, pending;
 see graphmod.embeddings.features.add_summaries) and adds it to the SUMMARIES
 collection, which Estimators merge after the hooks' begin(), and, where the
-tables exchange with other ranks or ps tasks, the bytes this process sends
-them a step (graphmod/exchange/bytes_sent, beside the placement planner's
+tables are split across Horovod ranks, the bytes this rank sends the others
+a step (graphmod/exchange/bytes_sent, beside the placement planner's
 estimates in `graphmod inspect`). Refuses nothing.
 The counters are also handed to the hook, which logs them at the end.
 """
@@ -19,7 +19,7 @@ from graphmod.rewrite.rule import Context
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "table_counters"
-# (RULES also runs it after shard_exchange and ps_shards, which count the bytes sent.)
+# (RULES also runs it after shard_exchange, which counts the bytes sent.)
 AFTER = ("gather_to_lookup",)
 Counters = NamedTuple("Counters", [("counters", dict)])  # for the report: {table: {name: tensor}}
 

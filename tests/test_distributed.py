@@ -468,7 +468,7 @@ def test_an_unchanged_horovod_estimator_trains_sharded_tables_as_its_dense_model
         assert owned[0] and owned[1] and not owned[0] & owned[1]  # sharded, not copied
         rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
         assert set(rows) == set(dense["rows"])
-        for key, (values, accum) in dense["rows"].items():
+        for key, (values, accum, *_) in dense["rows"].items():
             np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
         # Both ranks wrote their part of every checkpoint; rank 0 the manifest.
@@ -513,7 +513,7 @@ def test_placements_train_as_the_dense_model_and_restore_into_each_other(tmp_pat
             assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"])
         rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
         assert set(rows) == set(dense["rows"])
-        for key, (values, accum) in dense["rows"].items():
+        for key, (values, accum, *_) in dense["rows"].items():
             np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
         counts.append({k: r[2] for k, r in rows.items()})
@@ -546,7 +546,7 @@ def test_a_dense_horovod_model_dir_is_adopted_into_tables_split_across_ranks(tmp
     rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
     # Every adopted key (the dense variable's 20000 rows), each on one rank.
     assert set(rows) == {str(k) for k in range(20000)}
-    for key, (values, accum) in rows.items():
+    for key, (values, accum, *_) in rows.items():
         want = dense["rows"].get(key, ([0.1] * 4, [0.1] * 4))  # never read: as initialized
         np.testing.assert_allclose(values, want[0], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(accum, want[1], rtol=1e-5, atol=1e-7)
@@ -652,7 +652,7 @@ def test_a_warm_start_fills_each_ranks_part_with_the_keys_it_owns(tmp_path):
     assert not owned[0] & owned[1]
     rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
     assert len(rows) == 20000  # every warm-started row, each on one rank
-    for key, (values, accum) in dense["rows"].items():
+    for key, (values, accum, *_) in dense["rows"].items():
         np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
     # graphmod's own warm start (GraphModifierHook(warm_start=...), here of
@@ -674,7 +674,7 @@ def test_a_warm_start_fills_each_ranks_part_with_the_keys_it_owns(tmp_path):
             assert ranks[0]["rows"] == ranks[1]["rows"]
         rows = {**ranks[0]["rows"], **ranks[1]["rows"]}
         assert set(rows) == set(one["rows"])
-        for key, (values, accum) in one["rows"].items():
+        for key, (values, accum, *_) in one["rows"].items():
             np.testing.assert_allclose(rows[key][0], values, rtol=1e-5, atol=1e-7)
             np.testing.assert_allclose(rows[key][1], accum, rtol=1e-5, atol=1e-7)
 
@@ -760,7 +760,7 @@ def test_hashed_ids_under_horovod_feed_sharded_tables_their_full_keys(tmp_path):
     rows = {int(k): v for r in ranks for k, v in r["rows"].items()}
     assert min(rows) >= offset  # full ids, not buckets
     assert {k - offset for k in rows} == {int(k) for k in dense["rows"]}
-    for key, (values, accum) in dense["rows"].items():
+    for key, (values, accum, *_) in dense["rows"].items():
         np.testing.assert_allclose(rows[int(key) + offset][0], values, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(rows[int(key) + offset][1], accum, rtol=1e-5, atol=1e-7)
 

@@ -280,8 +280,8 @@ def _inspect_text(out: dict) -> str:
             lines.append(line)
     sent = out.get("exchange")
     if sent:
-        lines.append(f"measured: {sent['bytes_sent'] / 1024:.1f} KiB sent to other ranks or ps "
-                     f"tasks a step by this model_dir's process (all tables, at step "
+        lines.append(f"measured: {sent['bytes_sent'] / 1024:.1f} KiB sent to other Horovod "
+                     f"ranks a step by the rank that logged it (all tables, at step "
                      f"{sent['step']})")
     lines.append(f"conversion plan: {len(out['plan'])} variable(s)")
     for v, t in out["plan"].items():

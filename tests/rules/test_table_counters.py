@@ -45,8 +45,8 @@ def test_a_graph_that_does_not_train_gets_none():
 
 
 def test_the_bytes_the_exchanges_send_are_summarised():
-    """What shard_exchange and ps_shards count in BYTES_SENT becomes one
-    scalar, graphmod/exchange/bytes_sent (graphmod inspect prints it)."""
+    """What shard_exchange counts in BYTES_SENT becomes one scalar,
+    graphmod/exchange/bytes_sent (graphmod inspect prints it)."""
     with tf.Graph().as_default() as g:
         m = tiny_model(tf1.train.AdagradOptimizer(0.1))
         tf1.add_to_collection(BYTES_SENT, tf.size(m.ids, tf.int64) * 8)
