@@ -43,7 +43,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from rounds import machine, spread, write_json  # noqa: E402
+from rounds import interleaved, machine, spread, write_json  # noqa: E402
 
 WARMUP = 10
 DIMS = (16, 1)  # the embedding's and the linear weight's
@@ -182,17 +182,11 @@ def main():
     if args.one_run:
         one_run(args.steps, args.hooked, args.model_dir)
         return
-    runs = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for variant in VARIANTS:
-            runs[variant].append(run(variant, args.steps))
-            x = runs[variant][-1]
-            print(f"  round {r + 1}, {variant}: {x['examples_per_s']:,.0f} examples/s, "
-                  f"step {x['step_s'] * 1e3:.1f} ms, {x['cpu_s_per_m']:.1f} CPU-s/M examples, "
-                  f"{x['ops']} ops and {x['rounds']} Horovod round(s) a step, "
-                  f"sent {x['sent'] / 1024:.0f} KiB/step/rank (without dedup "
-                  f"{x['undeduplicated'] / 1024:.0f}, dense allgather "
-                  f"{x['allgathered'] / 1024:.0f})", flush=True)
+    runs = interleaved(VARIANTS, args.rounds, lambda v: run(v, args.steps), lambda x: (
+        f"{x['examples_per_s']:,.0f} examples/s, step {x['step_s'] * 1e3:.1f} ms, "
+        f"{x['cpu_s_per_m']:.1f} CPU-s/M examples, {x['ops']} ops and {x['rounds']} Horovod "
+        f"round(s) a step, sent {x['sent'] / 1024:.0f} KiB/step/rank (without dedup "
+        f"{x['undeduplicated'] / 1024:.0f}, dense allgather {x['allgathered'] / 1024:.0f})"))
     print(f"\nreference Estimator (8 features x 120k Zipf ids, dim 16 + linear dim 1), batch "
           f"1024 per rank, {args.steps} steps after {WARMUP} of warm-up; median (min-max) over "
           f"{args.rounds} rounds")

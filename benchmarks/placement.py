@@ -33,7 +33,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from rounds import machine, ratio_per_round, spread, write_json  # noqa: E402
+from rounds import interleaved, machine, ratio_per_round, spread, write_json  # noqa: E402
 
 TABLES, DIM, BATCH, WARMUP = 26, 8, 1024, 10
 ROWS = [int(round(x)) for x in np.logspace(np.log10(50), 7, TABLES)]
@@ -143,15 +143,9 @@ def main():
     if args.one_run:
         one_run(args.steps, args.one_run, args.model_dir)
         return
-    runs = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for variant in VARIANTS:
-            runs[variant].append(run(variant, args.steps))
-            x = runs[variant][-1]
-            print(f"  round {r + 1}, {variant}: {x['examples_per_s']:,.0f} examples/s, "
-                  f"{x['cpu_s_per_m']:.1f} CPU-s/M examples, sent "
-                  f"{x['sent'] / 1024:.1f} KiB/step/rank (estimate "
-                  f"{x['estimate'] / 1024:.1f})", flush=True)
+    runs = interleaved(VARIANTS, args.rounds, lambda v: run(v, args.steps), lambda x: (
+        f"{x['examples_per_s']:,.0f} examples/s, {x['cpu_s_per_m']:.1f} CPU-s/M examples, "
+        f"sent {x['sent'] / 1024:.1f} KiB/step/rank (estimate {x['estimate'] / 1024:.1f})"))
     placed = runs["planned"][0]["placed"]
     print(f"\n{TABLES} tables of {ROWS[0]:,} to {ROWS[-1]:,} rows (dim {DIM}, Adagrad), "
           f"uniform ids, batch {BATCH} per rank, 2 ranks, {args.steps} steps after {WARMUP} "

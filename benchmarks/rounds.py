@@ -11,7 +11,7 @@ import json
 import os
 import platform
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Sequence
 
 import numpy as np
 
@@ -37,6 +37,19 @@ def spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
 def ratio_per_round(a: Sequence[float], b: Sequence[float]) -> List[float]:
     """a[r] / b[r] for each round r (both measured in that round)."""
     return [x / y for x, y in zip(a, b)]
+
+
+def interleaved(variants: Iterable[str], rounds: int, run: Callable[[str], dict],
+                line: Callable[[dict], str]) -> Dict[str, List[dict]]:
+    """run(variant) for each variant in turn, `rounds` times (A B C, A B C,
+    ...), printing line(result) of each as it ends; variant -> its results,
+    in round order."""
+    runs: Dict[str, List[dict]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for variant in runs:
+            runs[variant].append(run(variant))
+            print(f"  round {r + 1}, {variant}: {line(runs[variant][-1])}", flush=True)
+    return runs
 
 
 def medians(runs: Dict[str, List[float]]) -> Dict[str, float]:

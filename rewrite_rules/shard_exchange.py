@@ -231,11 +231,7 @@ def _exchange_applies(rw, applies, exchanges, advances) -> None:
     """The applies one set of ops waits for (one optimizer's step) exchange
     their gradients with the keys' owners, which apply them in one fused op;
     each waits for the advances (every training run moves its input on)."""
-    groups = collections.defaultdict(list)
-    for table, apply in applies:
-        waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
-        groups[waiting].append((table, apply))
-    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+    for group in _by_optimizer_step(rw, applies):
         exchange = _the_exchange_of(group, exchanges)
         if exchange is not None:
             order = [t.name for t in exchange.tables]
@@ -268,11 +264,7 @@ def _replicated_applies(rw, applies, advances) -> None:
     once, with the sum of all ranks' shares: every copy holds, counts and
     moves its rows as one table read by every rank would."""
     import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-    groups = collections.defaultdict(list)
-    for lookups, apply, rows in applies:
-        waiting = frozenset(op.name for op in rw.index.control_consumers(apply))
-        groups[waiting].append((lookups, apply, rows))
-    for _, group in sorted(groups.items(), key=lambda g: sorted(g[0])):
+    for group in _by_optimizer_step(rw, applies):
         tables, old = [lk.table for lk, _, _ in group], [op for _, op, _ in group]
         others_read, keys, grads = [], [], []
         with tf.compat.v1.name_scope("graphmod/replicated_apply"):
@@ -313,6 +305,16 @@ def _replicated_applies(rw, applies, advances) -> None:
                                     by_address=False)
         for op in old:
             rw.replace_control_input(op, apply)
+
+
+def _by_optimizer_step(rw, applies: list) -> list:
+    """applies (tuples whose second item is an apply op) in groups, one per
+    set of ops that waits for them (one optimizer's step), in a fixed order."""
+    groups = collections.defaultdict(list)
+    for entry in applies:
+        waiting = frozenset(op.name for op in rw.index.control_consumers(entry[1]))
+        groups[waiting].append(entry)
+    return [group for _, group in sorted(groups.items(), key=lambda g: sorted(g[0]))]
 
 
 def _the_exchange_of(group, exchanges):
