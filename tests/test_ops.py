@@ -320,16 +320,18 @@ def test_a_save_of_a_copy_every_rank_holds_writes_the_keys_its_rank_owns(tmp_pat
             "copy", access_threshold=2)])
         copy = graphmod.create_table("copy", 3, optimizer=opt, num_shards=4)
         whole = graphmod.create_table("whole", 2, optimizer=opt)
+        empty = graphmod.create_table("empty", 2)  # no rows, no slots
         train = opt.minimize(tf.reduce_sum(tf.sin(graphmod.sparse_lookup(copy, ids))) +
                              tf.reduce_sum(graphmod.sparse_lookup(whole, ids)))
         track = ops.graphmod_table_track_removals(copy.handle)
         removed = tf1.placeholder(tf.int64, [None])
         remove = copy.remove(removed)
         prefix = tf1.placeholder(tf.string, [])
-        full, delta = (ops.graphmod_table_save([copy.handle, whole.handle], prefix, [0, 0],
-                                               checkpoint_format=1, with_removed=d,
-                                               owned_only=[True, False], owner_rank=1,
-                                               owner_size=3) for d in (False, True))
+        full, delta = (ops.graphmod_table_save([copy.handle, whole.handle, empty.handle],
+                                               prefix, [0, 0, 0], checkpoint_format=1,
+                                               with_removed=d, owned_only=[True, False, True],
+                                               owner_rank=1, owner_size=3)
+                       for d in (False, True))
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             twice = np.arange(-40, 60, dtype=np.int64)  # admitted: rows
@@ -348,10 +350,13 @@ def test_a_save_of_a_copy_every_rank_holds_writes_the_keys_its_rank_owns(tmp_pat
     order = {k: i for i, k in enumerate(exported["keys"])}
     np.testing.assert_array_equal(saved.get_tensor("copy-values"),
                                   exported["values"][[order[k] for k in keys]])
-    np.testing.assert_array_equal(saved.get_tensor("copy-slots"),
-                                  exported["slots"][[order[k] for k in keys]])
+    for field in ("slots", "counts", "last_seen", "versions"):
+        np.testing.assert_array_equal(saved.get_tensor(f"copy-{field}"),
+                                      exported[field][[order[k] for k in keys]], err_msg=field)
     assert sorted(saved.get_tensor("copy-pending_keys")) == sorted(mine(pending["keys"]))
     assert len(saved.get_tensor("whole-keys")) == 104  # written whole
+    assert saved.get_tensor("empty-keys").shape == (0,)
+    assert saved.get_tensor("empty-slots").shape == (0, 0, 2)
     gone = tf.train.load_checkpoint(str(tmp_path / "delta")).get_tensor("copy-removed_keys")
     assert len(gone) and sorted(gone) == sorted(mine(np.arange(-40, -20)))
 
