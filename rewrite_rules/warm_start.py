@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from graphmod import horovod
 from graphmod.rewrite.rule import Context
+from graphmod.embeddings.partition import owned_by
 from graphmod.rewrite_rules import shard_exchange
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
@@ -40,7 +41,7 @@ def rewrite(rw, conversions, context: Context) -> None:
             keys = tf.range(c.rows, dtype=tf.int64)
             if context.ranks > 1 and not shard_exchange.replicates(c, context):
                 # Sharded across Horovod ranks: each rank's part takes the keys it owns.
-                mine = tf.equal(horovod.owner_of(keys, context.ranks), horovod.horovod_rank())
+                mine = owned_by(keys, horovod.horovod_rank(), context.ranks)
                 keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
             imported = table.import_rows(keys, rows)
             with tf.control_dependencies([imported]):

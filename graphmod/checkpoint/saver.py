@@ -38,7 +38,7 @@ from graphmod._ops import ops
 from graphmod.checkpoint import deltas, parts as part_files
 from graphmod.horovod.rank_parts import RankParts
 from graphmod.ps import tables as ps
-from graphmod.embeddings.partition import owner_of
+from graphmod.embeddings.partition import owned_by
 from graphmod.embeddings import features
 from graphmod.embeddings.table import _TableDeltaSaveable, _TableSaveable, write_tables
 from graphmod.settings import UNITS
@@ -254,7 +254,7 @@ class TableSaver(tf1.train.Saver):
             slots = tf.zeros([a.rows, 0, table.dim])
         keys = tf.range(a.rows, dtype=tf.int64)
         if owners > 1:
-            mine = tf.where(tf.equal(owner_of(keys, owners), owner))[:, 0]
+            mine = tf.where(owned_by(keys, owner, owners))[:, 0]
             keys, values, slots = (tf.gather(x, mine) for x in (keys, values, slots))
         now = self._adopt_clock[features.policy_of(a.table).eviction_unit]
         return table.import_rows(keys, values, slots, last_seen=tf.fill(tf.shape(keys), now),

@@ -40,7 +40,7 @@ from absl import logging
 
 from graphmod._ops import ops
 from graphmod.checkpoint import deltas
-from graphmod.embeddings.partition import owner_of
+from graphmod.embeddings.partition import owned_by
 
 tf1 = tf.compat.v1
 
@@ -236,7 +236,7 @@ class WarmStarter:
                 keys, values, counts = (tf.boolean_mask(t, keep) for t in (keys, values, counts))
             if table.name in self.owners:
                 rank, ranks = self.owners[table.name]
-                mine = tf.equal(owner_of(keys, ranks), rank)
+                mine = owned_by(keys, rank, ranks)
                 keys, values, counts = (tf.boolean_mask(t, mine) for t in (keys, values, counts))
             values.set_shape([None, table.dim])
             imported = table.import_rows(keys, values, counts=counts,

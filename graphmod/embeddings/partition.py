@@ -28,6 +28,11 @@ def owner_of(keys: tf.Tensor, size: int) -> tf.Tensor:
                                           tf.constant(32, tf.uint64)), tf.int32)
 
 
+def owned_by(keys: tf.Tensor, rank: int, size: int) -> tf.Tensor:
+    """Whether rank `rank` of `size` owns each key (bool, keys' shape)."""
+    return tf.equal(owner_of(keys, size), rank)
+
+
 def owner_of_numpy(keys, size: int):
     """owner_of in numpy (int32 owners of int64 keys), for host code."""
     import numpy as np  # pylint: disable=import-outside-toplevel

@@ -63,10 +63,12 @@ class RankParts(PartLayout):
         import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
         self.rank, self.size = hvd.rank(), hvd.size()
         self.whose = f"rank {self.rank} of {self.size}"
-        # Tables every rank holds whole read every part; the rest, their owner's.
+        # Tables every rank holds whole read every part (a reader of their
+        # own, where there are any); the rest, their owner's.
         self.replicated = graph_state().replicated
-        self.readers = [TableParts(self._of(saveables, False), self.rank, self.size),
-                        TableParts(self._of(saveables, True))]
+        self.readers = [TableParts(self._of(saveables, False), self.rank, self.size)]
+        if self._of(saveables, True):
+            self.readers.append(TableParts(self._of(saveables, True)))
         self.rank0_dir = rank0_dir
         self.stream, self.staging = stream or (None, None)
         with tf1.name_scope("graphmod_sharded_checkpoint"):
@@ -123,7 +125,7 @@ class RankParts(PartLayout):
     def build_deltas(self, saveables: List[_TableDeltaSaveable]) -> list:
         """This rank writes the changes to the keys it owns as a part of the
         delta, all ranks meet once all parts are written."""
-        for reader, replicated in zip(self.readers, (False, True)):
+        for reader, replicated in zip(self.readers, (False, True)):  # (the second, if any)
             reader.build_deltas(self._of(saveables, replicated))
         with tf1.name_scope("graphmod_sharded_delta"):
             self._delta_part = tf1.placeholder(tf.string, [], name="part")
