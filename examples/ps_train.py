@@ -5,6 +5,7 @@ parameter-server cluster (examples/ps_cluster.py starts one locally).
     python examples/ps_train.py /tmp/ps_model                       # one process
     python examples/ps_cluster.py --ps 2 -- python examples/ps_train.py /tmp/ps_model
     python examples/ps_train.py --dense /tmp/dense_model              # without graphmod
+    python examples/ps_train.py /tmp/warm --warm-from /tmp/dense_model  # emb warm-started
 
 The model has a plain embedding, one partitioned two ways (as PS users
 partition large ones: a part per ps task) and a hashed string column.
@@ -87,10 +88,12 @@ POLICIES = dict(tables={"input_layer/s_embedding/*": dict(
 
 
 def train(model_dir: str, steps: int, hooks=(), hooked: bool = True,
-          constant_init: bool = False, policies: bool = False) -> None:
+          constant_init: bool = False, policies: bool = False, warm_from: str = None) -> None:
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1,
                                     save_checkpoints_steps=10)
-    estimator = tf.estimator.Estimator(model_fn, config=config,
+    # emb's rows from another model's checkpoint (its slots start afresh).
+    warm = warm_from and tf.estimator.WarmStartSettings(warm_from, vars_to_warm_start="emb:0")
+    estimator = tf.estimator.Estimator(model_fn, config=config, warm_start_from=warm,
                                        params=dict(constant_init=constant_init))
     graphmod_hooks = [graphmod.GraphModifierHook(dump_graph=True, incremental_every_steps=5,
                                                  **(POLICIES if policies else {}))
@@ -113,6 +116,8 @@ if __name__ == "__main__":
     parser.add_argument("--policies", action="store_true",
                         help="admission and eviction for the hashed words' table")
     parser.add_argument("--losses", help="append each step's global step and loss to this file")
+    parser.add_argument("--warm-from", help="a checkpoint (or model_dir) to warm-start emb from")
     args = parser.parse_args()
     train(args.model_dir, args.steps, hooks=[LossLog(args.losses)] if args.losses else [],
-          hooked=not args.dense, constant_init=args.constant_init, policies=args.policies)
+          hooked=not args.dense, constant_init=args.constant_init, policies=args.policies,
+          warm_from=args.warm_from)

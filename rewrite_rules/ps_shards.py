@@ -28,9 +28,10 @@ and an admission sketch apply per shard (reported as approximations).
 Refuses, when the cluster shards tables: a variable not placed on a ps task
 (its table would sit on a worker beside shards on the ps tasks), reads
 inside v1 control flow (a partition outside the loop or branch cannot feed
-it), reads of the whole variable, and warm starts from checkpoint rows.
+it), and reads of the whole variable.
 A dense checkpoint in model_dir is adopted as on one machine: each ps task
-imports the rows it owns (graphmod.checkpoint.saver).
+imports the rows it owns (graphmod.checkpoint.saver); so does a warm start
+from checkpoint rows (rewrite_rules/warm_start.py).
 """
 import collections
 from typing import List, NamedTuple
@@ -79,8 +80,6 @@ def check(conversion: Conversion, context: Context) -> None:
                           f"partitioned over the {n} ps tasks there")
     if conversion.dense_reads:
         raise Refused(f"it is read whole, which a table sharded over {n} ps tasks cannot serve")
-    if conversion.warm_start is not None:
-        raise Refused(f"a warm start into a table sharded over {n} ps tasks is not built")
     s = conversion.settings
     if s.max_rows is not None:
         context.approximate(conversion, f"max_rows bounds each of its {n} shards (one per ps "

@@ -11,19 +11,22 @@ back from the checkpoint, with the table; a checkpoint written without the
 flag restores the table and no flag is built). Every id starts from its own
 checkpoint row, not a shared one; optimizer slots start from their initial
 values (a warm start of the slots too, e.g. vars_to_warm_start=[".*"], keeps
-the variable dense: its slots do not start from one value). Refuses nothing
-(the planner keeps warm-started variables with hashed, collision-free keys
-dense).
+the variable dense: its slots do not start from one value). A table split
+over Horovod ranks (sharded) or over the ps tasks of a cluster imports into
+each part the keys its rank or ps task owns. Refuses nothing (the planner
+keeps warm-started variables with hashed, collision-free keys dense).
 """
 import tensorflow as tf
 
 from graphmod import horovod
 from graphmod.rewrite.rule import Context
 from graphmod.embeddings.partition import owned_by
-from graphmod.rewrite_rules import shard_exchange
+from graphmod.rewrite_rules import ps_shards, shard_exchange
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "warm_start"
+# (RULES lists it after ps_shards too, whose shards on every ps task it fills
+# where that rule ran.)
 AFTER = ("gather_to_lookup",)
 tf1 = tf.compat.v1
 
@@ -39,12 +42,28 @@ def rewrite(rw, conversions, context: Context) -> None:
         with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{table.name}"):
             rows = tf.reshape(c.warm_start, [c.rows, c.dim])
             keys = tf.range(c.rows, dtype=tf.int64)
-            if context.ranks > 1 and not shard_exchange.replicates(c, context):
+            shards = context.built(ps_shards.Shards, c)
+            if shards is not None:
+                # Over the ps tasks: each task's shard takes the keys it owns.
+                n = len(shards.tables)
+                imported = tf.group([shard.import_rows(*_owned(keys, rows, i, n))
+                                     for i, shard in enumerate(shards.tables)])
+            elif context.ranks > 1 and not shard_exchange.replicates(c, context):
                 # Sharded across Horovod ranks: each rank's part takes the keys it owns.
-                mine = owned_by(keys, horovod.horovod_rank(), context.ranks)
-                keys, rows = tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
-            imported = table.import_rows(keys, rows)
+                imported = table.import_rows(
+                    *_owned(keys, rows, horovod.horovod_rank(), context.ranks))
+            else:
+                imported = table.import_rows(keys, rows)
             with tf.control_dependencies([imported]):
                 done = tf.constant(True)
-            tf1.Variable(done, trainable=False, name="graphmod_warm_started",
-                                use_resource=True)
+            # Beside the table: in a cluster, every worker's session sees it
+            # (the chief initializes it, the others wait until it has).
+            with tf.device(table.handle.device):
+                tf1.Variable(done, trainable=False, name="graphmod_warm_started",
+                             use_resource=True)
+
+
+def _owned(keys: tf.Tensor, rows: tf.Tensor, part: int, parts: int):
+    """The keys (and their rows) that part `part` of `parts` owns."""
+    mine = owned_by(keys, part, parts)
+    return tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)

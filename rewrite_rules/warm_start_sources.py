@@ -7,7 +7,8 @@ whose initializer imports the sources' rows into the tables (renamed, key
 filtered, as the settings say) and assigns the dense variables, so the import
 runs exactly when the model is initialized and never after a restore.
 Split across Horovod ranks, each rank's sharded table imports the keys it
-owns, and a replicated one every key (every rank reads the sources).
+owns, and a replicated one every key (every rank reads the sources); split
+over a cluster's ps tasks, each task's part imports the keys it owns.
 Refuses nothing: a mapping naming no table or variable of the graph is an
 error (the rewrite fails and is undone).
 """

@@ -23,6 +23,7 @@ from google.protobuf import text_format
 
 import graphmod
 from graphmod.checkpoint import merged
+from graphmod.embeddings.partition import owner_of_numpy
 
 pytestmark = pytest.mark.slow
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -206,6 +207,45 @@ def test_a_dense_checkpoint_is_adopted_as_on_one_machine(tmp_path):
     assert {t["table"] for t in report["tables"]} >= {
         "emb", "input_layer/s_embedding/embedding_weights"}
     assert os.path.exists(os.path.join(cluster, f"model.ckpt-{MORE}.tables.json"))
+
+
+def test_a_warm_start_fills_each_ps_tasks_shard_as_one_process(tmp_path):
+    """WarmStartSettings start emb from a dense model's checkpoint: on 2 ps
+    tasks each task's shard imports the keys it owns, and the cluster trains
+    exactly as one process warm-started alike, and as the unmodified model;
+    every one of the variable's 20,000 rows is imported, each key on its
+    owner's part."""
+    dense = str(tmp_path / "dense")
+    _one_process(dense, STEPS, "--dense")
+    runs = {name: str(tmp_path / name) for name in ("cluster", "single", "plain")}
+    flags = ("--warm-from", dense, "--constant-init")
+    _cluster(runs["cluster"], STEPS, 2, *flags, "--losses", runs["cluster"] + ".losses",
+             evaluator=False)
+    _one_process(runs["single"], STEPS, *flags, "--losses", runs["single"] + ".losses")
+    _one_process(runs["plain"], STEPS, *flags, "--dense", "--losses", runs["plain"] + ".losses")
+    losses = {name: _losses(d + ".losses") for name, d in runs.items()}
+    assert len(losses["cluster"]) == STEPS
+    assert losses["cluster"] == losses["single"]
+    np.testing.assert_allclose(losses["cluster"], losses["plain"], rtol=1e-6)
+    with open(os.path.join(runs["cluster"], "graphmod", "rewrite_report_train.json")) as f:
+        emb = next(t for t in json.load(f)["tables"] if t["table"] == "emb")
+    assert emb["ps_shards"] == 2
+    # Each part holds the keys its task owns; together, every row: the 50
+    # trained ids as in one process, the others as the dense checkpoint's.
+    checkpoint = os.path.join(runs["cluster"], f"model.ckpt-{STEPS}")
+    with open(checkpoint + ".tables.json") as f:
+        indexes = sorted(n for n in json.load(f)["files"] if n.endswith(".index"))
+    assert len(indexes) == 2, indexes
+    for task, index in enumerate(indexes):
+        keys = tf.train.load_checkpoint(
+            os.path.join(runs["cluster"], index[:-len(".index")])).get_tensor("emb-keys")
+        assert len(keys) and (owner_of_numpy(keys, 2) == task).all(), index
+    keys, values = table_rows(checkpoint, "emb", ("keys", "values"))
+    assert keys.tolist() == list(range(20000))
+    _, single = table_rows(os.path.join(runs["single"], f"model.ckpt-{STEPS}"), "emb",
+                           ("keys", "values"))
+    np.testing.assert_array_equal(values, single)
+    np.testing.assert_array_equal(values[50:], tf.train.load_checkpoint(dense).get_tensor("emb")[50:])
 
 
 # ps tasks running a stock tf.distribute.Server (no graphmod); the chief the example.

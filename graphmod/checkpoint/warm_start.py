@@ -126,11 +126,13 @@ class WarmStarter:
     checkpoint included), and never again in a session made after an error,
     which restores instead. `started` names what it warm-starts. owners:
     table name -> (rank, ranks) for a table that holds only the keys that
-    rank owns (split across Horovod ranks): it imports only those."""
+    rank owns (split across Horovod ranks): it imports only those. A table
+    split over a cluster's ps tasks imports into each task's part the keys
+    that task owns."""
 
     def __init__(self, settings: WarmStartSettings, graph: tf.Graph,
                  owners: Optional[Dict[str, Tuple[int, int]]] = None):
-        from graphmod.state import tables
+        from graphmod.state import graph_state, tables
         self.settings = settings
         self.owners = owners or {}
         table_by_name = {t.name: t for t in tables(graph)}
@@ -149,15 +151,24 @@ class WarmStarter:
                 if source is None:
                     continue
                 self.started.append(target)
-                if target in table_by_name:
-                    starts.append(self._start_table(table_by_name[target], source, name))
+                parts = graph_state(graph).ps_parts.get(target)
+                if parts:  # split over the ps tasks: each part the keys its task owns
+                    starts.extend(self._start_table(part, source, name, (task, len(parts)))
+                                  for task, part in enumerate(parts))
+                elif target in table_by_name:
+                    starts.append(self._start_table(table_by_name[target], source, name,
+                                                    self.owners.get(target)))
                 else:
                     starts.append(self._start_variable(variables[target], source, name))
             if not starts:
                 return
             with tf.control_dependencies(starts):
                 done = tf.constant(True)
-            tf1.Variable(done, trainable=False, name="done", use_resource=True)
+            # Beside the global step: in a cluster, on a ps task, where every
+            # worker sees it (the chief initializes it, the others wait).
+            step = tf1.train.get_global_step(graph)
+            with tf1.device(step.device if step is not None else None):
+                tf1.Variable(done, trainable=False, name="done", use_resource=True)
 
     def _find(self, sources: List[_Source], target: str, is_table: bool):
         name = self.settings.mapping.get(target, target)
@@ -169,10 +180,13 @@ class WarmStarter:
                              f"'{target}'); sources: {', '.join(s.path for s in sources)}")
         return None, name
 
-    def _start_table(self, table, source: _Source, name: str) -> tf.Operation:
+    def _start_table(self, table, source: _Source, name: str,
+                     owner: Optional[Tuple[int, int]]) -> tf.Operation:
         """Imports the source's rows a stored slice at a time (a source table
         larger than memory never is in memory whole): the checkpoint's rows,
-        then each delta's removals and changed rows, in order."""
+        then each delta's removals and changed rows, in order. owner: (part,
+        parts) when the table holds only the keys part `part` of `parts`
+        owns."""
         from graphmod.embeddings import features
         is_table = source.holds_table(name)
         for prefix, shape in source.row_shapes(name, is_table):
@@ -190,26 +204,28 @@ class WarmStarter:
         parts = source.row_shapes(name, is_table)
         if not is_table:  # a dense variable: row i is key i
             prefix, shape = parts[0]
-            done = self._import_slices(table, prefix, shape, name, None, seen,
+            done = self._import_slices(table, prefix, shape, name, None, seen, owner,
                                        source.dtypes[name])
         else:
             done = self._import_slices(table, source.path, parts[0][1], f"{name}-values", name,
-                                       seen)
+                                       seen, owner)
             for prefix, shape in parts[1:]:  # the deltas: removals, then changed rows
                 with tf.control_dependencies([done]):
                     gone = table.remove(_restore(prefix, f"{name}-removed_keys", tf.int64))
                 with tf.control_dependencies([gone]):
                     done = self._import_slices(table, prefix, shape, f"{name}-values", name,
-                                               seen)
+                                               seen, owner)
         with tf.control_dependencies([done]):
             return _logged(table.size(), f"table '{table.name}' from '{name}' in {source.path}")
 
     def _import_slices(self, table, prefix: str, shape: List[int], entry: str,
-                       name: Optional[str], seen: tf.Tensor, dtype=tf.float32) -> tf.Operation:
+                       name: Optional[str], seen: tf.Tensor, owner: Optional[Tuple[int, int]],
+                       dtype=tf.float32) -> tf.Operation:
         """A loop importing the rows of checkpoint `prefix` one stored slice of
         `entry` (the values, of `shape`) at a time: with the keys and access
         counts of table `name`'s entries, or row i as key i (name None). The
-        keys are filtered, and all seen at `seen`."""
+        keys are filtered (and, with an owner, only the part's kept), and all
+        seen at `seen`."""
         starts, lengths = ops.graphmod_checkpoint_row_slices(prefix, entry)
         key_filter = self.settings.key_filter
 
@@ -234,9 +250,8 @@ class WarmStarter:
                                          name=f"{table.name}_key_filter")
                 keep.set_shape([None])
                 keys, values, counts = (tf.boolean_mask(t, keep) for t in (keys, values, counts))
-            if table.name in self.owners:
-                rank, ranks = self.owners[table.name]
-                mine = owned_by(keys, rank, ranks)
+            if owner is not None:
+                mine = owned_by(keys, *owner)
                 keys, values, counts = (tf.boolean_mask(t, mine) for t in (keys, values, counts))
             values.set_shape([None, table.dim])
             imported = table.import_rows(keys, values, counts=counts,

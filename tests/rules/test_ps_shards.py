@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphmod.embeddings.partition import owner_of
+from graphmod.embeddings.partition import owner_of, owner_of_numpy
 from graphmod.rewrite.rule import Refused
-from graphmod.rewrite_rules import (dense_reads, fuse_table_ops, ps_shards, shard_exchange)
+from graphmod.checkpoint.warm_start import WarmStartSettings
+from graphmod.rewrite_rules import (dense_reads, fuse_table_ops, ps_shards, saver_swap,
+                                    shard_exchange, warm_start, warm_start_sources)
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 from graphmod.state import graph_state
 
@@ -113,7 +115,7 @@ def test_the_sharded_tables_train_as_one_table_each(cluster):
                 assert sent[0].op.inputs[0].op.type == "SplitV"
 
 
-def test_refuses_a_variable_off_the_ps_tasks_whole_reads_and_warm_starts():
+def test_refuses_a_variable_off_the_ps_tasks_and_whole_reads():
     with tf.Graph().as_default() as g:
         tiny_model(tf1.train.AdagradOptimizer(0.1))  # no device
         with pytest.raises(Refused, match="^it is placed on 'no device', not on a ps task, "
@@ -130,9 +132,53 @@ def test_refuses_a_variable_off_the_ps_tasks_whole_reads_and_warm_starts():
         with pytest.raises(Refused, match="^it is read whole, which a table sharded over 2 ps "
                                           "tasks cannot serve$"):
             ps_shards.check(dataclasses.replace(c, dense_reads=[m.variable.value()]), context)
-        with pytest.raises(Refused, match="^a warm start into a table sharded over 2 ps tasks "
-                                          "is not built$"):
-            ps_shards.check(dataclasses.replace(c, warm_start=tf.zeros([8, 2])), context)
+        assert ps_shards.check(dataclasses.replace(c, warm_start=tf.zeros([8, 2])), context) \
+            is None  # (rewrite_rules/warm_start.py fills every shard)
+
+
+@pytest.mark.parametrize("how", ["init_from_checkpoint", "graphmod.WarmStartSettings"])
+def test_a_warm_start_fills_each_ps_tasks_shard_with_the_keys_it_owns(cluster, tmp_path, how):
+    """A warm start into a table split over 2 ps tasks, the Estimator's
+    (init_from_checkpoint, as WarmStartSettings does) or graphmod's
+    (GraphModifierHook(warm_start=...)): the variables' initialization
+    imports into each task's shard the rows of the keys it owns, each its
+    own checkpoint row; the flag that runs the import lives on a ps task,
+    where every worker sees it."""
+    source = np.arange(4000, dtype=np.float32).reshape(2000, 2) / 1000
+    with tf.Graph().as_default():
+        tf1.get_variable("a", initializer=source, use_resource=True)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            path = tf1.train.Saver().save(sess, str(tmp_path / "source.ckpt"))
+    with tf.Graph().as_default() as g:
+        with tf1.device(tf1.train.replica_device_setter(ps_tasks=2)):
+            tf1.train.create_global_step()
+        a, _, _ = _two_tables(on_ps=True)
+        if how == "init_from_checkpoint":
+            tf1.train.init_from_checkpoint(path, {"a": "a"})
+            applied = apply_rules(g, *RULES, warm_start, ps_tasks=2)
+            assert "GraphmodTableImport" in applied.built_by("warm_start")
+        else:
+            settings = WarmStartSettings([path], mapping={"a": "a"})
+            applied = apply_rules(g, *RULES, saver_swap, warm_start_sources, ps_tasks=2,
+                                  warm_start=settings)
+            # (its imports are in loops, one stored slice at a time)
+            assert "GraphmodCheckpointRowSlices" in applied.built_by("warm_start_sources")
+        flag = next(v for v in tf1.global_variables() if "warm_start" in v.op.name)
+        assert flag.device.startswith("/job:ps/"), flag.device
+        table = applied.context.built(Lookups, applied.conversions[0]).table
+        tf1.Session.reset(cluster)
+        with tf1.Session(cluster) as sess:
+            sess.run(tf1.global_variables_initializer())
+            parts = [sess.run(t.export()) for t in graph_state(g).ps_parts[table.name]]
+            read = sess.run(a.rows, {a.ids: [3, 1999, 3]})
+    owners = owner_of_numpy(np.arange(2000), 2)
+    for task, part in enumerate(parts):
+        keys = np.sort(part["keys"])
+        np.testing.assert_array_equal(keys, np.flatnonzero(owners == task))
+        order = np.argsort(part["keys"])
+        np.testing.assert_array_equal(part["values"][order], source[keys])
+    np.testing.assert_array_equal(read, source[[3, 1999, 3]])
 
 
 def test_with_one_ps_task_the_tables_stay_whole_and_the_gradient_rows_cross_once(cluster):
