@@ -23,8 +23,7 @@ def test_graphmods_rules_load_in_their_order():
     assert [r.name for r in RULES] == [
         "collisionless_keys", "gather_to_lookup", "dense_reads", "l2_penalties",
         "optimizer_updates", "shard_exchange", "ps_shards", "warm_start", "fuse_table_ops",
-        "saver_swap",
-        "horovod_broadcast", "table_saver", "table_counters", "tier_prefetch",
+        "saver_swap", "horovod_broadcast", "table_saver", "table_counters", "tier_prefetch",
         "warm_start_sources"]
     # Only these rules can refuse a variable (the others have the default no-op check).
     assert [r.name for r in RULES if r.check is not None] == [
