@@ -14,6 +14,7 @@ replica_device_setter puts each variable on a ps task, and the hook shards
 each variable's table by key over all the ps tasks.
 """
 import argparse
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -88,7 +89,7 @@ POLICIES = dict(tables={"input_layer/s_embedding/*": dict(
 
 
 def train(model_dir: str, steps: int, hooks=(), hooked: bool = True,
-          constant_init: bool = False, policies: bool = False, warm_from: str = None) -> None:
+          constant_init: bool = False, policies: bool = False, warm_from: Optional[str] = None) -> None:
     config = tf.estimator.RunConfig(model_dir=model_dir, tf_random_seed=1,
                                     save_checkpoints_steps=10)
     # emb's rows from another model's checkpoint (its slots start afresh).

@@ -7,7 +7,7 @@ unsqueezed ids), then the lookups (which build the tables), dense reads,
 penalties and updates (which use the tables' rows), under Horovod the
 exchange of lookups and applies with each key's owner rank (in a
 parameter-server cluster, the sharding of tables over the ps tasks), the
-warm start (into every part of a split table), the fusing of the lookups
+warm start (into each part of a table split over ps tasks), the fusing of the lookups
 and applies into one op each, the Saver swap (variables out, tables in)
 and Horovod's broadcast (variables out),
 graphmod's TableSaver (deltas, adoption of dense checkpoints), the

@@ -25,8 +25,10 @@ from graphmod.rewrite_rules import ps_shards, shard_exchange
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
 NAME = "warm_start"
-# (RULES lists it after ps_shards too, whose shards on every ps task it fills
-# where that rule ran.)
+# RULES also lists it after ps_shards: a table split over ps tasks is warm
+# started into every task's shard. (AFTER cannot say so: it names rules that
+# must be present, and ps_shards is absent from one-machine rule sets; the
+# rule fails when a split table has no shards yet.)
 AFTER = ("gather_to_lookup",)
 tf1 = tf.compat.v1
 
@@ -39,21 +41,26 @@ def rewrite(rw, conversions, context: Context) -> None:
         flag_name = f"graphmod/{table.name}/graphmod_warm_started"
         if context.checkpoint_names and flag_name not in context.checkpoint_names:
             continue  # the model's checkpoint (from before the warm start) restores the table
+        shards = context.built(ps_shards.Shards, c)
+        if shards is None and context.ps_tasks > 1 and context.ranks <= 1:
+            raise ValueError(f"graphmod: rule {NAME} ran before ps_shards split table "
+                             f"'{table.name}' over the {context.ps_tasks} ps tasks: list it after")
         with rw.rule(NAME), tf1.name_scope(None), tf1.name_scope(f"graphmod/{table.name}"):
-            rows = tf.reshape(c.warm_start, [c.rows, c.dim])
-            keys = tf.range(c.rows, dtype=tf.int64)
-            shards = context.built(ps_shards.Shards, c)
-            if shards is not None:
-                # Over the ps tasks: each task's shard takes the keys it owns.
-                n = len(shards.tables)
-                imported = tf.group([shard.import_rows(*_owned(keys, rows, i, n))
-                                     for i, shard in enumerate(shards.tables)])
-            elif context.ranks > 1 and not shard_exchange.replicates(c, context):
-                # Sharded across Horovod ranks: each rank's part takes the keys it owns.
-                imported = table.import_rows(
-                    *_owned(keys, rows, horovod.horovod_rank(), context.ranks))
-            else:
-                imported = table.import_rows(keys, rows)
+            # Where the checkpoint is read (in a cluster, a ps task): only
+            # each part's rows move from there.
+            with tf.device(c.warm_start.device):
+                rows = tf.reshape(c.warm_start, [c.rows, c.dim])
+                keys = tf.range(c.rows, dtype=tf.int64)
+                if shards is not None:  # over the ps tasks: each task's shard its keys
+                    n = len(shards.tables)
+                    parts = [(shard, _owned(keys, rows, i, n))
+                             for i, shard in enumerate(shards.tables)]
+                elif context.ranks > 1 and not shard_exchange.replicates(c, context):
+                    # Sharded across Horovod ranks: this rank's part its keys.
+                    parts = [(table, _owned(keys, rows, horovod.horovod_rank(), context.ranks))]
+                else:
+                    parts = [(table, (keys, rows))]
+            imported = tf.group([part.import_rows(*kept) for part, kept in parts])
             with tf.control_dependencies([imported]):
                 done = tf.constant(True)
             # Beside the table: in a cluster, every worker's session sees it

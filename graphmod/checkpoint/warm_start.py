@@ -32,7 +32,7 @@ the model; a restart resumes from the model's own checkpoint and warm-starts
 nothing.
 """
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -128,7 +128,7 @@ class WarmStarter:
     table name -> (rank, ranks) for a table that holds only the keys that
     rank owns (split across Horovod ranks): it imports only those. A table
     split over a cluster's ps tasks imports into each task's part the keys
-    that task owns."""
+    that task owns (each stored slice read once, here, and split)."""
 
     def __init__(self, settings: WarmStartSettings, graph: tf.Graph,
                  owners: Optional[Dict[str, Tuple[int, int]]] = None):
@@ -153,21 +153,25 @@ class WarmStarter:
                 self.started.append(target)
                 parts = graph_state(graph).ps_parts.get(target)
                 if parts:  # split over the ps tasks: each part the keys its task owns
-                    starts.extend(self._start_table(part, source, name, (task, len(parts)))
-                                  for task, part in enumerate(parts))
+                    starts.append(self._start_table(
+                        [(part, (task, len(parts))) for task, part in enumerate(parts)],
+                        source, name))
                 elif target in table_by_name:
-                    starts.append(self._start_table(table_by_name[target], source, name,
-                                                    self.owners.get(target)))
+                    starts.append(self._start_table(
+                        [(table_by_name[target], self.owners.get(target))], source, name))
                 else:
                     starts.append(self._start_variable(variables[target], source, name))
             if not starts:
                 return
             with tf.control_dependencies(starts):
                 done = tf.constant(True)
-            # Beside the global step: in a cluster, on a ps task, where every
-            # worker sees it (the chief initializes it, the others wait).
+            # Beside the global step (else a table): in a cluster, on a ps
+            # task, where every worker sees it (the chief initializes it, the
+            # others wait until it has).
             step = tf1.train.get_global_step(graph)
-            with tf1.device(step.device if step is not None else None):
+            anchor = step.device if step is not None else \
+                next(iter(table_by_name.values())).handle.device if table_by_name else ""
+            with tf1.device(anchor):
                 tf1.Variable(done, trainable=False, name="done", use_resource=True)
 
     def _find(self, sources: List[_Source], target: str, is_table: bool):
@@ -180,16 +184,19 @@ class WarmStarter:
                              f"'{target}'); sources: {', '.join(s.path for s in sources)}")
         return None, name
 
-    def _start_table(self, table, source: _Source, name: str,
-                     owner: Optional[Tuple[int, int]]) -> tf.Operation:
-        """Imports the source's rows a stored slice at a time (a source table
-        larger than memory never is in memory whole): the checkpoint's rows,
-        then each delta's removals and changed rows, in order. owner: (part,
-        parts) when the table holds only the keys part `part` of `parts`
-        owns."""
+    def _start_table(self, parts: List[Tuple[Any, Optional[Tuple[int, int]]]],
+                     source: _Source, name: str) -> tf.Operation:
+        """Imports the source's rows into a table, a stored slice at a time (a
+        source table larger than memory never is in memory whole): the
+        checkpoint's rows, then each delta's removals and changed rows, in
+        order. parts: the table's parts, each with its owner (part, parts)
+        when it holds only the keys that part owns (else None); each slice
+        is read once and split among them."""
         from graphmod.embeddings import features
+        table = parts[0][0]
         is_table = source.holds_table(name)
-        for prefix, shape in source.row_shapes(name, is_table):
+        chain = source.row_shapes(name, is_table)  # the checkpoint, then its deltas
+        for prefix, shape in chain:
             if len(shape) != 2 or shape[1] != table.dim:
                 raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {prefix} has rows of "
                                  f"shape {list(shape[1:])}, table '{table.name}' has dim "
@@ -201,33 +208,34 @@ class WarmStarter:
             seen = tf.constant(0, tf.int64)
         else:
             seen = tf.cast(tf.timestamp(), tf.int64)
-        parts = source.row_shapes(name, is_table)
         if not is_table:  # a dense variable: row i is key i
-            prefix, shape = parts[0]
-            done = self._import_slices(table, prefix, shape, name, None, seen, owner,
+            prefix, shape = chain[0]
+            done = self._import_slices(parts, prefix, shape, name, None, seen,
                                        source.dtypes[name])
         else:
-            done = self._import_slices(table, source.path, parts[0][1], f"{name}-values", name,
-                                       seen, owner)
-            for prefix, shape in parts[1:]:  # the deltas: removals, then changed rows
+            done = self._import_slices(parts, source.path, chain[0][1], f"{name}-values", name,
+                                       seen)
+            for prefix, shape in chain[1:]:  # the deltas: removals, then changed rows
                 with tf.control_dependencies([done]):
-                    gone = table.remove(_restore(prefix, f"{name}-removed_keys", tf.int64))
+                    removed = _restore(prefix, f"{name}-removed_keys", tf.int64)
+                    gone = tf.group([part.remove(removed) for part, _ in parts])
                 with tf.control_dependencies([gone]):
-                    done = self._import_slices(table, prefix, shape, f"{name}-values", name,
-                                               seen, owner)
+                    done = self._import_slices(parts, prefix, shape, f"{name}-values", name,
+                                               seen)
         with tf.control_dependencies([done]):
-            return _logged(table.size(), f"table '{table.name}' from '{name}' in {source.path}")
+            return _logged(tf.add_n([part.size() for part, _ in parts]),
+                           f"table '{table.name}' from '{name}' in {source.path}")
 
-    def _import_slices(self, table, prefix: str, shape: List[int], entry: str,
-                       name: Optional[str], seen: tf.Tensor, owner: Optional[Tuple[int, int]],
-                       dtype=tf.float32) -> tf.Operation:
+    def _import_slices(self, parts, prefix: str, shape: List[int], entry: str,
+                       name: Optional[str], seen: tf.Tensor, dtype=tf.float32) -> tf.Operation:
         """A loop importing the rows of checkpoint `prefix` one stored slice of
         `entry` (the values, of `shape`) at a time: with the keys and access
         counts of table `name`'s entries, or row i as key i (name None). The
-        keys are filtered (and, with an owner, only the part's kept), and all
-        seen at `seen`."""
+        keys are filtered, then split among the table's parts (each with its
+        owner, _start_table's), and all seen at `seen`."""
         starts, lengths = ops.graphmod_checkpoint_row_slices(prefix, entry)
         key_filter = self.settings.key_filter
+        table = parts[0][0]
 
         def kept(keys):
             keep = np.asarray(key_filter(table.name, keys), bool)
@@ -239,6 +247,7 @@ class WarmStarter:
         def body(i):
             rows = (shape[0], starts[i], lengths[i])
             values = tf.cast(_restore(prefix, entry, dtype, rows, shape[1:]), tf.float32)
+            values.set_shape([None, table.dim])
             if name is None:
                 keys = tf.range(rows[1], rows[1] + rows[2])
                 counts = tf.zeros_like(keys)
@@ -250,13 +259,15 @@ class WarmStarter:
                                          name=f"{table.name}_key_filter")
                 keep.set_shape([None])
                 keys, values, counts = (tf.boolean_mask(t, keep) for t in (keys, values, counts))
-            if owner is not None:
-                mine = owned_by(keys, *owner)
-                keys, values, counts = (tf.boolean_mask(t, mine) for t in (keys, values, counts))
-            values.set_shape([None, table.dim])
-            imported = table.import_rows(keys, values, counts=counts,
-                                         last_seen=tf.fill(tf.shape(keys), seen))
-            with tf.control_dependencies([imported]):
+            imports = []
+            for part, owner in parts:
+                mine = (keys, values, counts)
+                if owner is not None:
+                    owned = owned_by(keys, *owner)
+                    mine = tuple(tf.boolean_mask(t, owned) for t in mine)
+                imports.append(part.import_rows(mine[0], mine[1], counts=mine[2],
+                                                last_seen=tf.fill(tf.shape(mine[0]), seen)))
+            with tf.control_dependencies(imports):
                 return i + 1
 
         return tf.while_loop(lambda i: i < tf.size(starts), body, [tf.constant(0)],

@@ -181,6 +181,21 @@ def test_a_warm_start_fills_each_ps_tasks_shard_with_the_keys_it_owns(cluster, t
     np.testing.assert_array_equal(read, source[[3, 1999, 3]])
 
 
+def test_a_warm_start_before_the_split_fails_naming_the_table(tmp_path):
+    """Rule sets that run warm_start before ps_shards would import every
+    key into one shard: the rewrite fails instead."""
+    with tf.Graph().as_default():
+        tf1.get_variable("a", initializer=np.ones([2000, 2], np.float32), use_resource=True)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            path = tf1.train.Saver().save(sess, str(tmp_path / "source.ckpt"))
+    with tf.Graph().as_default() as g:
+        _two_tables(on_ps=True)
+        tf1.train.init_from_checkpoint(path, {"a": "a"})
+        with pytest.raises(ValueError, match="ran before ps_shards split table 'a' over the 2"):
+            apply_rules(g, *TRAINING_RULES, warm_start, ps_tasks=2)
+
+
 def test_with_one_ps_task_the_tables_stay_whole_and_the_gradient_rows_cross_once(cluster):
     read, tables, held, applied = _train(cluster, on_ps=True, tasks=1)
     one_read, one_tables, _, _ = _train(None, on_ps=False)
