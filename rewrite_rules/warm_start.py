@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from graphmod import horovod
 from graphmod.rewrite.rule import Context
-from graphmod.embeddings.partition import owned_by
+from graphmod.embeddings.partition import owner_of
 from graphmod.rewrite_rules import ps_shards, shard_exchange
 from graphmod.rewrite_rules.gather_to_lookup import Lookups
 
@@ -52,12 +52,10 @@ def rewrite(rw, conversions, context: Context) -> None:
                 rows = tf.reshape(c.warm_start, [c.rows, c.dim])
                 keys = tf.range(c.rows, dtype=tf.int64)
                 if shards is not None:  # over the ps tasks: each task's shard its keys
-                    n = len(shards.tables)
-                    parts = [(shard, _owned(keys, rows, i, n))
-                             for i, shard in enumerate(shards.tables)]
+                    parts = list(zip(shards.tables, _by_owner(keys, rows, len(shards.tables))))
                 elif context.ranks > 1 and not shard_exchange.replicates(c, context):
                     # Sharded across Horovod ranks: this rank's part its keys.
-                    parts = [(table, _owned(keys, rows, horovod.horovod_rank(), context.ranks))]
+                    parts = [(table, _by_owner(keys, rows, context.ranks)[horovod.horovod_rank()])]
                 else:
                     parts = [(table, (keys, rows))]
             imported = tf.group([part.import_rows(*kept) for part, kept in parts])
@@ -70,7 +68,8 @@ def rewrite(rw, conversions, context: Context) -> None:
                              use_resource=True)
 
 
-def _owned(keys: tf.Tensor, rows: tf.Tensor, part: int, parts: int):
-    """The keys (and their rows) that part `part` of `parts` owns."""
-    mine = owned_by(keys, part, parts)
-    return tf.boolean_mask(keys, mine), tf.boolean_mask(rows, mine)
+def _by_owner(keys: tf.Tensor, rows: tf.Tensor, owners: int) -> list:
+    """(keys, rows) of each of `owners` owners (one pass over the keys)."""
+    owner = owner_of(keys, owners)
+    return list(zip(tf.dynamic_partition(keys, owner, owners),
+                    tf.dynamic_partition(rows, owner, owners)))

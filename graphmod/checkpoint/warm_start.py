@@ -40,7 +40,7 @@ from absl import logging
 
 from graphmod._ops import ops
 from graphmod.checkpoint import deltas
-from graphmod.embeddings.partition import owned_by
+from graphmod.embeddings.partition import owner_of
 
 tf1 = tf.compat.v1
 
@@ -259,12 +259,13 @@ class WarmStarter:
                                          name=f"{table.name}_key_filter")
                 keep.set_shape([None])
                 keys, values, counts = (tf.boolean_mask(t, keep) for t in (keys, values, counts))
+            # Each key's owner, once for all parts (their owners share one size).
+            owners = parts[0][1] and owner_of(keys, parts[0][1][1])
             imports = []
             for part, owner in parts:
                 mine = (keys, values, counts)
                 if owner is not None:
-                    owned = owned_by(keys, *owner)
-                    mine = tuple(tf.boolean_mask(t, owned) for t in mine)
+                    mine = tuple(tf.boolean_mask(t, tf.equal(owners, owner[0])) for t in mine)
                 imports.append(part.import_rows(mine[0], mine[1], counts=mine[2],
                                                 last_seen=tf.fill(tf.shape(mine[0]), seen)))
             with tf.control_dependencies(imports):
