@@ -35,13 +35,18 @@ constexpr size_t kScanBytes = size_t{1} << 20;  // compaction / export read size
 constexpr size_t kSwitchBatch = 4096;           // index entries switched per lock hold
 constexpr size_t kMaxRunBytes = 256 << 10;      // adjacent records read by one pread
 constexpr size_t kMinRecordsPerPart = 16;       // fewer are read by the caller alone
+// At most this many records a segment, so that at least 64 segments can be
+// alive at once within 32-bit record numbers (2 GB segments of 32 B records).
+constexpr uint32_t kMaxSegmentRecords = uint32_t{1} << 26;
 
 }  // namespace
 
 // ---------------------------------------------------------------- segments
 
 struct LogTier::Segment {
-  uint32_t number = 0;
+  uint32_t number = 0;  // in the file name; grows forever
+  uint32_t slot = 0;    // reused: record numbers base + index
+  uint32_t base = 0;    // slot * segment_records_
   int fd = -1;
   std::string path;
   // Guarded by mu_; `used` changes under write_mu_ too, so an appender may
@@ -53,6 +58,11 @@ struct LogTier::Segment {
   bool retired = false;  // compacted or cleared: removed once no Read pins it
   int pins = 0;          // Reads in flight on it
   uint32_t failed_garbage = 0;  // garbage at its last failed compaction
+  // Bounds over every record written here (garbage too): a scan for rows
+  // last seen before t, or changed since version v, skips a segment whose
+  // bounds rule it out.
+  int64_t min_last_seen = INT64_MAX;
+  uint32_t max_version = 0;
   uint32_t garbage() const { return used - live - pending; }
 };
 
@@ -65,7 +75,8 @@ LogTier::LogTier(const TierOptions& options)
       segment_records_(static_cast<uint32_t>(
           std::min<size_t>((options.segment_bytes - kSegmentHeaderBytes) /
                                DiskStride(options.record_bytes),
-                           ColdIndex::kEmpty - 1))) {}
+                           kMaxSegmentRecords))),
+      max_slots_(ColdIndex::kEmpty / segment_records_) {}
 
 std::unique_ptr<LogTier> LogTier::Open(const TierOptions& options, std::string* error) {
   auto fail = [&](const std::string& why) {
@@ -196,7 +207,16 @@ std::string LogTier::SegmentPath(uint32_t number) const {
 }
 
 std::string LogTier::NewSegmentLocked() {
-  if (next_segment_ == ColdIndex::kEmpty) return "segment numbers exhausted";
+  if (next_segment_ == UINT32_MAX) return "segment numbers exhausted";
+  {
+    // Only this function takes slots, under write_mu_: one free now stays free.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_slots_.empty() && by_slot_.size() == max_slots_)
+      return "record numbers exhausted: " + std::to_string(max_slots_) +
+             " segment files of " + std::to_string(segment_records_) +
+             " records are alive at once (the most 32-bit record numbers address; compaction "
+             "reclaims garbage, or the disk holds more rows than one shard's tier can)";
+  }
   auto s = std::make_unique<Segment>();
   s->number = next_segment_++;
   s->path = SegmentPath(s->number);
@@ -210,6 +230,15 @@ std::string LogTier::NewSegmentLocked() {
   // cache with neighbours nobody asked for.
   posix_fadvise(s->fd, 0, 0, POSIX_FADV_RANDOM);
   std::lock_guard<std::mutex> lock(mu_);
+  if (free_slots_.empty()) {
+    s->slot = static_cast<uint32_t>(by_slot_.size());
+    by_slot_.push_back(s.get());
+  } else {
+    s->slot = free_slots_.back();
+    free_slots_.pop_back();
+    by_slot_[s->slot] = s.get();
+  }
+  s->base = s->slot * segment_records_;
   active_ = s.get();
   segments_[s->number] = std::move(s);
   return "";
@@ -223,13 +252,20 @@ void LogTier::RemoveFiles(std::vector<std::unique_ptr<Segment>>* remove) {
   remove->clear();
 }
 
-LogTier::Segment* LogTier::SegmentLocked(uint32_t number) const {
-  return segments_.find(number)->second.get();  // every index entry's segment is here
+LogTier::Segment* LogTier::SegmentOfLocked(uint32_t rec) const {
+  return by_slot_[rec / segment_records_];  // every index entry's segment is alive
 }
 
 void LogTier::RetireLocked(Segment* s, std::vector<std::unique_ptr<Segment>>* remove) {
   s->retired = true;
-  if (s->pins != 0) return;  // the last Read to unpin it removes it
+  if (s->pins == 0) DropLocked(s, remove);  // else the last Read to unpin it does
+}
+
+void LogTier::DropLocked(Segment* s, std::vector<std::unique_ptr<Segment>>* remove) {
+  // No index entry points here (compacted empty, or cleared), and pinned
+  // Reads hold the Segment, not record numbers: the slot can be reused.
+  by_slot_[s->slot] = nullptr;
+  free_slots_.push_back(s->slot);
   auto it = segments_.find(s->number);
   remove->push_back(std::move(it->second));
   segments_.erase(it);
@@ -260,6 +296,11 @@ std::string LogTier::AppendLocked(const char* disk_records, size_t n, std::vecto
     bool sealed = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = done; i < done + k; ++i) {
+        const RecordHeader* h = Header(disk_records + i * stride_);
+        s->min_last_seen = std::min(s->min_last_seen, h->last_seen);
+        s->max_version = std::max(s->max_version, h->version);
+      }
       s->used += static_cast<uint32_t>(k);
       s->pending += static_cast<uint32_t>(k);
       pieces->push_back(Piece{s, static_cast<uint32_t>(s->used - k), done, k});
@@ -307,34 +348,46 @@ std::string LogTier::Put(const char* records, size_t n) {
     SettleLocked(pieces);  // written but never indexed: garbage
     return "log tier '" + options_.dir + "': " + e;
   }
+  // Index first, counts after: an Upsert may run out of memory (the index
+  // grows), and then the ones before it are undone, newest first (a key
+  // given twice was added, then updated), so the index points at the old
+  // copies again. Neither Relocate nor Erase allocates.
+  struct Indexed {
+    int64_t key;
+    uint32_t rec, old;  // old: ColdIndex::kEmpty when the key was added
+  };
+  std::vector<Indexed> done;
   try {
-    index_.Reserve(index_.size() + n);  // so the updates below cannot fail halfway
+    done.reserve(n);
+    for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i)
+      index_.Prefetch(LoadKey(records + i * record_bytes_));
+    for (const Piece& p : pieces) {
+      for (size_t r = 0; r < p.n; ++r) {
+        const size_t ahead = p.first + r + ColdIndex::kPrefetchAhead;
+        if (ahead < n) index_.Prefetch(LoadKey(records + ahead * record_bytes_));
+        Indexed x{LoadKey(records + (p.first + r) * record_bytes_),
+                  p.segment->base + p.first_index + static_cast<uint32_t>(r), ColdIndex::kEmpty};
+        index_.Upsert(x.key, x.rec, &x.old);  // (an added key leaves old alone)
+        done.push_back(x);
+      }
+    }
   } catch (const std::bad_alloc&) {
-    SettleLocked(pieces);
+    for (auto it = done.rbegin(); it != done.rend(); ++it) {
+      if (it->old == ColdIndex::kEmpty)
+        index_.Erase(it->key, nullptr);
+      else
+        index_.Relocate(it->key, it->rec, it->old);
+    }
+    SettleLocked(pieces);  // written but never indexed: garbage
     return "log tier '" + options_.dir + "': no memory to grow the cold index";
   }
-  for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i)
-    index_.Prefetch(LoadKey(records + i * record_bytes_));
-  for (const Piece& p : pieces) {
-    for (size_t r = 0; r < p.n; ++r) {
-      const size_t ahead = p.first + r + ColdIndex::kPrefetchAhead;
-      if (ahead < n) index_.Prefetch(LoadKey(records + ahead * record_bytes_));
-      RecordHeader h;
-      std::memcpy(&h, records + (p.first + r) * record_bytes_, sizeof(h));
-      bool added;
-      ColdIndex::Slot* slot = index_.Upsert(h.key, &added);
-      if (!added) {
-        Segment* old = SegmentLocked(slot->segment);
-        --old->live;
-        NoteGarbageLocked(old);
-      }
-      slot->last_seen = h.last_seen;
-      slot->count = h.count;
-      slot->version = h.version;
-      slot->segment = p.segment->number;
-      slot->index = p.first_index + static_cast<uint32_t>(r);
-      ++p.segment->live;
+  for (const Indexed& x : done) {
+    if (x.old != ColdIndex::kEmpty) {
+      Segment* old = SegmentOfLocked(x.old);
+      --old->live;
+      NoteGarbageLocked(old);
     }
+    ++SegmentOfLocked(x.rec)->live;
   }
   SettleLocked(pieces);
   writes_ += static_cast<int64_t>(n);
@@ -349,9 +402,9 @@ size_t LogTier::Erase(const int64_t* keys, size_t n) {
   for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i) index_.Prefetch(keys[i]);
   for (size_t i = 0; i < n; ++i) {
     if (i + ColdIndex::kPrefetchAhead < n) index_.Prefetch(keys[i + ColdIndex::kPrefetchAhead]);
-    ColdIndex::Slot old;
+    uint32_t old;
     if (!index_.Erase(keys[i], &old)) continue;
-    Segment* s = SegmentLocked(old.segment);
+    Segment* s = SegmentOfLocked(old);
     --s->live;
     NoteGarbageLocked(s);
     ++erased;
@@ -370,14 +423,9 @@ void LogTier::Clear() {
     ++mutations_;
     active_ = nullptr;  // the next Put starts a new segment
     for (auto it = segments_.begin(); it != segments_.end();) {
-      Segment* s = it->second.get();
+      Segment* s = (it++)->second.get();  // (DropLocked erases s's entry)
       s->retired = true;
-      if (s->pins == 0) {
-        remove.push_back(std::move(it->second));
-        it = segments_.erase(it);
-      } else {
-        ++it;
-      }
+      if (s->pins == 0) DropLocked(s, &remove);
     }
   }
   RemoveFiles(&remove);
@@ -385,12 +433,9 @@ void LogTier::Clear() {
 
 // ---------------------------------------------------------------- reads
 
-bool LogTier::Find(int64_t key, TierEntry* entry) const {
+bool LogTier::Contains(int64_t key) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const ColdIndex::Slot* s = index_.Find(key);
-  if (s == nullptr) return false;
-  if (entry != nullptr) *entry = TierEntry{s->key, s->last_seen, s->count, s->version};
-  return true;
+  return index_.Find(key, nullptr);
 }
 
 std::string LogTier::Read(const int64_t* keys, size_t n, char* out, bool* found) {
@@ -401,12 +446,12 @@ std::string LogTier::Read(const int64_t* keys, size_t n, char* out, bool* found)
     for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i) index_.Prefetch(keys[i]);
     for (size_t i = 0; i < n; ++i) {
       if (i + ColdIndex::kPrefetchAhead < n) index_.Prefetch(keys[i + ColdIndex::kPrefetchAhead]);
-      const ColdIndex::Slot* s = index_.Find(keys[i]);
-      found[i] = s != nullptr;
-      if (s == nullptr) continue;
-      Segment* seg = SegmentLocked(s->segment);
+      uint32_t rec;
+      found[i] = index_.Find(keys[i], &rec);
+      if (!found[i]) continue;
+      Segment* seg = SegmentOfLocked(rec);
       ++seg->pins;  // compaction may retire it now, but not unlink it
-      req.push_back(ReadRequest{seg, s->index, s->segment, i});
+      req.push_back(ReadRequest{seg, IndexOf(rec), seg->number, i});
     }
   }
   if (req.empty()) return "";
@@ -497,20 +542,55 @@ std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t 
 
 std::string LogTier::ForEachChunk(size_t max_rows,
                                   const std::function<void(const char*, size_t)>& fn) {
-  // Compaction and Clear wait (they take compact_mu_), so no segment listed
-  // here is retired meanwhile and none needs a pin.
-  std::lock_guard<std::mutex> pass(compact_mu_);
-  std::vector<Segment*> segments;
   size_t rows;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& kv : segments_)
-      if (!kv.second->retired) segments.push_back(kv.second.get());
     rows = index_.size();
   }
   const size_t chunk_rows = std::max<size_t>(1, std::min(max_rows, rows));
   std::vector<char> chunk(chunk_rows * record_bytes_);
   size_t in_chunk = 0;
+  const std::string error = ScanLive([](const Segment&) { return true; }, [&](const char* rec) {
+    std::memcpy(chunk.data() + in_chunk * record_bytes_, rec, record_bytes_);
+    if (++in_chunk == chunk_rows) {
+      fn(chunk.data(), in_chunk);
+      in_chunk = 0;
+    }
+  });
+  if (!error.empty()) return error;
+  if (in_chunk != 0) fn(chunk.data(), in_chunk);
+  return "";
+}
+
+std::string LogTier::KeysSeenBefore(int64_t before, std::vector<int64_t>* keys) {
+  return ScanLive([&](const Segment& s) { return s.min_last_seen < before; },
+                  [&](const char* rec) {
+                    if (Header(rec)->last_seen < before) keys->push_back(Header(rec)->key);
+                  });
+}
+
+std::string LogTier::KeysSince(int64_t min_version, std::vector<int64_t>* keys) {
+  if (min_version <= 0) {  // every row: the index has the keys
+    ForEachKey([&](int64_t key) { keys->push_back(key); });
+    return "";
+  }
+  return ScanLive([&](const Segment& s) { return s.max_version >= min_version; },
+                  [&](const char* rec) {
+                    if (Header(rec)->version >= min_version) keys->push_back(Header(rec)->key);
+                  });
+}
+
+std::string LogTier::ScanLive(const std::function<bool(const Segment&)>& wanted,
+                              const std::function<void(const char*)>& fn) {
+  // Compaction and Clear wait (they take compact_mu_), so no segment listed
+  // here is retired meanwhile and none needs a pin.
+  std::lock_guard<std::mutex> pass(compact_mu_);
+  std::vector<Segment*> segments;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : segments_)
+      if (!kv.second->retired && wanted(*kv.second)) segments.push_back(kv.second.get());
+  }
   const size_t batch = std::min(kSwitchBatch, std::max<size_t>(1, kScanBytes / stride_));
   std::vector<char> scan(batch * stride_);
   std::vector<char> live(batch);
@@ -537,8 +617,9 @@ std::string LogTier::ForEachChunk(size_t max_rows,
         for (uint32_t j = 0; j < k; ++j) {
           if (j + ColdIndex::kPrefetchAhead < k)
             index_.Prefetch(LoadKey(scan.data() + (j + ColdIndex::kPrefetchAhead) * stride_));
-          const ColdIndex::Slot* slot = index_.Find(LoadKey(scan.data() + size_t{j} * stride_));
-          live[j] = slot != nullptr && slot->segment == s->number && slot->index == b + j;
+          uint32_t rec;
+          live[j] = index_.Find(LoadKey(scan.data() + size_t{j} * stride_), &rec) &&
+                    rec == s->base + b + j;
         }
       }
       for (uint32_t j = 0; j < k; ++j) {
@@ -548,11 +629,7 @@ std::string LogTier::ForEachChunk(size_t max_rows,
         if (!RecordIntact(rec, record_bytes_))
           return where + "crc32c mismatch in the record of key " + std::to_string(LoadKey(rec)) +
                  " in '" + s->path + "' at offset " + std::to_string(Offset(b + j));
-        std::memcpy(chunk.data() + in_chunk * record_bytes_, rec, record_bytes_);
-        if (++in_chunk == chunk_rows) {
-          fn(chunk.data(), in_chunk);
-          in_chunk = 0;
-        }
+        fn(rec);
       }
       b += k;
     }
@@ -563,7 +640,6 @@ std::string LogTier::ForEachChunk(size_t max_rows,
       return where + "'" + s->path + "' holds " + std::to_string(s->live) +
              " live records, only " + std::to_string(seen) + " were found (corrupt keys)";
   }
-  if (in_chunk != 0) fn(chunk.data(), in_chunk);
   return "";
 }
 
@@ -651,8 +727,8 @@ void LogTier::CompactSegment(Segment* s) {
         if (j + ColdIndex::kPrefetchAhead < k)
           index_.Prefetch(LoadKey(scan.data() + (j + ColdIndex::kPrefetchAhead) * stride_));
         const char* rec = scan.data() + size_t{j} * stride_;
-        const ColdIndex::Slot* slot = index_.Find(LoadKey(rec));
-        if (slot == nullptr || slot->segment != s->number || slot->index != b + j) continue;
+        uint32_t at;
+        if (!index_.Find(LoadKey(rec), &at) || at != s->base + b + j) continue;
         std::memcpy(copies.data() + moved.size() * stride_, rec, stride_);  // crc and all
         moved.emplace_back(LoadKey(rec), b + j);
       }
@@ -681,10 +757,11 @@ void LogTier::CompactSegment(Segment* s) {
         if (p.first + r + ColdIndex::kPrefetchAhead < moved.size())
           index_.Prefetch(moved[p.first + r + ColdIndex::kPrefetchAhead].first);
         const auto& m = moved[p.first + r];
-        ColdIndex::Slot* slot = index_.Find(m.first);
-        if (slot == nullptr || slot->segment != s->number || slot->index != m.second) continue;
-        slot->segment = p.segment->number;
-        slot->index = p.first_index + static_cast<uint32_t>(r);
+        // Only if no Put or Erase changed the key meanwhile (else the copy
+        // is garbage).
+        if (!index_.Relocate(m.first, s->base + m.second,
+                             p.segment->base + p.first_index + static_cast<uint32_t>(r)))
+          continue;
         --s->live;
         ++p.segment->live;
       }

@@ -6,8 +6,10 @@
 // old copy behind as garbage, and a background compactor copies the live
 // records of a sealed segment that is mostly garbage into the active segment,
 // then unlinks it. An in-memory cold index maps each key to its record's
-// location and holds the scores eviction needs (last_seen, count, version),
-// so choosing victims or exporting entries reads no disk.
+// number (~14 bytes a key: native/cold_index.h); a record's scores
+// (last_seen, count, version) are only in its header on disk. Each segment
+// keeps bounds of its records' last_seen and version, so a time eviction or
+// a delta reads only the segments that may hold what it looks for.
 //
 // The tier is scratch: checkpoints hold the durable rows, never these files.
 // So there is no fsync, and the directory's segment files are wiped on Open
@@ -20,7 +22,9 @@
 // native/crc32c.h (the checksum). This file orchestrates them: appends,
 // batched reads, erases, export, compaction, and the locks over them.
 // The records are [RecordHeader | values | slots] (native/row_store.h); the
-// tier reads only the header's key. A location is (segment, index).
+// tier reads only the header. A record number is slot * segment_records +
+// index: `slot` is a small id of a segment alive now (reused once its
+// segment is gone), `index` the record's place in it.
 //
 // Thread safety: every member may be called from any thread at any time,
 // except the destructor (no call may be running or start). ForEachChunk sees
@@ -67,14 +71,6 @@ struct TierOptions {
   bool background_compaction = true;
 };
 
-// What the tier keeps in memory per cold row: the scores eviction needs.
-struct TierEntry {
-  int64_t key;
-  int64_t last_seen;
-  uint32_t count;
-  uint32_t version;
-};
-
 struct TierCounters {
   int64_t rows = 0;
   int64_t file_bytes = 0;  // segment files, headers included (pinned retired ones too)
@@ -113,8 +109,8 @@ class LogTier {
   // garbage (the failed piece is truncated away).
   std::string Put(const char* records, size_t n);
 
-  // Whether key is here, and its in-memory entry.
-  bool Find(int64_t key, TierEntry* entry) const;
+  // Whether key is here (memory only).
+  bool Contains(int64_t key) const;
 
   // Reads n keys' records into out (n * record_bytes): sorted by (segment,
   // index), adjacent records read together, the preads spread over
@@ -131,15 +127,22 @@ class LogTier {
   // garbage. Returns how many were here.
   size_t Erase(const int64_t* keys, size_t n);
 
-  // fn(const TierEntry&) for every live row, from memory (no disk reads),
-  // under the tier's lock: fn must not call the tier.
+  // fn(key) for every live row, from memory (no disk reads), under the
+  // tier's lock: fn must not call the tier.
   template <class Fn>
-  void ForEachEntry(Fn&& fn) const {
+  void ForEachKey(Fn&& fn) const {
     std::lock_guard<std::mutex> lock(mu_);
-    index_.ForEach([&](const ColdIndex::Slot& s) {
-      fn(TierEntry{s.key, s.last_seen, s.count, s.version});
-    });
+    index_.ForEach([&](int64_t key, uint32_t) { fn(key); });
   }
+
+  // The keys of the live rows last seen before `before` (a time eviction),
+  // and of those with version >= min_version (a delta; min_version <= 0:
+  // every key, from memory). The scores are on disk only: both read, in
+  // sequential 1 MB preads, the segments whose bounds say they may hold
+  // such rows (crc checked), as ForEachChunk does. "" or the first error
+  // (then *keys holds what was found before it).
+  std::string KeysSeenBefore(int64_t before, std::vector<int64_t>* keys);
+  std::string KeysSince(int64_t min_version, std::vector<int64_t>* keys);
 
   // Streams every live record (record_bytes each, crc checked) in segment
   // order, in chunks of at most max_rows: fn(records, n) per chunk, called
@@ -155,7 +158,7 @@ class LogTier {
   void Clear();
 
   TierCounters counters() const;
-  size_t index_bytes() const;  // memory the cold index holds
+  size_t index_bytes() const;  // memory the cold index holds (its mappings)
   size_t record_bytes() const { return record_bytes_; }
   // The last compaction failure ("" if none): a failed segment is retried
   // only once more of it has turned to garbage.
@@ -200,14 +203,24 @@ class LogTier {
   // index or abandon them (Settle). On failure earlier pieces are pending.
   std::string AppendLocked(const char* disk_records, size_t n, std::vector<Piece>* pieces);
   std::string NewSegmentLocked();  // requires write_mu_
+  // The segment record number rec is in, and its index there.
+  Segment* SegmentOfLocked(uint32_t rec) const;  // requires mu_
+  uint32_t IndexOf(uint32_t rec) const { return rec % segment_records_; }
   // After Append: each piece's pending count drops (indexed or garbage now).
   void SettleLocked(const std::vector<Piece>& pieces);  // requires mu_
   void NoteGarbageLocked(Segment* s);                   // requires mu_
-  Segment* SegmentLocked(uint32_t number) const;        // requires mu_
   // Marks s retired; moves it to *remove when no reader pins it.
   void RetireLocked(Segment* s, std::vector<std::unique_ptr<Segment>>* remove);
+  // Takes s out of the segment table (its slot free again) into *remove.
+  void DropLocked(Segment* s, std::vector<std::unique_ptr<Segment>>* remove);
   static void RemoveFiles(std::vector<std::unique_ptr<Segment>>* remove);
 
+  // fn(record) for every live record of the segments `wanted` accepts
+  // (called under mu_ with each segment's bounds), in segment order, crc
+  // checked; fn runs without the tier's lock. Holds compact_mu_ (no segment
+  // retires meanwhile).
+  std::string ScanLive(const std::function<bool(const Segment&)>& wanted,
+                       const std::function<void(const char* record)>& fn);
   std::string ReadPart(const int64_t* keys, const ReadRequest* r, size_t n, char* out,
                        std::vector<char>* scratch, int64_t* bytes);
   // Prefetches the index slots of the first keys of n scanned disk records.
@@ -222,6 +235,7 @@ class LogTier {
   const size_t record_bytes_;
   const size_t stride_;               // on disk: record + crc + pad
   const uint32_t segment_records_;    // records per segment
+  const uint32_t max_slots_;          // segments alive at once: record numbers < 2^32 - 1
   bool pause_compact_ = false;        // GRAPHMOD_TIER_TEST_PAUSE=compact
   bool pause_spill_ = false;          // GRAPHMOD_TIER_TEST_PAUSE=spill
   void TestPause(const char* name) const;
@@ -241,7 +255,9 @@ class LogTier {
 
   // Guarded by mu_:
   ColdIndex index_;
-  std::map<uint32_t, std::unique_ptr<Segment>> segments_;
+  std::map<uint32_t, std::unique_ptr<Segment>> segments_;  // by number
+  std::vector<Segment*> by_slot_;     // nullptr: a free slot
+  std::vector<uint32_t> free_slots_;
   uint64_t mutations_ = 0;  // index changes, so an export can tell it ran alone
   bool compact_wanted_ = false;
   std::condition_variable compact_cv_;

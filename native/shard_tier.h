@@ -8,8 +8,8 @@
 // A row moves as its record's bytes, whole (values, slots, count,
 // last_seen, version), so a tiered table trains exactly as an all-in-memory
 // one. Moves are neither changes nor removals: the change log does not see
-// them, and deltas find changed cold rows by their version in the tier's
-// index (KeysSince).
+// them, and deltas find changed cold rows by the version in their records'
+// headers (KeysSince, which reads the segments that may hold some).
 //
 // A shard without a budget has an empty layer: nothing is on disk, every
 // move is a no-op and every query answers "not here", so the table above
@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -79,10 +80,7 @@ class ShardTier {
 
   // Rows on disk.
   size_t rows() const { return store_ ? static_cast<size_t>(store_->counters().rows) : 0; }
-  bool Holds(int64_t key) const {
-    TierEntry entry;
-    return store_ && store_->Find(key, &entry);
-  }
+  bool Holds(int64_t key) const { return store_ && store_->Contains(key); }
   // Rows memory may hold given `memory_rows` in it now: a fixed number, or
   // a fraction of the shard's rows in both layers.
   size_t BudgetRows(size_t memory_rows) const {
@@ -103,32 +101,30 @@ class ShardTier {
 
   // Forgets the cold copies of n keys; returns how many were here.
   size_t Erase(const int64_t* keys, size_t n) { return store_ ? store_->Erase(keys, n) : 0; }
-  // Erases the cold rows last seen before `before` (their scores are in
-  // memory: no disk read); fn(key) for each. Returns how many.
+  // Erases the cold rows last seen before `before` (their scores are on
+  // disk: the tier reads the segments that may hold some); fn(key) for each.
+  // Returns how many. A segment that cannot be read keeps its rows (an
+  // eviction is a clean-up, not a promise): the error goes to stderr.
   template <class Fn>
   size_t EvictBefore(int64_t before, Fn&& fn) {
     if (!store_) return 0;
     std::vector<int64_t> cold;
-    store_->ForEachEntry([&](const TierEntry& e) {
-      if (e.last_seen < before) cold.push_back(e.key);
-    });
+    const std::string error = store_->KeysSeenBefore(before, &cold);
+    if (!error.empty())
+      std::fprintf(stderr, "graphmod: a time eviction left cold rows on disk: %s\n",
+                   error.c_str());
     store_->Erase(cold.data(), cold.size());
     for (int64_t key : cold) fn(key);
     return cold.size();
   }
-  // The keys of cold rows with version >= min_version.
-  std::vector<int64_t> KeysSince(int64_t min_version) const {
-    std::vector<int64_t> keys;
-    if (store_) {
-      store_->ForEachEntry([&](const TierEntry& e) {
-        if (e.version >= min_version) keys.push_back(e.key);
-      });
-    }
-    return keys;
+  // The keys of cold rows with version >= min_version to *keys; "" or the
+  // first read error.
+  std::string KeysSince(int64_t min_version, std::vector<int64_t>* keys) const {
+    return store_ ? store_->KeysSince(min_version, keys) : "";
   }
   template <class Fn>
   void ForEachKey(Fn&& fn) const {
-    if (store_) store_->ForEachEntry([&](const TierEntry& e) { fn(e.key); });
+    if (store_) store_->ForEachKey(fn);
   }
   // Reads n keys' records into out (n * stride); an absent key's record, or
   // one that could not be read, keeps a header whose key is not its own

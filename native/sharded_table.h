@@ -809,9 +809,15 @@ int64_t ShardedTable<Rows>::CountRows(int64_t min_version, int shard) const {
     const Shard& s = *shards_[si];
     std::lock_guard<std::mutex> lock(s.mu);
     // Every live row has a version >= 0: no need to visit them.
-    n += min_version <= 0 ? static_cast<int64_t>(s.size())
-                          : static_cast<int64_t>(PickRows(s, min_version).size() +
-                                                 s.disk.KeysSince(min_version).size());
+    if (min_version <= 0) {
+      n += static_cast<int64_t>(s.size());
+      continue;
+    }
+    // A cold segment that cannot be read is not counted: the export that
+    // follows reads it again and fails with its error.
+    std::vector<int64_t> cold;
+    s.disk.KeysSince(min_version, &cold);
+    n += static_cast<int64_t>(PickRows(s, min_version).size() + cold.size());
   }
   return n;
 }
@@ -841,7 +847,9 @@ std::string ShardedTable<Rows>::ExportRows(
   int64_t total = 0;
   for (size_t si = s0; si < s1; ++si) {
     picked.push_back(PickRows(*shards_[si], min_version));
-    cold.push_back(shards_[si]->disk.KeysSince(min_version));
+    cold.emplace_back();
+    const std::string error = shards_[si]->disk.KeysSince(min_version, &cold.back());
+    if (!error.empty()) return error;
     total += static_cast<int64_t>(picked.back().size() + cold.back().size());
   }
   // Rows go out in chunks of chunk_rows: the caller's buffers hold a chunk,
