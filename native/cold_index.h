@@ -49,8 +49,8 @@ class ColdIndex {
   };
   static_assert(sizeof(Bucket) == 64, "one bucket per cache line");
 
-  static constexpr double kMaxLoad = 0.94;     // grow past this
-  static constexpr double kGrowLoad = 0.84;    // load right after a growth / split
+  static constexpr double kMaxLoad = 0.96;     // grow past this
+  static constexpr double kGrowLoad = 0.86;    // load right after a growth / split
   static constexpr double kShrinkLoad = 0.75;  // rebuild smaller (to kGrowLoad) below this
   static constexpr size_t kMinBuckets = 64;    // 4 KB: the allocation grain
   static constexpr int kMaxPathNodes = 512;
