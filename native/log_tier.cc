@@ -540,48 +540,24 @@ std::string LogTier::ReadPart(const int64_t* keys, const ReadRequest* r, size_t 
   return error;
 }
 
-std::string LogTier::ForEachChunk(size_t max_rows,
-                                  const std::function<void(const char*, size_t)>& fn) {
-  size_t rows;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    rows = index_.size();
-  }
-  const size_t chunk_rows = std::max<size_t>(1, std::min(max_rows, rows));
-  std::vector<char> chunk(chunk_rows * record_bytes_);
-  size_t in_chunk = 0;
-  const std::string error = ScanLive([](const Segment&) { return true; }, [&](const char* rec) {
-    std::memcpy(chunk.data() + in_chunk * record_bytes_, rec, record_bytes_);
-    if (++in_chunk == chunk_rows) {
-      fn(chunk.data(), in_chunk);
-      in_chunk = 0;
-    }
-  });
-  if (!error.empty()) return error;
-  if (in_chunk != 0) fn(chunk.data(), in_chunk);
-  return "";
+std::string LogTier::ForEachSince(int64_t min_version,
+                                  const std::function<std::string(const char*)>& fn) {
+  return ScanLive([&](const Segment& s) { return min_version <= 0 || s.max_version >= min_version; },
+                  [&](const char* rec) {
+                    return min_version <= 0 || Header(rec)->version >= min_version ? fn(rec) : "";
+                  });
 }
 
 std::string LogTier::KeysSeenBefore(int64_t before, std::vector<int64_t>* keys) {
   return ScanLive([&](const Segment& s) { return s.min_last_seen < before; },
                   [&](const char* rec) {
                     if (Header(rec)->last_seen < before) keys->push_back(Header(rec)->key);
-                  });
-}
-
-std::string LogTier::KeysSince(int64_t min_version, std::vector<int64_t>* keys) {
-  if (min_version <= 0) {  // every row: the index has the keys
-    ForEachKey([&](int64_t key) { keys->push_back(key); });
-    return "";
-  }
-  return ScanLive([&](const Segment& s) { return s.max_version >= min_version; },
-                  [&](const char* rec) {
-                    if (Header(rec)->version >= min_version) keys->push_back(Header(rec)->key);
+                    return std::string();
                   });
 }
 
 std::string LogTier::ScanLive(const std::function<bool(const Segment&)>& wanted,
-                              const std::function<void(const char*)>& fn) {
+                              const std::function<std::string(const char*)>& fn) {
   // Compaction and Clear wait (they take compact_mu_), so no segment listed
   // here is retired meanwhile and none needs a pin.
   std::lock_guard<std::mutex> pass(compact_mu_);
@@ -629,7 +605,8 @@ std::string LogTier::ScanLive(const std::function<bool(const Segment&)>& wanted,
         if (!RecordIntact(rec, record_bytes_))
           return where + "crc32c mismatch in the record of key " + std::to_string(LoadKey(rec)) +
                  " in '" + s->path + "' at offset " + std::to_string(Offset(b + j));
-        fn(rec);
+        const std::string stop = fn(rec);
+        if (!stop.empty()) return stop;
       }
       b += k;
     }

@@ -27,10 +27,11 @@
 // segment is gone), `index` the record's place in it.
 //
 // Thread safety: every member may be called from any thread at any time,
-// except the destructor (no call may be running or start). ForEachChunk sees
+// except the destructor (no call may be running or start). ForEachSince sees
 // every live row exactly once when no Put/Erase runs meanwhile (the shard
 // holds its lock over an export); with concurrent Put/Erase a row changed
-// meanwhile may be missed or seen twice. Compaction waits for ForEachChunk.
+// meanwhile may be missed or seen twice. Compaction waits for ForEachSince
+// and the key scans.
 //
 // Environment, for crash tests (read at Open): GRAPHMOD_TIER_TEST_PAUSE, a
 // comma list of pauses: "compact" makes each segment compaction sleep 2 s
@@ -135,23 +136,22 @@ class LogTier {
     index_.ForEach([&](int64_t key, uint32_t) { fn(key); });
   }
 
-  // The keys of the live rows last seen before `before` (a time eviction),
-  // and of those with version >= min_version (a delta; min_version <= 0:
-  // every key, from memory). The scores are on disk only: both read, in
-  // sequential 1 MB preads, the segments whose bounds say they may hold
-  // such rows (crc checked), as ForEachChunk does. "" or the first error
-  // (then *keys holds what was found before it).
+  // The keys of the live rows last seen before `before` (a time eviction).
+  // The scores are on disk only: this reads the segment files whose bounds
+  // say they may hold such rows, as ForEachSince does. "" or the first
+  // error (then *keys holds what was found before it).
   std::string KeysSeenBefore(int64_t before, std::vector<int64_t>* keys);
-  std::string KeysSince(int64_t min_version, std::vector<int64_t>* keys);
 
-  // Streams every live record (record_bytes each, crc checked) in segment
-  // order, in chunks of at most max_rows: fn(records, n) per chunk, called
-  // without the tier's lock (compaction waits meanwhile, so fn must not call
-  // CompactNow, Clear or ForEachChunk). Memory: one chunk plus one scan
-  // buffer (1 MB), never the whole tier. Returns "" or the first error (then
-  // fn may have seen some chunks).
-  std::string ForEachChunk(size_t max_rows,
-                           const std::function<void(const char* records, size_t n)>& fn);
+  // fn(record) for every live record (record_bytes, crc checked) with
+  // version >= min_version (every one: min_version <= 0), in segment order:
+  // sequential 1 MB preads of the segment files whose bounds admit such
+  // records, so exporting a tier far bigger than memory reads its disk
+  // once, in order. fn runs without the tier's lock (compaction waits
+  // meanwhile, so fn must not call CompactNow, Clear or a scan) and returns
+  // "" to go on or an error to stop with. Memory: one scan buffer (1 MB),
+  // never the whole tier. Returns "" or the first error (the tier's or fn's).
+  std::string ForEachSince(int64_t min_version,
+                           const std::function<std::string(const char* record)>& fn);
 
   // Forgets every row; removes the segment files (a pinned one when its last
   // reader is done).
@@ -217,10 +217,10 @@ class LogTier {
 
   // fn(record) for every live record of the segments `wanted` accepts
   // (called under mu_ with each segment's bounds), in segment order, crc
-  // checked; fn runs without the tier's lock. Holds compact_mu_ (no segment
-  // retires meanwhile).
+  // checked; fn runs without the tier's lock and returns "" or an error to
+  // stop with. Holds compact_mu_ (no segment retires meanwhile).
   std::string ScanLive(const std::function<bool(const Segment&)>& wanted,
-                       const std::function<void(const char* record)>& fn);
+                       const std::function<std::string(const char* record)>& fn);
   std::string ReadPart(const int64_t* keys, const ReadRequest* r, size_t n, char* out,
                        std::vector<char>* scratch, int64_t* bytes);
   // Prefetches the index slots of the first keys of n scanned disk records.

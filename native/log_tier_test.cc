@@ -255,7 +255,7 @@ void TestCorruptionDetected() {
   CHECK(std::memcmp(out.data() + 176, Record(88, 1011, 1).data(), 88) == 0);
   CHECK(ReadOne(tier.get(), 1011, &one).empty());
   // The export checks too.
-  const std::string export_error = tier->ForEachChunk(16, [](const char*, size_t) {});
+  const std::string export_error = tier->ForEachSince(0, [](const char*) { return ""; });
   CHECK(Contains(export_error, "key 1010") && Contains(export_error, "crc32c"));
   // A corrupted key field: the record is not recognised as live; the export
   // notices the missing record instead of silently dropping it.
@@ -267,7 +267,7 @@ void TestCorruptionDetected() {
   CHECK(pwrite(fd2, &bogus, 8, 64 + 3 * 96) == 8);
   close(fd2);
   CHECK(Contains(ReadOne(tier.get(), 1003, &one), "key 1003"));
-  CHECK(Contains(tier->ForEachChunk(16, [](const char*, size_t) {}), "corrupt keys"));
+  CHECK(Contains(tier->ForEachSince(0, [](const char*) { return ""; }), "corrupt keys"));
   close(fd);
 }
 
@@ -446,9 +446,10 @@ void TestPendingRecordsAreNotGarbage() {
   for (int64_t k = 5; k < 10; ++k) CHECK(ReadOne(tier.get(), k, &one).empty() && one == Record(88, k, 1));
 }
 
-// KeysSince and KeysSeenBefore against a model (key -> version; FillRecord
-// writes last_seen = key * 3 + version): every threshold from below the
-// smallest to above the largest, so segments are both read and skipped.
+// ForEachSince and KeysSeenBefore against a model (key -> version;
+// FillRecord writes last_seen = key * 3 + version): every threshold from
+// below the smallest to above the largest, so segments are both read and
+// skipped by their bounds. Each record is seen once, whole.
 void CheckScans(LogTier* tier, const std::unordered_map<int64_t, uint32_t>& model) {
   auto sorted = [](std::vector<int64_t> v) {
     std::sort(v.begin(), v.end());
@@ -458,9 +459,22 @@ void CheckScans(LogTier* tier, const std::unordered_map<int64_t, uint32_t>& mode
     std::vector<int64_t> want, got;
     for (const auto& kv : model)
       if (v <= 0 || kv.second >= v) want.push_back(kv.first);
-    CHECK(tier->KeysSince(v, &got).empty());
+    CHECK(tier->ForEachSince(v, [&](const char* rec) {
+                 RecordHeader h;
+                 std::memcpy(&h, rec, sizeof(h));
+                 got.push_back(h.key);
+                 auto it = model.find(h.key);
+                 CHECK(it != model.end() && it->second == h.version &&
+                       RecordValid(rec, tier->record_bytes()));
+                 return "";
+               }).empty());
     CHECK(sorted(got) == sorted(want));
   }
+  // fn's error stops the scan and comes back.
+  size_t calls = 0;
+  CHECK(tier->ForEachSince(0, [&](const char*) { return ++calls == 2 ? "stop" : ""; }) ==
+        (model.size() >= 2 ? "stop" : ""));
+  CHECK(calls == std::min<size_t>(2, model.size()));
   for (int64_t t = -5; t <= 3 * 300 + 70; t += 37) {
     std::vector<int64_t> want, got;
     for (const auto& kv : model)
@@ -470,7 +484,7 @@ void CheckScans(LogTier* tier, const std::unordered_map<int64_t, uint32_t>& mode
   }
 }
 
-void TestForEachChunk() {
+void TestScans() {
   const std::string dir = Dir("chunks");
   auto tier = MustOpen(Options(dir, 40, 10));
   if (!tier) return;
@@ -488,27 +502,6 @@ void TestForEachChunk() {
     int64_t gone = static_cast<int64_t>(rng() % 300);
     model.erase(gone);
     tier->Erase(&gone, 1);
-  }
-  for (size_t max_rows : {size_t{1}, size_t{7}, size_t{1000000}}) {
-    std::map<int64_t, int> seen;
-    size_t chunks = 0, short_chunks = 0;
-    const std::string e = tier->ForEachChunk(max_rows, [&](const char* recs, size_t n) {
-      ++chunks;
-      CHECK(n >= 1 && n <= max_rows);
-      short_chunks += n < max_rows;
-      for (size_t i = 0; i < n; ++i) {
-        const char* rec = recs + i * 40;
-        RecordHeader h;
-        std::memcpy(&h, rec, sizeof(h));
-        ++seen[h.key];
-        CHECK(model.count(h.key) == 1 && model[h.key] == h.version && RecordValid(rec, 40));
-      }
-    });
-    CHECK(e.empty());
-    CHECK(seen.size() == model.size());
-    for (auto& kv : seen) CHECK(kv.second == 1);
-    CHECK(short_chunks <= 1);  // only the last chunk may be short
-    if (max_rows == 1000000) CHECK(chunks == 1);
   }
   std::unordered_map<int64_t, int> keys;
   tier->ForEachKey([&](int64_t key) { ++keys[key]; });
@@ -749,18 +742,13 @@ void TestProperty() {
         tier->CompactNow();
       } else if (what < 99) {
         std::unordered_map<int64_t, int> seen;
-        const size_t max_rows = 1 + rng() % 50;
-        CHECK(tier->ForEachChunk(max_rows, [&](const char* recs, size_t n) {
-                      CHECK(n <= max_rows);
-                      for (size_t i = 0; i < n; ++i) {
-                        const char* rec = recs + i * rb;
-                        RecordHeader h;
-                        std::memcpy(&h, rec, sizeof(h));
-                        ++seen[h.key];
-                        auto it = model.find(h.key);
-                        CHECK(it != model.end() &&
-                              std::memcmp(rec, it->second.data(), rb) == 0);
-                      }
+        CHECK(tier->ForEachSince(0, [&](const char* rec) {
+                      RecordHeader h;
+                      std::memcpy(&h, rec, sizeof(h));
+                      ++seen[h.key];
+                      auto it = model.find(h.key);
+                      CHECK(it != model.end() && std::memcmp(rec, it->second.data(), rb) == 0);
+                      return "";
                     }).empty());
         CHECK(seen.size() == model.size());
         for (auto& kv : seen) CHECK(kv.second == 1);
@@ -843,16 +831,18 @@ void TestConcurrency() {
   threads.emplace_back([&] {  // explicit passes beside the background thread, exports, counters
     while (writers_left > 0) {
       tier->CompactNow();
-      CHECK(tier->ForEachChunk(64, [&](const char* recs, size_t n) {
-                  for (size_t i = 0; i < n; ++i) CHECK(RecordValid(recs + i * 56, 56));
+      CHECK(tier->ForEachSince(0, [&](const char* rec) {
+                  CHECK(RecordValid(rec, 56));
+                  return "";
                 }).empty());
       const TierCounters c = tier->counters();
       CHECK(c.rows >= 0 && c.rows <= kKeys && c.live_bytes <= c.file_bytes);
       size_t entries = 0;
       tier->ForEachKey([&](int64_t) { ++entries; });
       CHECK(entries <= static_cast<size_t>(kKeys));
-      std::vector<int64_t> since;  // a delta's scan beside writers and compaction
-      CHECK(tier->KeysSince(1, &since).empty() && since.size() <= static_cast<size_t>(kKeys));
+      std::vector<int64_t> before;  // a time eviction's scan beside writers and compaction
+      CHECK(tier->KeysSeenBefore(1 << 30, &before).empty() &&
+            before.size() <= static_cast<size_t>(kKeys));
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
@@ -926,7 +916,10 @@ void TestIndexOutOfMemory() {
   for (int64_t k = 0; k < 250; ++k) CHECK(ReadOne(tier.get(), k, &one).empty() && one == Record(40, k, 1));
   for (int64_t k = 1000; k < 1400; ++k) CHECK(!tier->Contains(k));
   size_t rows_seen = 0;
-  CHECK(tier->ForEachChunk(100, [&](const char*, size_t n) { rows_seen += n; }).empty());
+  CHECK(tier->ForEachSince(0, [&](const char*) {
+                ++rows_seen;
+                return "";
+              }).empty());
   CHECK(rows_seen == 250);
   // With memory back, the same Put goes through.
   CHECK(PutBatch(tier.get(), rows).empty());
@@ -1033,7 +1026,7 @@ const Test kTests[] = {
     {"BackgroundCompaction", TestBackgroundCompaction, true},
     {"ReadPinsSegments", TestReadPinsSegments, true},
     {"PendingRecordsAreNotGarbage", TestPendingRecordsAreNotGarbage, false},
-    {"ForEachChunk", TestForEachChunk, false},
+    {"Scans", TestScans, false},
     {"Open", TestOpen, false},
     {"DestructorLeavesNoFiles", TestDestructorLeavesNoFiles, false},
     {"DiskFull", TestDiskFull, false},

@@ -9,7 +9,7 @@
 // last_seen, version), so a tiered table trains exactly as an all-in-memory
 // one. Moves are neither changes nor removals: the change log does not see
 // them, and deltas find changed cold rows by the version in their records'
-// headers (KeysSince, which reads the segments that may hold some).
+// headers (ForEachSince, which reads the segments that may hold some).
 //
 // A shard without a budget has an empty layer: nothing is on disk, every
 // move is a no-op and every query answers "not here", so the table above
@@ -117,10 +117,25 @@ class ShardTier {
     for (int64_t key : cold) fn(key);
     return cold.size();
   }
-  // The keys of cold rows with version >= min_version to *keys; "" or the
-  // first read error.
-  std::string KeysSince(int64_t min_version, std::vector<int64_t>* keys) const {
-    return store_ ? store_->KeysSince(min_version, keys) : "";
+  // fn(record) for each cold row with version >= min_version (every one:
+  // min_version <= 0), read in segment order, 1 MB at a time; "" or the
+  // first error (the tier's or fn's).
+  std::string ForEachSince(int64_t min_version,
+                           const std::function<std::string(const char*)>& fn) const {
+    return store_ ? store_->ForEachSince(min_version, fn) : "";
+  }
+  // How many cold rows have version >= min_version (a scan for
+  // min_version > 0); "" or the first read error.
+  std::string CountSince(int64_t min_version, size_t* n) const {
+    *n = 0;
+    if (min_version <= 0) {
+      *n = rows();
+      return "";
+    }
+    return ForEachSince(min_version, [&](const char*) {
+      ++*n;
+      return std::string();
+    });
   }
   template <class Fn>
   void ForEachKey(Fn&& fn) const {
@@ -135,30 +150,6 @@ class ShardTier {
     std::unique_ptr<bool[]> found(new bool[n]());
     return store_->Read(keys, n, out, found.get());
   }
-  // fn(record) for each of keys' records in order, read in batches (memory
-  // holds one batch, not the disk). Every key must be here (the shard's lock
-  // is held since they were listed); "" or the first error (read, absent
-  // key, or fn's).
-  std::string ReadEach(const std::vector<int64_t>& keys,
-                       const std::function<std::string(const char*)>& fn) const {
-    constexpr size_t kBatch = 4096;
-    if (keys.empty()) return "";
-    std::unique_ptr<char[]> buf(new char[std::min(kBatch, keys.size()) * stride_]);
-    for (size_t b = 0; b < keys.size(); b += kBatch) {
-      const size_t m = std::min(kBatch, keys.size() - b);
-      const std::string error = Read(keys.data() + b, m, buf.get());
-      if (!error.empty()) return error;
-      for (size_t k = 0; k < m; ++k) {
-        const char* rec = buf.get() + k * stride_;
-        if (Header(rec)->key != keys[b + k])
-          return "key " + std::to_string(keys[b + k]) + " left the disk tier";
-        const std::string failed = fn(rec);
-        if (!failed.empty()) return failed;
-      }
-    }
-    return "";
-  }
-
   // Brings the cold rows of n keys (memory misses among them; hashes h) into
   // the shard's layout, in one batched disk read. Keys whose record could
   // not be read stay on disk and go to *unreadable (the caller must not give

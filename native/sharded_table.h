@@ -272,7 +272,7 @@ class ShardedTable final : public TableImpl {
   std::string CheckApplyTo(const Optimizer& opt, Batch* batch, const int64_t* handles, int64_t n,
                            const Runner& run) const;
   // The rows Export writes of a shard whose lock the caller holds that are
-  // in memory (refs; those on disk: disk.KeysSince).
+  // in memory (refs; those on disk: disk.ForEachSince).
   std::vector<uint32_t> PickRows(const Shard& s, int64_t min_version) const;
   // Brings up the cold rows of a batch's keys in every shard, before a
   // lookup or an apply by key changes anything (a read error then changes no
@@ -815,9 +815,9 @@ int64_t ShardedTable<Rows>::CountRows(int64_t min_version, int shard) const {
     }
     // A cold segment that cannot be read is not counted: the export that
     // follows reads it again and fails with its error.
-    std::vector<int64_t> cold;
-    s.disk.KeysSince(min_version, &cold);
-    n += static_cast<int64_t>(PickRows(s, min_version).size() + cold.size());
+    size_t cold = 0;
+    s.disk.CountSince(min_version, &cold);
+    n += static_cast<int64_t>(PickRows(s, min_version).size() + cold);
   }
   return n;
 }
@@ -843,14 +843,13 @@ std::string ShardedTable<Rows>::ExportRows(
     const std::function<std::string(int64_t n)>& emit,
     std::vector<std::unique_lock<std::mutex>>* locks) const {
   std::vector<std::vector<uint32_t>> picked;
-  std::vector<std::vector<int64_t>> cold;
   int64_t total = 0;
   for (size_t si = s0; si < s1; ++si) {
     picked.push_back(PickRows(*shards_[si], min_version));
-    cold.emplace_back();
-    const std::string error = shards_[si]->disk.KeysSince(min_version, &cold.back());
-    if (!error.empty()) return error;
-    total += static_cast<int64_t>(picked.back().size() + cold.back().size());
+    size_t cold = 0;
+    const std::string error = shards_[si]->disk.CountSince(min_version, &cold);
+    if (!error.empty()) return ShardError(static_cast<int64_t>(si), error);
+    total += static_cast<int64_t>(picked.back().size() + cold);
   }
   // Rows go out in chunks of chunk_rows: the caller's buffers hold a chunk,
   // not the shard (whose cold rows are not in memory at all).
@@ -886,9 +885,10 @@ std::string ShardedTable<Rows>::ExportRows(
       const std::string error = write(s.rows.Record(row));
       if (!error.empty()) return error;
     }
-    // Cold rows are read in batches: memory holds one batch, not the disk.
+    // Cold rows are read in segment order, 1 MB at a time: memory holds a
+    // scan buffer, not the disk, and the disk is read once, in order.
     std::string emitted;
-    const std::string error = s.disk.ReadEach(cold[si - s0], [&](const char* rec) {
+    const std::string error = s.disk.ForEachSince(min_version, [&](const char* rec) {
       emitted = write(rec);
       return emitted;
     });
