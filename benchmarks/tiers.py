@@ -21,8 +21,13 @@ interleaved (memory, tier, prefetch, memory, ...), --rounds rounds; figures
 are medians (min-max), and the tiers' examples/s ratios are taken per round.
 The issue's goal: tier >= 0.5x memory at Zipf 1.2 with the budget at 25%.
 
-Usage: python benchmarks/tiers.py [--keys 1000000] [--rounds 3] [--storage DIR]
-                                  [--json results/tiers.json]
+A table whose all-in-memory form does not fit this machine (--keys 200M)
+cannot have a memory arm: then the run is benchmarks/tier_scale.py's plan
+(fill, train at both Zipfs, a full checkpoint, a restart) with
+memory_budget --budget bytes.
+
+Usage: python benchmarks/tiers.py [--keys 1000000 | 200M] [--rounds 3] [--storage DIR]
+                                  [--budget 1G] [--json results/tiers.json]
 """
 import argparse
 import json
@@ -97,9 +102,25 @@ def run_arm(arm, a, keys, storage):
                 rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def count(text, base=1000):
+    """1000000, 1M, 200M, 1.5G: K, M and G are powers of base."""
+    text = text.strip().upper()
+    power = "KMG".find(text[-1:]) + 1 if text[-1:] in ("K", "M", "G") else 0
+    return int(float(text[:-1] if power else text) * base**power)
+
+
+def fits_in_memory(keys):
+    """Whether the memory arm's table (~2x its records with the index and the
+    arena's slack, measured ~300 B a key) fits in half this machine's memory."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return keys * 300 < total / 2
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=count, default=1_000_000)
+    ap.add_argument("--budget", type=lambda t: count(t, 1024), default=2**30,
+                    help="memory_budget in bytes for a table that does not fit in memory")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--storage", default=os.path.join(os.getcwd(), "bench-tier"),
                     help="a directory on a local disk (not a tmpfs)")
@@ -109,6 +130,12 @@ def main():
     args = ap.parse_args()
     if args.arm:
         print(json.dumps(run_arm(args.arm, args.zipf, args.keys, args.storage)))
+        return
+    if not fits_in_memory(args.keys):
+        import tier_scale
+        result = tier_scale.run(args.keys, args.budget, args.storage)
+        if args.json:
+            write_json(args.json, dict(result, machine=machine(), date=time.strftime("%Y-%m-%d")))
         return
     runs = {(a, arm): [] for a in ZIPFS for arm in ARMS}
     try:
