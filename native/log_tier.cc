@@ -438,6 +438,15 @@ bool LogTier::Contains(int64_t key) const {
   return index_.Find(key, nullptr);
 }
 
+void LogTier::Contains(const int64_t* keys, size_t n, bool* found) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < std::min(n, ColdIndex::kPrefetchAhead); ++i) index_.Prefetch(keys[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + ColdIndex::kPrefetchAhead < n) index_.Prefetch(keys[i + ColdIndex::kPrefetchAhead]);
+    found[i] = index_.Find(keys[i], nullptr);
+  }
+}
+
 std::string LogTier::Read(const int64_t* keys, size_t n, char* out, bool* found) {
   std::vector<ReadRequest> req;
   req.reserve(n);

@@ -112,6 +112,9 @@ class LogTier {
 
   // Whether key is here (memory only).
   bool Contains(int64_t key) const;
+  // found[i]: whether keys[i] is here, for n keys under one lock hold, the
+  // index probes prefetched (a step's misses).
+  void Contains(const int64_t* keys, size_t n, bool* found) const;
 
   // Reads n keys' records into out (n * record_bytes): sorted by (segment,
   // index), adjacent records read together, the preads spread over

@@ -161,6 +161,10 @@ void TestRoundTrip() {
   CHECK(c.live_bytes == 100 * 96 && c.file_bytes == 64 + 100 * 96);
   CHECK(SegmentFileBytes(dir) == c.file_bytes);
   CHECK(tier->Contains(-300 + 7 * 10) && !tier->Contains(-299));
+  const int64_t probe[] = {-300, -299, -300 + 7 * 99, 5};
+  bool here[4];
+  tier->Contains(probe, 4, here);
+  CHECK(here[0] && !here[1] && here[2] && !here[3]);
 
   // Bit for bit, in a shuffled order.
   std::vector<int64_t> keys;

@@ -161,21 +161,24 @@ class ShardTier {
     if (!store_ || store_->counters().rows == 0) return "";
     std::vector<std::pair<int64_t, uint64_t>> misses;  // (key, hash); an apply's keys repeat
     const int64_t spared_then = stage_for - kSparedVersions + 1;  // by that step's spill
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t ref = shard.rows.Find(keys[i], h[i]);
+    shard.FindEach(keys, h, static_cast<int64_t>(n), [&](int64_t i, uint32_t ref) {
       if (ref == kNoRow)
         misses.emplace_back(keys[i], h[i]);
       else if (stage_for > 0 && shard.HeaderOf(ref)->version < spared_then)
         staged_.push_back({keys[i], h[i], stage_for});
-    }
+    });
     std::sort(misses.begin(), misses.end());
     misses.erase(std::unique(misses.begin(), misses.end()), misses.end());
-    std::vector<int64_t> cold;
+    std::vector<int64_t> cold(misses.size());
+    for (size_t i = 0; i < misses.size(); ++i) cold[i] = misses[i].first;
+    std::unique_ptr<bool[]> on_disk(new bool[misses.size()]);
+    store_->Contains(cold.data(), cold.size(), on_disk.get());
+    cold.clear();
     std::vector<uint64_t> cold_h;
-    for (const auto& [key, hash] : misses) {
-      if (Holds(key)) {
-        cold.push_back(key);
-        cold_h.push_back(hash);
+    for (size_t i = 0; i < misses.size(); ++i) {
+      if (on_disk[i]) {
+        cold.push_back(misses[i].first);
+        cold_h.push_back(misses[i].second);
       }
     }
     if (cold.empty()) return "";

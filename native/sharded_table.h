@@ -303,7 +303,7 @@ class ShardedTable final : public TableImpl {
   }
   // Calls fn(p, row or kNoRow) for shard s's distinct keys of the batch (p
   // indexes the batch's partition order; each key is resolved just before
-  // its call, so keys an earlier call inserted are found).
+  // its call, so keys an earlier call inserted are found; Shard::FindEach).
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
 
@@ -319,25 +319,13 @@ class ShardedTable final : public TableImpl {
   mutable BatchPool batches_;  // their buffers, kept between calls
 };
 
-// Lookups are pipelined over three stages so a batch of cold keys waits on
-// many cache misses at once instead of one after another: the layout's
-// stage A prefetch runs for key p + 2*kAhead, stage B (which may read what A
-// fetched) for key p + kAhead, and key p is then probed for real, its lines
-// already in cache (shard_storage.h).
 template <class Rows>
 template <typename Fn>
 void ShardedTable<Rows>::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
                                           Fn&& fn) const {
-  constexpr int64_t kAhead = 8;
-  const int64_t b = batch.begin[s], e = batch.distinct_end[s];
-  const uint64_t* hash = batch.hash;
-  for (int64_t p = b; p < std::min(e, b + 2 * kAhead); ++p) shard.rows.PrefetchA(hash[p]);
-  for (int64_t p = b; p < std::min(e, b + kAhead); ++p) shard.rows.PrefetchB(hash[p]);
-  for (int64_t p = b; p < e; ++p) {
-    if (p + 2 * kAhead < e) shard.rows.PrefetchA(hash[p + 2 * kAhead]);
-    if (p + kAhead < e) shard.rows.PrefetchB(hash[p + kAhead]);
-    fn(p, shard.Find(batch.id[p], hash[p]));
-  }
+  const int64_t b = batch.begin[s];
+  shard.FindEach(batch.id + b, batch.hash + b, batch.distinct_end[s] - b,
+                 [&](int64_t i, uint32_t row) { fn(b + i, row); });
 }
 
 template <class Rows>

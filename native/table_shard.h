@@ -58,6 +58,24 @@ struct TableShard {
   size_t size() const { return rows.size() + disk.rows(); }
 
   uint32_t Find(int64_t key, uint64_t h) const { return rows.Find(key, h); }
+  // fn(i, Find(keys[i], h[i])) for i in [0, n), in order, each key found
+  // just before its call (so keys an earlier call inserted are found).
+  // Pipelined over three stages so a batch of cold keys waits on many cache
+  // misses at once instead of one after another: the layout's stage A
+  // prefetch runs for key i + 2*kAhead, stage B (which may read what A
+  // fetched) for key i + kAhead, and key i is then probed for real, its
+  // lines already in cache (shard_storage.h).
+  template <class Fn>
+  void FindEach(const int64_t* keys, const uint64_t* h, int64_t n, Fn&& fn) const {
+    constexpr int64_t kAhead = 8;
+    for (int64_t i = 0; i < std::min(n, 2 * kAhead); ++i) rows.PrefetchA(h[i]);
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) rows.PrefetchB(h[i]);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + 2 * kAhead < n) rows.PrefetchA(h[i + 2 * kAhead]);
+      if (i + kAhead < n) rows.PrefetchB(h[i + kAhead]);
+      fn(i, rows.Find(keys[i], h[i]));
+    }
+  }
   RecordHeader* HeaderOf(uint32_t ref) const { return Header(rows.Record(ref)); }
   void NoteRemoved(int64_t key) {
     changes.NoteRemoved(key, table_version->load(std::memory_order_relaxed));

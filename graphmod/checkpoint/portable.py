@@ -301,24 +301,26 @@ class _StockTable:
 
     def lookup(self, keys):
         """keys (int64, any shape) -> rows of shape keys.shape + [dim]."""
-        flat = tf.reshape(keys, [-1])
-        shape = tf.concat([tf.shape(keys), [self.spec["dim"]]], 0)
         if self.spec["rows_kept"] == 0:  # nothing to gather from: every key is unseen
-            return tf.reshape(self._unseen_rows(flat), shape)
-        index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=flat,
+            shape = tf.concat([tf.shape(keys), [self.spec["dim"]]], 0)
+            return tf.reshape(self._unseen_rows(tf.reshape(keys, [-1])), shape)
+        # Every op on the path each request takes costs microseconds of
+        # executor time at serving batch sizes, more than the lookup itself:
+        # the find and the gather keep the keys' shape (no flatten, no
+        # reshape back), and the rest runs only for batches with unseen keys.
+        index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=keys,
                                              default_value=tf.constant(-1, tf.int64))
-        rows = tf.gather(self.rows, tf.maximum(index, 0))
+        rows = tf.gather(self.rows, tf.maximum(index, 0))  # keys.shape + [dim]
 
         def with_unseen():
-            missing = tf.where(index < 0)  # [m, 1]
+            missing = tf.where(index < 0)  # [m, rank of keys]
             return tf.tensor_scatter_nd_update(rows, missing,
-                                               self._unseen_rows(tf.gather_nd(flat, missing)))
+                                               self._unseen_rows(tf.gather_nd(keys, missing)))
         # Initial rows only when the batch has keys the table lacks: most
         # serving batches have none, and the ~80 ops of an initial row cost
         # even on no keys (measured at batch 1: 1.19x the dense model's
         # latency without the cond, 1.14x with it; a stock If op).
-        rows = tf.cond(tf.reduce_any(index < 0), with_unseen, lambda: rows)
-        return tf.reshape(rows, shape)
+        return tf.cond(tf.reduce_any(index < 0), with_unseen, lambda: rows)
 
     def _unseen_rows(self, keys):
         s = self.spec
