@@ -57,6 +57,23 @@ class ChangeLog {
       mark_ = since;
     }
   }
+  // Keeps the changed-row list within about twice the rows in memory: once
+  // it holds more than 2 * live_rows + 4096 entries, drops the rows whose
+  // version (version_of(row)) is at or below the mark and the duplicates.
+  // Rows moved to disk leave their entries behind (their version is then
+  // 0; a delta finds cold rows by the version on disk), so without this the
+  // list would grow by an entry per row added until the next full save,
+  // whatever the memory budget.
+  template <class VersionOf>
+  void Trim(size_t live_rows, const VersionOf& version_of) {
+    if (dirty_.size() <= 2 * live_rows + 4096) return;
+    dirty_.erase(std::remove_if(dirty_.begin(), dirty_.end(),
+                                [&](uint32_t row) { return version_of(row) <= mark_; }),
+                 dirty_.end());
+    std::sort(dirty_.begin(), dirty_.end());
+    dirty_.erase(std::unique(dirty_.begin(), dirty_.end()), dirty_.end());
+    dirty_.shrink_to_fit();
+  }
   const std::vector<std::pair<int64_t, int64_t>>& removed() const { return removed_; }
   // Rows are renumbered (the shard was cleared): the changed-row list goes.
   void ClearDirty() { dirty_.clear(); }

@@ -50,11 +50,34 @@ void TestForgetWhatASaveHolds() {
   CHECK(log.DirtyRows().empty() && log.removed().size() == 2);
 }
 
+// Trim keeps the list near the rows in memory: it drops the rows at or
+// below the mark (freed ones: version 0) and duplicates, never a row a
+// delta needs, and only once the list outgrows 2 * live_rows + 4096.
+void TestTrim() {
+  ChangeLog log;
+  log.Start(10);
+  std::map<uint32_t, uint32_t> version;
+  for (uint32_t row = 0; row < 6000; ++row) {
+    version[row] = row % 3 == 0 ? 0 : 11;  // a third spilled (version 0)
+    log.NoteChanged(row, 0, true);
+    if (row % 5 == 0) log.NoteChanged(row, 0, true);  // listed twice
+  }
+  auto version_of = [&](uint32_t row) { return version[row]; };
+  log.Trim(1000, version_of);  // 7200 entries <= 2 * 1000 + 4096? no: trimmed
+  const std::vector<uint32_t> rows = log.DirtyRows();
+  CHECK(rows.size() == 4000);
+  for (uint32_t row : rows) CHECK(version[row] == 11);
+  log.NoteChanged(1, 0, true);
+  log.Trim(1000, version_of);  // 4001 entries: under the bound, kept as they are
+  CHECK(log.DirtyRows().size() == 4000);
+}
+
 }  // namespace
 
 int main() {
   TestSilentUntilStarted();
   TestNotesAfterStart();
   TestForgetWhatASaveHolds();
+  TestTrim();
   return graphmod_test::TestExit("change_log_test");
 }

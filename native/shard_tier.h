@@ -266,6 +266,7 @@ class ShardTier {
       shard.HeaderOf(candidates[i].second)->version = 0;
       rows.Erase(candidates[i].second);
     }
+    shard.changes.Trim(rows.size(), [&](uint32_t ref) { return shard.HeaderOf(ref)->version; });
     spilled_ += static_cast<int64_t>(k);
     return "";
   }

@@ -188,6 +188,53 @@ void TestTrainsAsInMemory() {
   CHECK(Rows(restored) == rows);
 }
 
+// Many new rows through a small budget with change tracking on: each shard
+// adds far more rows than it keeps in memory, so its changed-row list is
+// trimmed of the rows that went to disk (ChangeLog::Trim) several times.
+// Every delta still holds exactly what the all-in-memory table's does.
+void TestDeltasAfterManyNewRows() {
+  const TableConfig in_memory = Config(0);
+  TableConfig tiered = Config(0);
+  tiered.memory_budget = static_cast<float>(64 * graphmod::RecordLayout::For(8, 2).stride * 4);
+  tiered.storage_path = StoragePath();
+  EmbeddingTable memory(in_memory), disk(tiered);
+  CHECK(disk.open_error().empty());
+  Optimizer adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.lr = 0.01f;
+  adam.epsilon = 1e-7f;
+  const int d = 8;
+  CHECK(memory.TrackRemovals() == disk.TrackRemovals());
+  int64_t next_key = 0;
+  for (int step = 1; step <= 100; ++step) {
+    adam.beta1_power *= adam.beta1;
+    adam.beta2_power *= adam.beta2;
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 1000; ++i) ids.push_back(next_key++ * 7919);  // new keys
+    for (int64_t k = 0; k < 50; ++k) ids.push_back(k * 7919);        // hot ones
+    std::vector<float> a(ids.size() * d), b(ids.size() * d), grads(ids.size() * d);
+    std::vector<int64_t> ha(ids.size()), hb(ids.size());
+    CHECK(memory.FindOrInsert(ids.data(), ids.size(), step, -1, a.data(), ha.data(),
+                              SerialRunner).empty());
+    CHECK(disk.FindOrInsert(ids.data(), ids.size(), step, -1, b.data(), hb.data(),
+                            SerialRunner).empty());
+    CHECK(a == b);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = a[i] * 0.1f + 0.01f * (i % 7);
+    CHECK(memory.Apply(adam, ha.data(), true, grads.data(), ids.size(), SerialRunner).empty());
+    CHECK(disk.Apply(adam, hb.data(), true, grads.data(), ids.size(), SerialRunner).empty());
+    if (step % 20 == 0) {
+      CHECK(Rows(memory, step - 7) == Rows(disk, step - 7));
+      CHECK(memory.CountRows(step - 7) == disk.CountRows(step - 7));
+    }
+  }
+  const graphmod::TableCounters c = disk.counters();
+  std::printf("many new rows: %lld rows, %lld on disk\n", static_cast<long long>(c.rows),
+              static_cast<long long>(c.cold_rows));
+  // Most rows went to disk (the last 16 steps' rows are spared).
+  CHECK(c.cold_rows > 80000 && c.rows - c.cold_rows < 20000);
+  CHECK(Rows(memory) == Rows(disk));
+}
+
 // The input pipeline prefetches step t+1's ids while step t runs: before
 // its lookup, between its lookup and its apply (the overlap training has:
 // the prefetch's promotions grow the layout under live handles), or after
@@ -413,6 +460,7 @@ int main() {
   // A clean start: what an earlier, killed run left would count as an orphan.
   CHECK(std::system(("rm -rf " + StoragePath()).c_str()) == 0);
   TestTrainsAsInMemory();
+  TestDeltasAfterManyNewRows();
   TestOverlappingStepsKeepTheirHandles();
   TestPrefetchServesTheNextStep("arena");
   TestPrefetchServesTheNextStep("buckets");
