@@ -95,6 +95,23 @@ std::vector<int64_t> Batch(std::mt19937_64* rng, int64_t n, int size) {
   return ids;
 }
 
+// A training lookup of ids (at clock `step`) in both tables: the rows they
+// return must agree. Their handles to *ha and *hb; returns gradients made
+// from the rows.
+std::vector<float> LookUpBoth(EmbeddingTable* memory, EmbeddingTable* disk,
+                              const std::vector<int64_t>& ids, int step,
+                              std::vector<int64_t>* ha, std::vector<int64_t>* hb) {
+  const size_t n = ids.size(), d = memory->config().dim;
+  std::vector<float> a(n * d), b(n * d), grads(n * d);
+  ha->resize(n);
+  hb->resize(n);
+  CHECK(memory->FindOrInsert(ids.data(), n, step, -1, a.data(), ha->data(), SerialRunner).empty());
+  CHECK(disk->FindOrInsert(ids.data(), n, step, -1, b.data(), hb->data(), SerialRunner).empty());
+  CHECK(a == b);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = a[i] * 0.1f + 0.01f * (i % 7);
+  return grads;
+}
+
 // Trains both tables on the same batches (lookups by handle and by key,
 // deltas, time eviction, removal) and compares everything they return.
 void TestTrainsAsInMemory() {
@@ -112,14 +129,8 @@ void TestTrainsAsInMemory() {
     adam.beta1_power *= adam.beta1;
     adam.beta2_power *= adam.beta2;
     const std::vector<int64_t> ids = Batch(&rng, 20000, 256);
-    std::vector<float> a(ids.size() * d), b(ids.size() * d), grads(ids.size() * d);
-    std::vector<int64_t> ha(ids.size()), hb(ids.size());
-    CHECK(memory.FindOrInsert(ids.data(), ids.size(), step, -1, a.data(), ha.data(),
-                              SerialRunner).empty());
-    CHECK(disk.FindOrInsert(ids.data(), ids.size(), step, -1, b.data(), hb.data(),
-                            SerialRunner).empty());
-    CHECK(a == b);
-    for (size_t i = 0; i < grads.size(); ++i) grads[i] = a[i] * 0.1f + 0.01f * (i % 7);
+    std::vector<int64_t> ha, hb;
+    const std::vector<float> grads = LookUpBoth(&memory, &disk, ids, step, &ha, &hb);
     if (step % 3 == 0) {
       // By key, keys this step did not look up (repeated, many cold): the
       // disk table brings them up first, each once.
@@ -203,7 +214,6 @@ void TestDeltasAfterManyNewRows() {
   adam.kind = OptimizerKind::kAdam;
   adam.lr = 0.01f;
   adam.epsilon = 1e-7f;
-  const int d = 8;
   CHECK(memory.TrackRemovals() == disk.TrackRemovals());
   int64_t next_key = 0;
   for (int step = 1; step <= 100; ++step) {
@@ -212,14 +222,8 @@ void TestDeltasAfterManyNewRows() {
     std::vector<int64_t> ids;
     for (int i = 0; i < 1000; ++i) ids.push_back(next_key++ * 7919);  // new keys
     for (int64_t k = 0; k < 50; ++k) ids.push_back(k * 7919);        // hot ones
-    std::vector<float> a(ids.size() * d), b(ids.size() * d), grads(ids.size() * d);
-    std::vector<int64_t> ha(ids.size()), hb(ids.size());
-    CHECK(memory.FindOrInsert(ids.data(), ids.size(), step, -1, a.data(), ha.data(),
-                              SerialRunner).empty());
-    CHECK(disk.FindOrInsert(ids.data(), ids.size(), step, -1, b.data(), hb.data(),
-                            SerialRunner).empty());
-    CHECK(a == b);
-    for (size_t i = 0; i < grads.size(); ++i) grads[i] = a[i] * 0.1f + 0.01f * (i % 7);
+    std::vector<int64_t> ha, hb;
+    const std::vector<float> grads = LookUpBoth(&memory, &disk, ids, step, &ha, &hb);
     CHECK(memory.Apply(adam, ha.data(), true, grads.data(), ids.size(), SerialRunner).empty());
     CHECK(disk.Apply(adam, hb.data(), true, grads.data(), ids.size(), SerialRunner).empty());
     if (step % 20 == 0) {
