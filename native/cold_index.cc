@@ -286,7 +286,13 @@ void ColdIndex::Grow(uint64_t h) {
 bool ColdIndex::Upsert(int64_t key, uint32_t rec, uint32_t* old) {
   if (dir_.empty()) {
     dir_.reserve(1);  // may throw: nothing changed
-    Segment* s = NewSegment(kMinBuckets);
+    Segment* s;
+    try {
+      s = NewSegment(kMinBuckets);
+    } catch (...) {
+      std::vector<Segment*>().swap(dir_);  // the capacity too: nothing changed
+      throw;
+    }
     dir_.push_back(s);
     depth_ = 0;
     Account(sizeof(Segment*));
@@ -328,8 +334,10 @@ bool ColdIndex::Erase(int64_t key, uint32_t* old) {
   --s->size;
   --size_;
   if (s->nb > kMinBuckets && s->size < s->nb * kWays * kShrinkLoad) {
+    // (Small segments round up to their own size: no rebuild for nothing.)
+    const size_t nb = BucketsFor(s->size, kGrowLoad);
     try {
-      Rebuild(s, BucketsFor(s->size, kGrowLoad));
+      if (nb < s->nb) Rebuild(s, nb);
     } catch (const std::bad_alloc&) {
       // best effort: stays big
     }

@@ -110,6 +110,21 @@ static void Edges() {
 
 // Injected allocation failures: an Upsert that throws changes nothing.
 static void Failures() {
+  {  // the very first segment's allocation fails: still empty, bytes 0
+    ColdIndex ix;
+    ColdIndex::FailAllocationAfter(1);
+    bool thrown = false;
+    try {
+      ix.Upsert(1, 1, nullptr);
+    } catch (const std::bad_alloc&) {
+      thrown = true;
+    }
+    ColdIndex::FailAllocationAfter(0);
+    CHECK(thrown && ix.size() == 0 && ix.bytes() == 0 && ix.CheckInvariants());
+    CHECK(ix.Upsert(1, 1, nullptr) && ix.Find(1, nullptr));
+    ix.Clear();
+    CHECK(ix.bytes() == 0 && ix.CheckInvariants());
+  }
   std::mt19937_64 rng(9);
   ColdIndex ix;
   std::unordered_map<int64_t, uint32_t> m;

@@ -216,6 +216,15 @@ std::string LogTier::NewSegmentLocked() {
              " segment files of " + std::to_string(segment_records_) +
              " records are alive at once (the most 32-bit record numbers address; compaction "
              "reclaims garbage, or the disk holds more rows than one shard's tier can)";
+    // Room for one more slot now, so that publishing it below cannot throw
+    // (after its file exists), and in the free list for every slot, so that
+    // freeing one (DropLocked, on paths that cannot fail) never allocates.
+    try {
+      by_slot_.reserve(by_slot_.size() + 1);
+      free_slots_.reserve(by_slot_.size() + 1);
+    } catch (const std::bad_alloc&) {
+      return "no memory for the segment table";
+    }
   }
   auto s = std::make_unique<Segment>();
   s->number = next_segment_++;
