@@ -26,9 +26,10 @@ import time
 
 import numpy as np
 
-DIM, B, STEPS, WARM = 16, 16384, 40, 5
+from tiers import B, DIM, STEPS, ZIPFS, zipf_batches
+
+WARM = 5
 FILL_B = 65536  # x 16 spared steps stays far under any budget of a GB
-ZIPFS = (1.05, 1.2)
 RECORD_BYTES = 152  # key, last_seen, count, version, 16 values, 16 Adagrad slots
 DISK_BYTES = 160  # a record on disk: crc and padding
 CHECKPOINT_BYTES = 172  # a row in a checkpoint (key, values, slots, count, last_seen, version; measured)
@@ -46,12 +47,6 @@ def peak_rss_mib():
 
 def log(message):
     print(f"[tier_scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def zipf_batches(keys, a, steps, seed):
-    rng = np.random.default_rng(seed)
-    ranks = np.minimum(rng.zipf(a, (steps, B)), keys) - 1
-    return (ranks * 2654435761) % keys
 
 
 def build(keys, budget, storage):
