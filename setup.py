@@ -11,7 +11,8 @@ from setuptools.command.build_ext import build_ext
 
 NATIVE_SOURCES = ["native/memory.cc", "native/key_index.cc", "native/arena_row_store.cc",
                   "native/row_buckets.cc",
-                  "native/admission.cc", "native/eviction.cc", "native/initializer.cc",
+                  "native/row_codec.cc", "native/admission.cc", "native/eviction.cc",
+                  "native/initializer.cc",
                   "native/optimizer_math.cc", "native/batch.cc", "native/crc32c.cc",
                   "native/segment_file.cc", "native/cold_index.cc", "native/log_tier.cc",
                   "native/table.cc", "native/exchange_plan.cc",

@@ -10,6 +10,8 @@ from typing import Any, Callable, Dict, Optional
 
 MIN_ROWS = 10_000  # identity-indexed variables this large convert (GraphModifierHook)
 UNITS = ("seconds", "steps")
+# How a table stores rows (native/row_codec.h): float32, or fewer bytes a row.
+STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8")
 
 
 def _is_int(value) -> bool:
@@ -68,6 +70,11 @@ SETTINGS = (
             "memory_budget", 0.0),
     Setting("storage_path", str, None, "a directory path",
             lambda v: v is None or isinstance(v, str) and v != "", "storage_path", ""),
+    # Rows stored smaller, on request: an approximation the report states.
+    Setting("storage_dtype", str, "float32", f"one of {STORAGE_DTYPES}",
+            lambda v: v in STORAGE_DTYPES, "storage_dtype"),
+    Setting("slot_storage_dtype", str, None, f"None (as storage_dtype) or one of {STORAGE_DTYPES}",
+            lambda v: v is None or v in STORAGE_DTYPES, "slot_storage_dtype", ""),
     Setting("prefetch", bool, True),
     Setting("placement", str, "auto", "'auto', 'sharded' or 'replicated'",
             lambda v: v in ("auto", "sharded", "replicated")),
@@ -133,8 +140,8 @@ class TableSettings(dataclasses.make_dataclass(
     read for ids the table has never seen), which they may set.
 
     initializer, default_value, max_rows, when_full, num_shards,
-    admission_sketch_width, layout, memory_budget and storage_path are those
-    of graphmod.create_table; prefetch (with a memory_budget): the input
+    admission_sketch_width, layout, memory_budget, storage_path, storage_dtype
+    and slot_storage_dtype are those of graphmod.create_table; prefetch (with a memory_budget): the input
     pipeline brings up each step's rows from disk while the step before
     trains, where it can compute the step's keys (rewrite_rules.tier_prefetch;
     it costs a second pass over the keys, which pays where a core is free or

@@ -14,6 +14,12 @@ its settings), over the same batches, and compares step by step:
 - each dense variable both runs train, after every step;
 - each table's initializer against the variable's initial rows (their mean
   and spread, or every value for a constant one), unless warm-started.
+A table that stores its rows smaller (storage_dtype) rounds every row it
+updates, and its initial rows: each of its values may differ by the
+rounding its row went through, twice the form's half step at the value
+then (float16, bfloat16; int8: the row's step) for the initial rows and
+each update, added up; anything beyond fails, looked up or not. Its rounding
+explains the loss and the dense variables differing.
 The same initial state: the unmodified run's first checkpoint (step 0) is
 copied into the hooked run's model_dir, which the hook adopts, so the tables
 start from the variables' very rows.
@@ -45,6 +51,7 @@ import tensorflow as tf
 from absl import logging
 
 from graphmod import horovod
+from graphmod.embeddings import stored_rows
 from graphmod.embeddings.partition import owner_of_numpy
 from graphmod.horovod import save_schedule
 from graphmod.state import graph_state
@@ -81,6 +88,7 @@ class Finding:
     unexplained_step: Optional[int] = None  # set by VerifyResult: the first step nothing explains
     unexplained: str = ""               # what differs there
     explained_by: str = ""              # the approximation the report states, if any
+    rounding: str = ""                  # the stored form's approximation, if any
     compared: str = ""                  # what was compared
     comparable: bool = True             # False: rows could not be compared (compared says why)
     by_step: List[float] = dataclasses.field(default_factory=list)  # largest, steps 1, 2, ...
@@ -158,6 +166,9 @@ class VerifyResult:
     def _explained_before(self, step: int) -> str:
         """The approximation that explains a difference first seen at `step`
         (in the loss, a dense variable or a table), or ""."""
+        rounded = next((f for f in self.findings.values() if f.rounding), None)
+        if rounded is not None and step >= 1:  # its initial rows were rounded
+            return f"{rounded.variable}: {rounded.rounding}"
         d = self.diverged_at
         if d is None or step <= d:
             return ""
@@ -378,9 +389,37 @@ def _copy_first_checkpoint(plain_dir: str, hooked_dir: str) -> None:
     tf1.train.update_checkpoint_state(hooked_dir, os.path.join(hooked_dir, "model.ckpt-0"))
 
 
-def _over(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> np.ndarray:
-    """Where got is not within tolerance of want (NaN counts as over)."""
-    return ~(np.abs(got - want) <= atol + rtol * np.abs(want))
+def _over(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
+          allow=0.0) -> np.ndarray:
+    """Where got is not within tolerance (and `allow`, elementwise) of want
+    (NaN counts as over)."""
+    return ~(np.abs(got - want) <= atol + rtol * np.abs(want) + allow)
+
+
+# Bits of precision of the 16-bit forms, and float16's smallest step.
+_MANTISSA_BITS = {"float16": 10, "bfloat16": 7}
+_HALF_SUBNORMAL = 2.0 ** -24
+
+
+def _rounding(form: str, have: np.ndarray, want: np.ndarray, rounded: np.ndarray):
+    """What rounding rows stored as `form` adds where `rounded` (rows, along
+    the first axis) went through it: twice the form's half step at the value
+    (int8: the row's step over 255). 0 for float32."""
+    if form == "float32":
+        return 0.0
+    have, want = np.asarray(have, np.float64), np.asarray(want, np.float64)
+    rows = rounded.reshape((-1,) + (1,) * (have.ndim - 1))
+    if form == "int8":
+        flat = have.reshape(have.shape[0], -1)
+        step = (flat.max(1) - flat.min(1)) / 255.0
+        half = step.reshape((-1,) + (1,) * (have.ndim - 1)) / 2
+    else:
+        magnitude = np.maximum(np.abs(have), np.abs(want))
+        exponent = np.floor(np.log2(np.maximum(magnitude, 1e-38)))
+        half = 2.0 ** (exponent - _MANTISSA_BITS[form] - 1)
+        if form == "float16":
+            half = np.maximum(half, _HALF_SUBNORMAL / 2)
+    return 2 * half * rows
 
 
 def _relative(got: np.ndarray, want: np.ndarray, atol: float) -> float:
@@ -418,8 +457,10 @@ def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], r
     """owned: the keys this rank's part holds, split across Horovod ranks."""
     variable, table, rows = entry["variable"], entry["table"], entry["rows"]
     f = Finding(variable, table)
+    forms = (entry.get("storage_dtype", "float32"), entry.get("slot_storage_dtype", "float32"))
+    f.rounding = stored_rows.approximation(*forms)
     f.explained_by = "; ".join(a["what"] for a in report.approximations
-                               if a["variable"] == variable)
+                               if a["variable"] == variable and a["what"] != f.rounding)
     initial = plain[0][variable]
     if not entry["warm_started"]:
         problem = _initializer_differs(entry["initializer"], initial, rtol, atol)
@@ -438,8 +479,12 @@ def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], r
     slots = entry.get("slot_variables") or []
     expected = np.arange(rows) if owned is None else owned
     f.compared = (f"{rows} rows and {len(slots)} slot(s) at {len(plain) - 1} steps"
-                  + ("" if owned is None else f" ({owned.size} of them on this rank)"))
+                  + ("" if owned is None else f" ({owned.size} of them on this rank)")
+                  + ("" if not f.rounding else
+                     f", within the rounding of rows stored as {forms[0]}"
+                     + (f" (slots {forms[1]})" if forms[1] != forms[0] else "")))
     was_over = np.zeros(expected.size, bool)
+    allowed: Dict[str, np.ndarray] = {}  # rounding each value may carry so far, by field
     for step in range(len(plain)):
         got = hooked[step]["tables"][table]
         keys = got["keys"]
@@ -453,25 +498,31 @@ def _compare_table(entry: dict, report, plain: List[dict], hooked: List[dict], r
         keys = keys[order]
         # Rows this step looked up carry its version, the newest.
         looked_up = got["versions"][order] == got["versions"].max()
-        pairs = [("rows", plain[step][variable][expected], got["values"][order])]
-        pairs += [(f"slot '{s}'", plain[step][s][expected], got["slots"][order][:, k])
+        rounded_now = looked_up if step > 0 else np.ones(expected.size, bool)
+        pairs = [("rows", plain[step][variable][expected], got["values"][order], forms[0])]
+        pairs += [(f"slot '{s}'", plain[step][s][expected], got["slots"][order][:, k], forms[1])
                   for k, s in enumerate(slots)]
         over = np.zeros(expected.size, bool)
         if step > 0:
             f.by_step.append(0.0)
-        for what, want, have in pairs:
+        for what, want, have, form in pairs:
             relative = _relative(have, want, atol)
             f.largest_difference = max(f.largest_difference, relative)
             if step > 0:
                 f.by_step[-1] = max(f.by_step[-1], relative)
-            over_what = _over(have, want, rtol, atol).reshape(expected.size, -1).any(1)
+            # A row's rounding adds up over its updates, each at the value
+            # then (a value that shrank keeps the error of when it was larger).
+            allowed[what] = allowed.get(what, 0.0) + _rounding(form, have, want, rounded_now)
+            allow = allowed[what]
+            over_what = _over(have, want, rtol, atol, allow).reshape(expected.size, -1).any(1)
             fresh = over_what & ~was_over & ~over
             if fresh.any():
                 for rows_of, looked in ((fresh & looked_up, True), (fresh & ~looked_up, False)):
                     if not rows_of.any():
                         continue
                     i = int(np.argmax(rows_of))
-                    j = tuple(np.argwhere(_over(have[i], want[i], rtol, atol))[0])
+                    j = tuple(np.argwhere(_over(have[i], want[i], rtol, atol,
+                                                allow[i] if np.ndim(allow) else allow))[0])
                     f.differs(step, f"{what} of key {keys[i]}{list(j)}: {have[i][j]:.9g} "
                                     f"hooked, {want[i][j]:.9g} unmodified"
                                     + ("" if step == 0 else ", a row the step looked up"

@@ -50,6 +50,18 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
     config_.memory_budget = memory_budget;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("storage_path", &config_.storage_path));
+    std::string values_type, slots_type;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("storage_dtype", &values_type));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slot_storage_dtype", &slots_type));
+    if (slots_type.empty()) slots_type = values_type;  // slots as the values
+    for (const auto& [name, type] : {std::pair<const std::string&, StorageType*>{
+                                         values_type, &config_.values_type},
+                                     {slots_type, &config_.slots_type}}) {
+      OP_REQUIRES(ctx, ParseStorageType(name, type),
+                  errors::InvalidArgument("graphmod table '", config_.name,
+                                          "': unknown storage dtype '", name,
+                                          "' (float32, float16, bfloat16 or int8)"));
+    }
     std::string when_full;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("when_full", &when_full));
     OP_REQUIRES(ctx, WhenFull::Parse(when_full, &config_.when_full),
@@ -86,7 +98,9 @@ class TableOp : public OpKernel {
     OP_REQUIRES(ctx, existing.dim == config_.dim && existing.num_slots == config_.num_slots &&
                          existing.sketch_width == config_.sketch_width &&
                          existing.max_rows == config_.max_rows &&
-                         existing.when_full == config_.when_full,
+                         existing.when_full == config_.when_full &&
+                         existing.values_type == config_.values_type &&
+                         existing.slots_type == config_.slots_type,
                 errors::InvalidArgument("graphmod table '", config_.name, "' already exists as '",
                                         existing.name, "' with dim ", existing.dim, ", ",
                                         existing.num_slots, " slots, sketch width ",
@@ -94,7 +108,7 @@ class TableOp : public OpKernel {
                                         "; asked for dim ", config_.dim, ", ", config_.num_slots,
                                         " slots, sketch width ", config_.sketch_width,
                                         ", max_rows ", config_.max_rows,
-                                        " (or another capacity policy)"));
+                                        " (or another capacity policy or storage dtype)"));
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<ResourceHandle>()() = ::tensorflow::MakeResourceHandle<TableResource>(
@@ -200,17 +214,31 @@ class ExportOp : public TableKernel {
     const int64_t dim = t->config().dim, slots = t->config().num_slots;
     int64_t min_version;
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "min_version", &min_version));
+    // Rows come out in float32 whatever the table stores (its own form is
+    // the checkpoint's, save_kernel.cc): smaller forms are decoded here.
+    const StorageType vt = t->config().values_type, st = t->config().slots_type;
     Status status;
+    Tensor* tensors[6];
+    std::vector<char> values_buf, slots_buf;
+    int64_t rows = 0;
     const std::string error = t->Export(min_version, [&](int64_t n) {
       ExportBuffers out;
-      Tensor* tensors[6];
       const TensorShape shapes[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
       for (int i = 0; i < 6 && status.ok(); ++i)
         status = ctx->allocate_output(i, shapes[i], &tensors[i]);
       if (!status.ok()) return out;
+      rows = n;
       out.keys = tensors[0]->flat<int64_t>().data();
       out.values = tensors[1]->flat<float>().data();
       out.slots = tensors[2]->flat<float>().data();
+      if (vt != StorageType::kFloat32) {
+        values_buf.resize(RowBytes(vt, dim) * n);
+        out.values = values_buf.data();
+      }
+      if (st != StorageType::kFloat32) {
+        slots_buf.resize(RowBytes(st, dim) * n * slots);
+        out.slots = slots_buf.data();
+      }
       out.counts = tensors[3]->flat<int64_t>().data();
       out.last_seen = tensors[4]->flat<int64_t>().data();
       out.versions = tensors[5]->flat<int64_t>().data();
@@ -218,6 +246,12 @@ class ExportOp : public TableKernel {
     });
     OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES_OK(ctx, StorageError(*t, error));
+    if (vt != StorageType::kFloat32)
+      ConvertRows(vt, values_buf.data(), StorageType::kFloat32, TensorBytes(*tensors[1]), rows,
+                  dim);
+    if (st != StorageType::kFloat32)
+      ConvertRows(st, slots_buf.data(), StorageType::kFloat32, TensorBytes(*tensors[2]),
+                  rows * slots, dim);
   }
 };
 
@@ -242,9 +276,16 @@ class ImportOp : public TableKernel {
                                      std::to_string(dim) + ", " + std::to_string(slots) +
                                      " slots) needs " + want[i - 1].DebugString()));
     }
+    // Rows come in float32 and are stored in the table's forms.
+    const StorageType vt = t->config().values_type, st = t->config().slots_type;
+    std::vector<char> values_buf(RowBytes(vt, dim) * n), slots_buf(RowBytes(st, dim) * n * slots);
+    ConvertRows(StorageType::kFloat32, ctx->input(2).tensor_data().data(), vt, values_buf.data(),
+                n, dim);
+    ConvertRows(StorageType::kFloat32, ctx->input(3).tensor_data().data(), st, slots_buf.data(),
+                n * slots, dim);
     const std::string error = t->Import(
-        keys.flat<int64_t>().data(), ctx->input(2).flat<float>().data(),
-        ctx->input(3).flat<float>().data(), ctx->input(4).flat<int64_t>().data(),
+        keys.flat<int64_t>().data(), values_buf.data(), slots_buf.data(),
+        ctx->input(4).flat<int64_t>().data(),
         ctx->input(5).flat<int64_t>().data(), ctx->input(6).flat<int64_t>().data(), n, replace_,
         IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(), TableError(*t, error));

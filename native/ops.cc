@@ -45,6 +45,8 @@ REGISTER_OP("GraphmodTable")
     .Attr("layout: string = 'arena'")  // checked by the kernel (ValidateConfig)
     .Attr("memory_budget: float = 0.0")  // 0: no disk tier; (0, 1]: a fraction of rows; bytes
     .Attr("storage_path: string = ''")
+    .Attr("storage_dtype: string = 'float32'")  // how rows are stored (row_codec.h)
+    .Attr("slot_storage_dtype: string = ''")    // '': as storage_dtype
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("Creates (on first run) or finds a graphmod embedding table.");

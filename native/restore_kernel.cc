@@ -215,6 +215,12 @@ class RestoreOp : public TableKernel {
     if (replace_) t->Clear();
     if (with_removed_) t->Remove(removed.flat<int64_t>().data(), removed.NumElements());
     const bool keep_slots = t->config().num_slots > 0;
+    // Rows saved in another form than the table's (a float32 checkpoint
+    // into a float16 table, say) convert on the way in.
+    StorageType values_form, slots_form;
+    OP_REQUIRES_OK(ctx, SavedForm(*t, entry, prefix, reader, "values", &values_form));
+    OP_REQUIRES_OK(ctx, SavedForm(*t, entry, prefix, reader, "slots", &slots_form));
+    std::vector<char> values_buf, slots_buf;
     int64_t restored = 0;
     for (size_t i = 0; i < pieces.size(); ++i) {
       const auto [start, length] = pieces[i];
@@ -224,9 +230,14 @@ class RestoreOp : public TableKernel {
         OP_REQUIRES_OK(ctx, Named(*t, prefix, Read(reader, entry, f, start, length, &rows[f])));
       }
       const int64_t kept = KeepOwned(length, rows, 6);
+      const TableConfig& c = t->config();
+      const void* values =
+          InForm(rows[1], values_form, c.values_type, kept, c.dim, &values_buf);
+      const void* slots = keep_slots ? InForm(rows[2], slots_form, c.slots_type,
+                                              kept * c.num_slots, c.dim, &slots_buf)
+                                     : nullptr;
       const std::string error = t->Import(
-          rows[0].flat<int64_t>().data(), rows[1].flat<float>().data(),
-          keep_slots ? rows[2].flat<float>().data() : nullptr, rows[3].flat<int64_t>().data(),
+          rows[0].flat<int64_t>().data(), values, slots, rows[3].flat<int64_t>().data(),
           rows[4].flat<int64_t>().data(), rows[5].flat<int64_t>().data(), kept,
           /*replace=*/false, IntraOpRunner(ctx));
       OP_REQUIRES(ctx, error.empty(), TableError(*t, error));
@@ -265,6 +276,27 @@ class RestoreOp : public TableKernel {
     return static_cast<int64_t>(owned.size());
   }
 
+  // The first n rows of d values in `rows`, saved as `from`, as the table
+  // stores them (`to`): the tensor's own bytes, or converted into buf.
+  static const void* InForm(const Tensor& rows, StorageType from, StorageType to, int64_t n,
+                            int d, std::vector<char>* buf) {
+    if (from == to) return rows.tensor_data().data();
+    buf->resize(RowBytes(to, d) * n);
+    ConvertRows(from, rows.tensor_data().data(), to, buf->data(), n, d);
+    return buf->data();
+  }
+
+  // The form field ("values" or "slots") was saved in (CheckTypes has
+  // checked it is one).
+  static Status SavedForm(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
+                          Checkpoint& reader, const char* field, StorageType* form) {
+    DataType type;
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(Named(t, prefix, reader.TypeAndShape(entry(field), &type, &shape)));
+    StorageTypeOf(type, form);
+    return ::tensorflow::OkStatus();
+  }
+
   static Status Named(const EmbeddingTable& t, const std::string& prefix, const Status& s) {
     if (s.ok()) return s;
     return Status(s.code(), "graphmod table '" + t.config().name + "': cannot restore from '" +
@@ -272,7 +304,8 @@ class RestoreOp : public TableKernel {
   }
 
   // An error unless every entry read has the type the table's saveable
-  // gives it (a tensor read as another type would abort the process).
+  // gives it (a tensor read as another type would abort the process); rows
+  // may be in any form a table stores (row_codec.h).
   static Status CheckTypes(const EmbeddingTable& t, const Entry& entry, const std::string& prefix,
                            Checkpoint& reader, bool with_removed) {
     using ::tensorflow::DataType;
@@ -288,10 +321,14 @@ class RestoreOp : public TableKernel {
       DataType type;
       TensorShape shape;
       TF_RETURN_IF_ERROR(Named(t, prefix, reader.TypeAndShape(entry(field), &type, &shape)));
-      if (type != want)
+      StorageType form;
+      const bool rows = want == f32 && (std::string(field) == "values" ||
+                                        std::string(field) == "slots");
+      if (rows ? !StorageTypeOf(type, &form) : type != want)
         return TableError(t, entry(field) + " in '" + prefix + "' holds " +
                                  ::tensorflow::DataTypeString(type) + ", not " +
-                                 ::tensorflow::DataTypeString(want));
+                                 (rows ? std::string("float, half, bfloat16 or uint8 (int8 rows)")
+                                       : ::tensorflow::DataTypeString(want)));
     }
     return ::tensorflow::OkStatus();
   }
@@ -313,9 +350,12 @@ class RestoreOp : public TableKernel {
       TensorShape shape;
       TF_RETURN_IF_ERROR(
           Named(t, prefix, reader.TypeAndShape(entry(kRowFields[f]), &type, &shape)));
-      const bool fits = f == 1   ? shape == TensorShape({n, d})
+      StorageType form = StorageType::kFloat32;
+      StorageTypeOf(type, &form);
+      const int64_t w = StoredWidth(form, d);  // a row's width as saved
+      const bool fits = f == 1   ? shape == TensorShape({n, w})
                         : f == 2 ? shape.dims() == 3 && shape.dim_size(0) == n &&
-                                       (k == 0 || shape.dim_size(1) == k) && shape.dim_size(2) == d
+                                       (k == 0 || shape.dim_size(1) == k) && shape.dim_size(2) == w
                                  : shape == TensorShape({n});
       if (!fits)
         return TableError(t, entry(kRowFields[f]) + " has shape " + shape.DebugString() + " in '" +

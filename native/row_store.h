@@ -3,8 +3,9 @@
 // pairs it with the key index; shard_storage.h is the contract of a whole
 // layout).
 //
-// A record is [RecordHeader | values[dim] | slots[num_slots * dim]], `stride`
-// bytes apart. A row store hands out row numbers (32-bit, per shard) for
+// A record is [RecordHeader | values | slot rows], `stride` bytes apart; the
+// values are one block of the layout's values_type and each of num_slots
+// slot rows a block of its slots_type (row_codec.h: float32, or smaller). A row store hands out row numbers (32-bit, per shard) for
 // records; the key index maps keys to them. A record never moves while its
 // row is live: lookups return row handles that optimizers use later in the
 // same step, and the index is rebuilt without touching the records.
@@ -49,6 +50,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "native/row_codec.h"
+
 namespace graphmod {
 
 struct RecordHeader {
@@ -63,6 +66,8 @@ inline RecordHeader* Header(char* rec) { return reinterpret_cast<RecordHeader*>(
 inline const RecordHeader* Header(const char* rec) {
   return reinterpret_cast<const RecordHeader*>(rec);
 }
+// The record's values as floats: a float32 layout's only (ValueBlock and
+// row_codec.h for any).
 inline float* Values(char* rec) { return reinterpret_cast<float*>(rec + sizeof(RecordHeader)); }
 inline const float* Values(const char* rec) {
   return reinterpret_cast<const float*>(rec + sizeof(RecordHeader));
@@ -71,11 +76,30 @@ inline const float* Values(const char* rec) {
 struct RecordLayout {
   int dim = 0;
   int num_slots = 0;
+  StorageType values_type = StorageType::kFloat32;
+  StorageType slots_type = StorageType::kFloat32;
+  size_t values_bytes = 0;  // the values' block
+  size_t slot_bytes = 0;    // one slot row's block
   size_t stride = 0;  // bytes per record, a multiple of 8 (the header's alignment)
 
-  static RecordLayout For(int dim, int num_slots) {
-    const size_t bytes = sizeof(RecordHeader) + sizeof(float) * dim * (1 + num_slots);
-    return RecordLayout{dim, num_slots, (bytes + 7) & ~size_t{7}};
+  static RecordLayout For(int dim, int num_slots,
+                          StorageType values_type = StorageType::kFloat32,
+                          StorageType slots_type = StorageType::kFloat32) {
+    RecordLayout l{dim, num_slots, values_type, slots_type, RowBytes(values_type, dim),
+                   RowBytes(slots_type, dim), 0};
+    const size_t bytes = sizeof(RecordHeader) + l.values_bytes + l.slot_bytes * num_slots;
+    l.stride = (bytes + 7) & ~size_t{7};
+    return l;
+  }
+  // Every row in float32: records are read and updated in place.
+  bool float32() const {
+    return values_type == StorageType::kFloat32 && slots_type == StorageType::kFloat32;
+  }
+  char* ValueBlock(char* rec) const { return rec + sizeof(RecordHeader); }
+  const char* ValueBlock(const char* rec) const { return rec + sizeof(RecordHeader); }
+  char* SlotBlocks(char* rec) const { return rec + sizeof(RecordHeader) + values_bytes; }
+  const char* SlotBlocks(const char* rec) const {
+    return rec + sizeof(RecordHeader) + values_bytes;
   }
 };
 

@@ -208,8 +208,9 @@ class SaveOp : public OpKernel {
   static int64_t ChunkRows(const EmbeddingTable& t) {
     if (const char* rows = std::getenv("GRAPHMOD_TEST_SAVE_CHUNK_ROWS"))
       return std::max<int64_t>(1, std::atoll(rows));
-    const int64_t row_bytes =
-        4 * sizeof(int64_t) + sizeof(float) * t.config().dim * (1 + t.config().num_slots);
+    const TableConfig& c = t.config();
+    const int64_t row_bytes = 4 * sizeof(int64_t) + RowBytes(c.values_type, c.dim) +
+                              RowBytes(c.slots_type, c.dim) * c.num_slots;
     return std::max<int64_t>(4096, (int64_t{64} << 20) / row_bytes);
   }
 
@@ -222,8 +223,11 @@ class SaveOp : public OpKernel {
                                     int64_t min_version,
                                     const std::function<bool(int64_t)>& keep,
                                     BundleWriter* writer) {
-    const int64_t d = t.config().dim, k = t.config().num_slots;
-    const std::string& name = t.config().name;
+    // Rows as the table stores them (a float16 table's checkpoint holds halves).
+    const TableConfig& c = t.config();
+    const int64_t k = c.num_slots, vw = StoredWidth(c.values_type, c.dim),
+                  sw = StoredWidth(c.slots_type, c.dim);
+    const std::string& name = c.name;
     Status status;
     Tensor pending_keys, pending_counts, pending_seen, sketch;
     auto pending = [&](int64_t n, int64_t counters) {
@@ -252,17 +256,18 @@ class SaveOp : public OpKernel {
           if (!status.ok()) return out;  // the pending keys' allocation failed: emit stops
           if (!entries) entries.reset(new SlicedEntries(writer, name, total));
           const std::pair<Tensor*, TensorShape> buffers[] = {
-              {&keys, {n}}, {&values, {n, d}}, {&slots, {n, k, d}},
+              {&keys, {n}}, {&values, {n, vw}}, {&slots, {n, k, sw}},
               {&counts, {n}}, {&last_seen, {n}}, {&versions, {n}}};
           for (const auto& [tensor, shape] : buffers) {
-            const DataType type = tensor == &values || tensor == &slots
-                                      ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
+            const DataType type = tensor == &values   ? StoredDataType(c.values_type)
+                                  : tensor == &slots ? StoredDataType(c.slots_type)
+                                                     : ::tensorflow::DT_INT64;
             status = ctx->allocate_temp(type, shape, tensor);
             if (!status.ok()) return out;
           }
           out.keys = keys.flat<int64_t>().data();
-          out.values = values.flat<float>().data();
-          out.slots = slots.flat<float>().data();
+          out.values = TensorBytes(values);
+          out.slots = TensorBytes(slots);
           out.counts = counts.flat<int64_t>().data();
           out.last_seen = last_seen.flat<int64_t>().data();
           out.versions = versions.flat<int64_t>().data();
@@ -289,7 +294,7 @@ class SaveOp : public OpKernel {
     TF_RETURN_IF_ERROR(status);
     TF_RETURN_IF_ERROR(StorageError(t, error));
     if (keep) {
-      TF_RETURN_IF_ERROR(WriteKept(ctx, name, d, k, kept, writer));
+      TF_RETURN_IF_ERROR(WriteKept(ctx, name, kept, writer));
       TF_RETURN_IF_ERROR(KeepRows(ctx, keep, &pending_keys, {&pending_counts, &pending_seen}));
     }
     for (const auto& [field, part] :
@@ -302,20 +307,19 @@ class SaveOp : public OpKernel {
   }
 
   // Writes the kept chunks' rows as the table's row entries, whole.
-  static Status WriteKept(OpKernelContext* ctx, const std::string& name, int64_t d, int64_t k,
+  // (There is always a chunk: one, empty, when there are no rows.)
+  static Status WriteKept(OpKernelContext* ctx, const std::string& name,
                           const std::vector<std::array<Tensor, 6>>& kept,
                           BundleWriter* writer) {
     static const char* const kFields[] = {"keys", "values", "slots",
                                           "counts", "last_seen", "versions"};
-    const TensorShape shapes[] = {{0}, {0, d}, {0, k, d}, {0}, {0}, {0}};
     int64_t total = 0;
     for (const auto& chunk : kept) total += chunk[0].dim_size(0);
     for (int f = 0; f < 6; ++f) {
-      TensorShape shape = shapes[f];
+      TensorShape shape = kept[0][f].shape();
       shape.set_dim(0, total);
-      const DataType type = f == 1 || f == 2 ? ::tensorflow::DT_FLOAT : ::tensorflow::DT_INT64;
       Tensor whole;
-      TF_RETURN_IF_ERROR(ctx->allocate_temp(type, shape, &whole));
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(kept[0][f].dtype(), shape, &whole));
       char* to = const_cast<char*>(whole.tensor_data().data());
       for (const auto& chunk : kept) {
         const auto data = chunk[f].tensor_data();

@@ -64,7 +64,7 @@ class TableImpl {
   // "" or the error.
   virtual std::string OpenTiers(const std::string& dir) = 0;
   virtual int64_t CountRows(int64_t min_version, int shard) const = 0;
-  virtual std::string Import(const int64_t* keys, const float* values, const float* slots,
+  virtual std::string Import(const int64_t* keys, const void* values, const void* slots,
                              const int64_t* counts, const int64_t* last_seen,
                              const int64_t* versions, int64_t n, bool replace,
                              const Runner& run) = 0;
@@ -95,21 +95,6 @@ class FirstError {
   std::mutex mu_;
   std::string error_;
 };
-
-// Copies a row of d floats inline, in fixed-size blocks the compiler turns
-// into vector moves (memcpy of a runtime size, which a plain loop also
-// becomes, is a library call per row). Always inlined: called from many
-// places, the compiler outlined it, a call per row (a tenth of a lookup).
-__attribute__((always_inline)) inline void CopyRow(float* __restrict dst,
-                                                   const float* __restrict src, int d) {
-  int k = 0;
-  for (; k + 8 <= d; k += 8) std::memcpy(dst + k, src + k, 8 * sizeof(float));
-  if (k + 4 <= d) {
-    std::memcpy(dst + k, src + k, 4 * sizeof(float));
-    k += 4;
-  }
-  for (; k < d; ++k) std::memcpy(dst + k, src + k, sizeof(float));
-}
 
 // Where a lookup's rows go. Straight out: each distinct id's row to its
 // first position in the caller's batch, its repeats copied from there (the
@@ -161,7 +146,7 @@ class ShardedTable final : public TableImpl {
   static constexpr uint32_t kNoRow = Shard::kNoRow;
 
   explicit ShardedTable(const TableConfig& config)
-      : config_(config), layout_(RecordLayout::For(config.dim, config.num_slots)) {
+      : config_(config), layout_(RecordLayout::For(config.dim, config.num_slots, config.values_type, config.slots_type)) {
     shard_bits_ = 0;
     while ((1 << shard_bits_) < config_.num_shards) ++shard_bits_;
     for (int i = 0; i < config_.num_shards; ++i)
@@ -212,7 +197,7 @@ class ShardedTable final : public TableImpl {
     return "";
   }
   int64_t CountRows(int64_t min_version, int shard) const override;
-  std::string Import(const int64_t* keys, const float* values, const float* slots,
+  std::string Import(const int64_t* keys, const void* values, const void* slots,
                      const int64_t* counts, const int64_t* last_seen, const int64_t* versions,
                      int64_t n, bool replace, const Runner& run) override;
   void ExportPending(int64_t min_version, const PendingAlloc& alloc, int shard) const override;
@@ -306,6 +291,53 @@ class ShardedTable final : public TableImpl {
   // its call, so keys an earlier call inserted are found; Shard::FindEach).
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
+  // Rows in records of the layout's forms (row_codec.h); scratch: floats
+  // a call may use, kept by the caller between rows.
+  // A row's values, decoded (d floats).
+  void ReadValues(const char* rec, float* out) const {
+    DecodeRow(layout_.values_type, layout_.ValueBlock(rec), config_.dim, out);
+  }
+  // A new row: key's initial values, and every slot row at its initial value.
+  void InitRecord(int64_t key, char* rec, std::vector<float>* scratch) const {
+    if (layout_.values_type == StorageType::kFloat32) {
+      InitialRow(config_, key, Values(rec));
+    } else {
+      scratch->resize(config_.dim);
+      InitialRow(config_, key, scratch->data());
+      EncodeRow(layout_.values_type, scratch->data(), config_.dim, layout_.ValueBlock(rec));
+    }
+    InitSlots(rec, scratch);
+  }
+  void InitSlots(char* rec, std::vector<float>* scratch) const {
+    const int d = config_.dim;
+    scratch->resize(d);
+    char* slot = layout_.SlotBlocks(rec);
+    for (int k = 0; k < config_.num_slots; ++k, slot += layout_.slot_bytes) {
+      std::fill(scratch->begin(), scratch->end(), config_.slot_init[k]);
+      EncodeRow(layout_.slots_type, scratch->data(), d, slot);
+    }
+  }
+  // One optimizer step on a record: in place in float32, else decoded into
+  // scratch, updated in float32 and encoded back.
+  void UpdateRecord(const Optimizer& opt, char* rec, const float* grad,
+                    std::vector<float>* scratch) const {
+    const int d = config_.dim;
+    if (layout_.float32()) {
+      UpdateRow(opt, Values(rec), Values(rec) + d, grad, d);
+      return;
+    }
+    scratch->resize(static_cast<size_t>(d) * (1 + config_.num_slots));
+    float* row = scratch->data();
+    ReadValues(rec, row);
+    char* slot = layout_.SlotBlocks(rec);
+    for (int k = 0; k < config_.num_slots; ++k, slot += layout_.slot_bytes)
+      DecodeRow(layout_.slots_type, slot, d, row + d * (k + 1));
+    UpdateRow(opt, row, row + d, grad, d);
+    EncodeRow(layout_.values_type, row, d, layout_.ValueBlock(rec));
+    slot = layout_.SlotBlocks(rec);
+    for (int k = 0; k < config_.num_slots; ++k, slot += layout_.slot_bytes)
+      EncodeRow(layout_.slots_type, row + d * (k + 1), d, slot);
+  }
 
   const TableConfig config_;
   const RecordLayout layout_;
@@ -396,7 +428,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
   const BatchPool::Lease lease = batches_.Take();
   Batch& batch = *lease;
   batch.Partition(keys, n, false, true, config_.num_shards, run);
-  const int d = config_.dim, slots = config_.num_slots;
+  const int d = config_.dim;
   // Rows looked up carry the version the next Apply will stamp: an
   // incremental export of "everything after version v" includes rows
   // inserted (or counted, or stamped) after v, and a full table spares them.
@@ -416,6 +448,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
   run(config_.num_shards, (n / config_.num_shards + 1) * 150, [&](int64_t s0, int64_t s1) {
     Tally tally;
     std::vector<int64_t> unreadable;
+    std::vector<float> scratch;
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
@@ -451,10 +484,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
         char* rec = shard.rows.Record(row);
         RecordHeader* h = Header(rec);
         if (added) {
-          InitialRow(config_, key, Values(rec));
-          float* slot_row = Values(rec) + d;
-          for (int k = 0; k < slots; ++k, slot_row += d)
-            std::fill(slot_row, slot_row + d, config_.slot_init[k]);
+          InitRecord(key, rec, &scratch);
           h->count = 0;
           h->last_seen = now;
         }
@@ -470,7 +500,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
           if (handles != nullptr) handles[batch.order[p]] = -1;
           return;
         }
-        CopyRow(out, Values(rec), d);
+        ReadValues(rec, out);
         mode.Handle(p, ShardHandle(s, shard.rows.HandleBits(row)));
       });
       if (!mode.gather) {
@@ -488,7 +518,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
           } else if (batch.refused[f] == 0) {
             CopyRow(out, values + batch.order[f] * d, d);
           } else if (shard.rows.Resolve(HandleBitsOf(handle), &ref)) {
-            CopyRow(out, Values(shard.rows.Record(ref)), d);
+            ReadValues(shard.rows.Record(ref), out);
           } else {  // (a layout keeps a lookup's handles resolvable: not seen)
             MissingRow(config_, batch.id[q], out);
             handle = -1;
@@ -542,7 +572,7 @@ std::string ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* valu
       ForEachResolved(shard, batch, s, [&](int64_t p, uint32_t row) {
         float* out = mode.Out(p);
         if (row != kNoRow) {
-          CopyRow(out, Values(shard.rows.Record(row)), d);
+          ReadValues(shard.rows.Record(row), out);
         } else {
           misses.push_back(p);  // on disk, or missing
         }
@@ -562,7 +592,6 @@ std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
                                          const std::vector<int64_t>& misses,
                                          const OutputMode& mode) const {
   // A read-only lookup reads cold rows where they are (nothing moves).
-  const int d = config_.dim;
   if (shard.disk.rows() == 0) {  // (every table without a disk)
     for (int64_t p : misses) MissingRow(config_, batch.id[p], mode.Out(p));
     return "";
@@ -576,7 +605,7 @@ std::string ShardedTable<Rows>::ReadCold(const Shard& shard, const Batch& batch,
     float* out = mode.Out(misses[i]);
     const char* rec = buf.get() + i * stride;
     if (Header(rec)->key == keys[i]) {
-      CopyRow(out, Values(rec), d);
+      ReadValues(rec, out);
     } else {
       MissingRow(config_, keys[i], out);  // absent (or unreadable: the call fails)
     }
@@ -656,6 +685,7 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
   std::atomic<int64_t> stale{0};
   const int64_t per_shard = n / config_.num_shards + 1;
   run(config_.num_shards, per_shard * (200 + 10 * d), [&](int64_t s0, int64_t s1) {
+    std::vector<float> scratch;
     for (int64_t s = s0; s < s1; ++s) {
       RowGroups& groups = batch.groups[s];
       Shard& shard = *shards_[s];
@@ -690,7 +720,7 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
       for (size_t k = 0; k < rows; ++k) {
         if (k + kAhead < rows) __builtin_prefetch(shard.rows.Record(groups.row(k + kAhead)), 1);
         char* rec = shard.rows.Record(groups.row(k));
-        UpdateRow(opt, Values(rec), Values(rec) + d, groups.grad(k), d);
+        UpdateRecord(opt, rec, groups.grad(k), &scratch);
         shard.changes.NoteChanged(groups.row(k), Header(rec)->version, false);
         Header(rec)->version = version;
       }
@@ -842,7 +872,8 @@ std::string ShardedTable<Rows>::ExportRows(
   // Rows go out in chunks of chunk_rows: the caller's buffers hold a chunk,
   // not the shard (whose cold rows are not in memory at all).
   chunk_rows = std::max<int64_t>(1, chunk_rows);
-  const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  const size_t values_bytes = layout_.values_bytes,
+               slots_bytes = layout_.slot_bytes * config_.num_slots;
   ExportBuffers out;
   int64_t done = 0, n = 0, i = 0;  // rows emitted, this chunk's size, rows in it
   auto begin_chunk = [&] {
@@ -855,9 +886,13 @@ std::string ShardedTable<Rows>::ExportRows(
   auto write = [&](const char* rec) -> std::string {
     const RecordHeader* h = Header(rec);
     if (out.keys) out.keys[i] = h->key;
-    if (out.values) std::memcpy(out.values + i * d, Values(rec), sizeof(float) * d);
+    // The rows as stored (a checkpoint keeps a table's forms).
+    if (out.values)
+      std::memcpy(static_cast<char*>(out.values) + i * values_bytes, layout_.ValueBlock(rec),
+                  values_bytes);
     if (out.slots)
-      std::memcpy(out.slots + i * slot_floats, Values(rec) + d, sizeof(float) * slot_floats);
+      std::memcpy(static_cast<char*>(out.slots) + i * slots_bytes, layout_.SlotBlocks(rec),
+                  slots_bytes);
     if (out.counts) out.counts[i] = h->count;
     if (out.last_seen) out.last_seen[i] = h->last_seen;
     if (out.versions) out.versions[i] = h->version;
@@ -888,15 +923,16 @@ std::string ShardedTable<Rows>::ExportRows(
 }
 
 template <class Rows>
-std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
-                                        const float* slots, const int64_t* counts,
+std::string ShardedTable<Rows>::Import(const int64_t* keys, const void* values,
+                                        const void* slots, const int64_t* counts,
                                         const int64_t* last_seen, const int64_t* versions,
                                         int64_t n, bool replace, const Runner& run) {
   for (int64_t i = 0; counts != nullptr && i < n; ++i)
     if (counts[i] < 0) return "negative access count " + std::to_string(counts[i]) +
                               " for key " + std::to_string(keys[i]);
   if (replace) Clear();
-  const int d = config_.dim, slot_floats = config_.num_slots * config_.dim;
+  const size_t values_bytes = layout_.values_bytes,
+               slots_bytes = layout_.slot_bytes * config_.num_slots;
   std::mutex mu;  // guards the two maxima below
   int64_t max_version = 0, max_seen = 0;
   const BatchPool::Lease lease = batches_.Take();
@@ -906,6 +942,7 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
   FirstError error;
   run(config_.num_shards, (n / config_.num_shards + 1) * 200, [&](int64_t s0, int64_t s1) {
     int64_t top_version = 0, top_seen = 0;
+    std::vector<float> scratch;
     for (int64_t s = s0; s < s1; ++s) {
       Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
@@ -930,13 +967,13 @@ std::string ShardedTable<Rows>::Import(const int64_t* keys, const float* values,
           if (!shard.admission.exact.empty()) shard.admission.exact.Erase(keys[i]);
           RecordHeader* h = Header(rec);
           shard.changes.NoteChanged(row, h->version, added);
-          std::memcpy(Values(rec), values + i * d, sizeof(float) * d);
-          float* slot = Values(rec) + d;
+          std::memcpy(layout_.ValueBlock(rec), static_cast<const char*>(values) + i * values_bytes,
+                      values_bytes);
           if (slots != nullptr) {
-            std::memcpy(slot, slots + i * slot_floats, sizeof(float) * slot_floats);
+            std::memcpy(layout_.SlotBlocks(rec),
+                        static_cast<const char*>(slots) + i * slots_bytes, slots_bytes);
           } else {
-            for (int k = 0; k < config_.num_slots; ++k, slot += d)
-              std::fill(slot, slot + d, config_.slot_init[k]);
+            InitSlots(rec, &scratch);
           }
           h->count = counts ? AddCount(0, counts[i]) : 0;
           h->last_seen = last_seen ? last_seen[i] : 0;

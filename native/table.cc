@@ -238,7 +238,7 @@ int64_t EmbeddingTable::CountRows(int64_t min_version, int shard) const {
   return impl_->CountRows(min_version, shard);
 }
 
-std::string EmbeddingTable::Import(const int64_t* keys, const float* values, const float* slots,
+std::string EmbeddingTable::Import(const int64_t* keys, const void* values, const void* slots,
                                    const int64_t* counts, const int64_t* last_seen,
                                    const int64_t* versions, int64_t n, bool replace,
                                    const Runner& run) {

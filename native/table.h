@@ -78,6 +78,11 @@ struct TableConfig {
   // records (indexes come on top). 0: every row in memory.
   double memory_budget = 0;
   std::string storage_path;  // a local directory; the table's files go in a fresh subdirectory
+  // How records store the values and the slot rows (row_codec.h): float32,
+  // or float16, bfloat16 or row-wise int8 (fewer bytes a row; lookups
+  // decode, updates run in float32 and round the result to the form).
+  StorageType values_type = StorageType::kFloat32;
+  StorageType slots_type = StorageType::kFloat32;
 };
 
 // Returns "" when the config is usable, else what is wrong with it.
@@ -130,11 +135,13 @@ struct PendingBuffers {
 using PendingAlloc = std::function<PendingBuffers(int64_t n, int64_t sketch)>;
 
 // Where Export writes; filled by the caller's allocator once the row count is
-// known. slots holds num_slots*dim floats per row.
+// known. Rows go out as the table stores them (row_codec.h): values holds a
+// RowBytes(values_type, dim) block per row, slots num_slots blocks of
+// RowBytes(slots_type, dim) (float32: dim and num_slots*dim floats).
 struct ExportBuffers {
   int64_t* keys = nullptr;
-  float* values = nullptr;
-  float* slots = nullptr;
+  void* values = nullptr;
+  void* slots = nullptr;
   int64_t* counts = nullptr;
   int64_t* last_seen = nullptr;
   int64_t* versions = nullptr;
@@ -229,10 +236,11 @@ class EmbeddingTable {
                        const std::function<std::string(int64_t n)>& emit) const;
   // How many rows Export would write now.
   int64_t CountRows(int64_t min_version, int shard = -1) const;
-  // Inserts or overwrites rows; slots/counts/last_seen/versions may be null
-  // (slots then start from slot_init, metadata from zero). With replace, the
-  // table is cleared first. Returns "" or the error.
-  std::string Import(const int64_t* keys, const float* values, const float* slots,
+  // Inserts or overwrites rows, given as the table stores them (as Export
+  // writes them); slots/counts/last_seen/versions may be null (slots then
+  // start from slot_init, metadata from zero). With replace, the table is
+  // cleared first. Returns "" or the error.
+  std::string Import(const int64_t* keys, const void* values, const void* slots,
                      const int64_t* counts, const int64_t* last_seen,
                      const int64_t* versions, int64_t n, bool replace,
                      const Runner& run = SerialRunner);

@@ -67,6 +67,37 @@ inline ::tensorflow::Status CheckSketchShards(const EmbeddingTable& t,
                            std::to_string(saved) + " to restore its admission counts)");
 }
 
+// How tensors hold rows stored as `type` (row_codec.h), in checkpoints: a
+// tensor of StoredDataType(type) whose last dimension is StoredWidth(type,
+// dim): dim values of float32, half or bfloat16; an int8 row as dim + 8
+// uint8 bytes, its scale and bias (float32, little-endian) then its codes.
+inline ::tensorflow::DataType StoredDataType(StorageType type) {
+  switch (type) {
+    case StorageType::kFloat32: return ::tensorflow::DT_FLOAT;
+    case StorageType::kFloat16: return ::tensorflow::DT_HALF;
+    case StorageType::kBFloat16: return ::tensorflow::DT_BFLOAT16;
+    case StorageType::kInt8: return ::tensorflow::DT_UINT8;
+  }
+  return ::tensorflow::DT_INVALID;
+}
+inline int64_t StoredWidth(StorageType type, int64_t dim) {
+  return type == StorageType::kInt8 ? static_cast<int64_t>(kInt8Params) + dim : dim;
+}
+// The form rows in a tensor of `dtype` are in (false: none).
+inline bool StorageTypeOf(::tensorflow::DataType dtype, StorageType* out) {
+  for (StorageType t : {StorageType::kFloat32, StorageType::kFloat16, StorageType::kBFloat16,
+                        StorageType::kInt8}) {
+    if (StoredDataType(t) == dtype) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+inline char* TensorBytes(const ::tensorflow::Tensor& t) {
+  return const_cast<char*>(t.tensor_data().data());
+}
+
 // An error of the table's disk tier ("" is OK): the files, not the input
 // (the tier's messages name the file).
 inline ::tensorflow::Status StorageError(const EmbeddingTable& t, const std::string& what) {

@@ -24,6 +24,7 @@ from tensorflow.python.framework import tensor_util
 
 from graphmod import optimizers
 from graphmod._ops import ops
+from graphmod.embeddings import stored_rows
 from graphmod.embeddings.lookup import find_or_insert
 from graphmod.embeddings.table import create_table
 from graphmod.rewrite.plan import SEGMENT_READS, Conversion, Gather
@@ -42,12 +43,23 @@ class Lookups:
     reads: List[Tuple[tf.Tensor, tf.Tensor]]  # (int64 keys, rows read) of each lookup
 
     def table_entry(self) -> dict:
+        values, slots = stored_rows.forms(self.table.storage_dtype,
+                                          self.table.slot_storage_dtype)
         return dict(table=self.table.name, slots=self.table.num_slots,
-                    initializer=dataclasses.asdict(self.table.initializer))
+                    initializer=dataclasses.asdict(self.table.initializer),
+                    storage_dtype=values, slot_storage_dtype=slots)
 
 
 def check(conversion: Conversion, context: Context) -> None:
-    del context
+    s = conversion.settings
+    stored = stored_rows.approximation(*stored_rows.forms(s.storage_dtype,
+                                                          s.slot_storage_dtype))
+    if stored and context.exact and conversion.training:
+        raise Refused(f"its settings ask for rows stored as {s.storage_dtype} (slots "
+                      f"{s.slot_storage_dtype or s.storage_dtype}), which rounds every update "
+                      "(exact=True keeps it dense)")
+    if stored:
+        context.approximate(conversion, stored)
     for g in conversion.gathers:
         if not g.ids.dtype.is_integer:
             raise Refused(f"{g.op.name} has {g.ids.dtype.name} ids")

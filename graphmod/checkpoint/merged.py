@@ -24,6 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graphmod.embeddings import stored_rows
+
 tf1 = tf.compat.v1
 
 # Bytes of rows a stand-in table keeps in memory; beyond it rows wait on disk.
@@ -99,7 +101,8 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
     tables: dict = {}
     for prefix in readers:
         try:
-            shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+            reader = tf.train.load_checkpoint(prefix)
+            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
         except (tf.errors.OpError, ValueError) as e:
             raise StateError(f"{prefix}: unreadable checkpoint ({str(e).splitlines()[0]})") \
                 from None
@@ -111,7 +114,15 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
             totals = tables.setdefault(table, {})
             old = totals.get(entry)
             totals[entry] = list(shape) if old is None else [old[0] + shape[0]] + list(shape[1:])
+            if entry in ("values", "slots"):  # the rows' stored form (stored_rows)
+                totals[f"{entry}_form"] = stored_rows.form_of(dtypes[name])
     return {t: e for t, e in tables.items() if "keys" in e and "values" in e}
+
+
+def table_dim(entry: dict) -> int:
+    """The dim of a table_entries entry (its values' width, in their form)."""
+    width = entry["values"][1]
+    return width - stored_rows.INT8_PARAMS if entry["values_form"] == "int8" else width
 
 
 def dense_entries(checkpoint: str, tables) -> Dict[str, tuple]:
@@ -146,12 +157,17 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
         slots = e["slots"][1] if "slots" in e else 0
         # Only the number of slot rows matters to saving and restoring.
         opt = optimizers.with_slots("", [0.0] * slots) if slots else None
+        # Rows kept in the form the checkpoint holds them in (a save writes
+        # them back bit for bit).
+        forms = dict(storage_dtype=e["values_form"],
+                     slot_storage_dtype=e.get("slots_form", e["values_form"]))
+        dim = table_dim(e)
         # At most: a record is a 24-byte header, values and slots, 8-aligned.
-        row_bytes = e["values"][1] * 4 * (1 + slots) + 32
+        row_bytes = dim * 4 * (1 + slots) + 32
         rows = e["keys"][0] + delta_rows.get(name, 0)
         large = storage and rows * row_bytes > STAND_IN_BUDGET
         tier = dict(memory_budget=STAND_IN_BUDGET, storage_path=storage) if large else {}
-        tables.append(create_table(name, e["values"][1], optimizer=opt, **tier))
+        tables.append(create_table(name, dim, optimizer=opt, **forms, **tier))
     variables = [tf1.Variable(tf.zeros(shape, dtype), name=name, trainable=False)
                  for name, (shape, dtype) in sorted(dense_entries(checkpoint, entries).items())]
     return tables, variables

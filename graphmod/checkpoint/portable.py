@@ -36,6 +36,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.training.saving import saveable_object
 
+from graphmod.embeddings import stored_rows
 from graphmod.embeddings.initializers import KINDS, initial_rows
 from graphmod.rewrite import validate
 from graphmod.rewrite.index import GraphIndex, strip_identity
@@ -207,7 +208,12 @@ def _table_spec(table, stored, state: str, reader, keep: "_Keep") -> Dict:
     if f"{name}-keys" not in stored or f"{name}-values" not in stored:
         raise NotPortable(f"{state}: its variables lack {name}-keys/{name}-values "
                           "(not written by graphmod.export_saved_model?)")
-    spec = dict(table=name, dim=int(stored[f"{name}-values"][1]),
+    # Rows as the table stored them (stored_rows): served in that form and
+    # decoded per request, so the export is as small as the table.
+    dtype = reader.get_variable_to_dtype_map()[f"{name}-values"]
+    width = int(stored[f"{name}-values"][1])
+    spec = dict(table=name, dim=stored_rows.dim_of(dtype, width), width=width,
+                form=stored_rows.form_of(dtype),
                 rows=int(stored[f"{name}-keys"][0]),
                 initializer=table.get_attr("initializer").decode(),
                 **{k: table.get_attr(k) for k in ("init_a", "init_b", "seed",
@@ -224,7 +230,8 @@ def _table_spec(table, stored, state: str, reader, keep: "_Keep") -> Dict:
     if missing:
         raise NotPortable(f"{state}: holds no {', '.join(missing)} to select rows by")
     spec["rows_kept"] = keep.count(reader, name, spec["rows"])
-    spec["bytes_saved"] = (spec["rows"] - spec["rows_kept"]) * (8 + 4 * spec["dim"])
+    spec["bytes_saved"] = (spec["rows"] - spec["rows_kept"]) * (
+        8 + stored_rows.row_bytes(spec["form"], spec["dim"]))
     return spec
 
 
@@ -274,8 +281,9 @@ class _StockTable:
         with tf1.name_scope(f"portable/{name}/"):
             self.table = tf.raw_ops.HashTableV2(key_dtype=tf.int64, value_dtype=tf.int64,
                                                 shared_name=f"portable/{name}/{suffix}")
-            self.rows = tf1.Variable(lambda: tf.zeros([0, spec["dim"]]), name="rows",
-                                     shape=tf.TensorShape([None, spec["dim"]]),
+            dtype = stored_rows.dtype_of(spec["form"])
+            self.rows = tf1.Variable(lambda: tf.zeros([0, spec["width"]], dtype),
+                                     name="rows", shape=tf.TensorShape([None, spec["width"]]),
                                      use_resource=True, collections=[])
             # In a variable, not constants: Grappler folds a*1 and reorders
             # constant additions, which moved 1 in 3 initial values by 1 ulp.
@@ -310,7 +318,9 @@ class _StockTable:
         # reshape back), and the rest runs only for batches with unseen keys.
         index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=keys,
                                              default_value=tf.constant(-1, tf.int64))
-        rows = tf.gather(self.rows, tf.maximum(index, 0))  # keys.shape + [dim]
+        rows = tf.gather(self.rows, tf.maximum(index, 0))  # keys.shape + [width]
+        if self.spec["form"] != "float32":
+            rows = stored_rows.decode_tf(rows)  # a cast, or int8's scale and bias
 
         def with_unseen():
             missing = tf.where(index < 0)  # [m, rank of keys]

@@ -41,6 +41,7 @@ from absl import logging
 from graphmod._ops import ops
 from graphmod.checkpoint import deltas
 from graphmod.embeddings.partition import owner_of
+from graphmod.embeddings import stored_rows
 
 tf1 = tf.compat.v1
 
@@ -196,8 +197,11 @@ class WarmStarter:
         table = parts[0][0]
         is_table = source.holds_table(name)
         chain = source.row_shapes(name, is_table)  # the checkpoint, then its deltas
+        # A table's rows as it stored them (stored_rows), a variable's as it is.
+        dtype = source.dtypes[f"{name}-values" if is_table else name]
         for prefix, shape in chain:
-            if len(shape) != 2 or shape[1] != table.dim:
+            width = stored_rows.dim_of(dtype, shape[1]) if is_table and len(shape) == 2 else None
+            if len(shape) != 2 or (width if is_table else shape[1]) != table.dim:
                 raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {prefix} has rows of "
                                  f"shape {list(shape[1:])}, table '{table.name}' has dim "
                                  f"{table.dim}")
@@ -210,18 +214,17 @@ class WarmStarter:
             seen = tf.cast(tf.timestamp(), tf.int64)
         if not is_table:  # a dense variable: row i is key i
             prefix, shape = chain[0]
-            done = self._import_slices(parts, prefix, shape, name, None, seen,
-                                       source.dtypes[name])
+            done = self._import_slices(parts, prefix, shape, name, None, seen, dtype)
         else:
             done = self._import_slices(parts, source.path, chain[0][1], f"{name}-values", name,
-                                       seen)
+                                       seen, dtype)
             for prefix, shape in chain[1:]:  # the deltas: removals, then changed rows
                 with tf.control_dependencies([done]):
                     removed = _restore(prefix, f"{name}-removed_keys", tf.int64)
                     gone = tf.group([part.remove(removed) for part, _ in parts])
                 with tf.control_dependencies([gone]):
                     done = self._import_slices(parts, prefix, shape, f"{name}-values", name,
-                                               seen)
+                                               seen, dtype)
         with tf.control_dependencies([done]):
             return _logged(tf.add_n([part.size() for part, _ in parts]),
                            f"table '{table.name}' from '{name}' in {source.path}")
@@ -246,7 +249,10 @@ class WarmStarter:
 
         def body(i):
             rows = (shape[0], starts[i], lengths[i])
-            values = tf.cast(_restore(prefix, entry, dtype, rows, shape[1:]), tf.float32)
+            values = _restore(prefix, entry, dtype, rows, shape[1:])
+            # A table's rows decode from its form; a variable's cast.
+            values = (stored_rows.decode_tf(values) if name is not None
+                      else tf.cast(values, tf.float32))
             values.set_shape([None, table.dim])
             if name is None:
                 keys = tf.range(rows[1], rows[1] + rows[2])

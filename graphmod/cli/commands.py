@@ -16,6 +16,7 @@ from tensorflow.python.framework import meta_graph as meta_graph_lib
 from graphmod.checkpoint import deltas, merged
 from graphmod.cli import graph_diff, render
 from graphmod.cli.graphs import InputError, dumps, load_file, load_json, read_plan
+from graphmod.embeddings import stored_rows
 from graphmod.settings import MIN_ROWS
 
 tf1 = tf.compat.v1
@@ -190,15 +191,17 @@ def inspect(model_dir: str, fv) -> int:
     by_table = {p.table: p for p in plan.values()}
     tables = []
     for name, e in sorted(_table_entries(latest).items()):
-        rows, dim = e["values"][0], e["values"][1]
+        rows, dim = e["values"][0], merged.table_dim(e)
         slots = e["slots"][1] if "slots" in e else 0
+        forms = (e["values_form"], e.get("slots_form", e["values_form"]))
         planned = by_table.get(name)
         settings = dataclasses.asdict(planned.settings) if planned is not None else None
         if settings is not None:
             settings.pop("initializer", None)
         tables.append(dict(table=name, variable=planned.variable if planned else None,
-                           dim=dim, rows=rows, slots=slots,
-                           bytes=rows * (8 + 4 * dim * (1 + slots) + 8 * 3),
+                           dim=dim, rows=rows, slots=slots, stored=forms,
+                           bytes=rows * (8 + stored_rows.row_bytes(forms[0], dim)
+                                         + slots * stored_rows.row_bytes(forms[1], dim) + 8 * 3),
                            pending_ids=e.get("pending_keys", [0])[0], settings=settings,
                            placement=dict(placement=planned.placement, why=planned.placement_why,
                                           estimates=planned.placement_estimates)

@@ -447,6 +447,20 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         needs back first, in one batched read, so the table trains exactly
         as it would all in memory. The files are scratch: checkpoints hold
         the rows, and the files go when the table does.
+      storage_dtype: how rows are stored: "float32" (default), "float16",
+        "bfloat16" or "int8" (row-wise: a float32 scale and bias per row and
+        one byte a value). Lookups return float32 and updates compute in
+        float32, then round the row to its form (to nearest, ties to even;
+        int8: to the nearest of 256 levels between the row's minimum and
+        maximum, so every update re-rounds the row). An approximation: the
+        rewrite's report says so. float16 saturates at +-65504 and flushes
+        magnitudes below 6e-8 to zero (mind an Adam second moment);
+        bfloat16 keeps float32's range with 8 bits of precision.
+        Checkpoints keep rows in their stored form (a float16 table saves
+        halves; an int8 row as uint8 [scale, bias, codes]); a checkpoint of
+        another form converts on restore.
+      slot_storage_dtype: the same for the optimizer slot rows; None (default)
+        stores them as storage_dtype.
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
