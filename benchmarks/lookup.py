@@ -15,12 +15,15 @@ medians over the rounds with their spread (min-max), ratios are taken within
 each round (see benchmarks/rounds.py).
 graphmod runs in both shard layouts (graphmod_buckets: records inline in hash
 buckets, one memory miss a key; graphmod_arena: a key index over packed
-records, two dependent misses), with their bytes per key.
+records, two dependent misses), with their bytes per key; with --forms,
+also with rows stored smaller (graphmod_arena_float16: storage_dtype
+"float16", and so on).
 Peers: static tf.gather on a fixed tf.Variable (the ceiling: no hashing), TF's
 DenseHashTable, and TFRA 0.7.2's cuckoo table.
 
 Usage: python benchmarks/lookup.py [--regime small|large] [--dim 16] [--rounds 3]
-                                   [--skip tfra_cuckoo] [--json out.json]
+                                   [--skip tfra_cuckoo] [--forms float16,int8]
+                                   [--json out.json]
 """
 import argparse
 import os
@@ -72,7 +75,9 @@ def build(impl, regime, dim):
             train = read = tf.reduce_sum(tf.gather(v, ph % rows))
         elif impl.startswith("graphmod_"):
             import graphmod
-            table = graphmod.create_table("bench", dim, layout=impl[len("graphmod_"):])
+            layout, _, form = impl[len("graphmod_"):].partition("_")
+            table = graphmod.create_table("bench", dim, layout=layout,
+                                          storage_dtype=form or "float32")
             train = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=True))
             read = tf.reduce_sum(graphmod.sparse_lookup(table, ph, is_training=False))
             i = table.info()
@@ -120,12 +125,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--skip", default="", help="comma-separated impls to leave out")
+    ap.add_argument("--forms", default="", help="comma-separated storage dtypes to run graphmod "
+                    "with too, in both layouts (float16, bfloat16, int8)")
     args = ap.parse_args()
     tf1.disable_eager_execution()
     tf1.logging.set_verbosity(tf1.logging.ERROR)
     fill, batches = make_batches(args.regime, np.random.default_rng(0))
     skip = set(filter(None, args.skip.split(",")))
-    impls = [i for i in ("static_gather", "graphmod_buckets", "graphmod_arena",
+    forms = [f"graphmod_{layout}_{form}" for form in filter(None, args.forms.split(","))
+             for layout in ("buckets", "arena")]
+    impls = [i for i in ("static_gather", "graphmod_buckets", "graphmod_arena", *forms,
                          "tf_dense_hash_table", "tfra_cuckoo")
              if i not in skip]
     runs = {i: [] for i in impls}

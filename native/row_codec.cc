@@ -113,55 +113,54 @@ using row_codec_detail::HalfToFloat;
 #if defined(__x86_64__)
 // Eight values at a time with F16C (the CPUs of the last decade have it);
 // the tail through the portable conversion, which gives the same bits.
-__attribute__((target("avx,f16c"))) void DecodeHalfF16C(const uint16_t* in, int d, float* out) {
+// Blocks may sit at any byte (a slot row after an int8 row): unaligned
+// loads and stores, and memcpy for single values.
+__attribute__((target("avx,f16c"))) void DecodeHalfF16C(const char* in, int d, float* out) {
   int k = 0;
   for (; k + 8 <= d; k += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * k));
     _mm256_storeu_ps(out + k, _mm256_cvtph_ps(h));
   }
-  for (; k < d; ++k) out[k] = HalfToFloat(in[k]);
+  for (; k < d; ++k) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * k, 2);
+    out[k] = HalfToFloat(h);
+  }
 }
-__attribute__((target("avx,f16c"))) void EncodeHalfF16C(const float* in, int d, uint16_t* out) {
+__attribute__((target("avx,f16c"))) void EncodeHalfF16C(const float* in, int d, char* out) {
   const __m256 lo = _mm256_set1_ps(-65504.f), hi = _mm256_set1_ps(65504.f);
   int k = 0;
   for (; k + 8 <= d; k += 8) {
     // max/min return their second operand when either is NaN: NaN passes.
     const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(in + k)));
     const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), h);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * k), h);
   }
-  for (; k < d; ++k) out[k] = FloatToHalf(in[k]);
+  for (; k < d; ++k) {
+    const uint16_t h = FloatToHalf(in[k]);
+    std::memcpy(out + 2 * k, &h, 2);
+  }
 }
 #endif
 
 void DecodeHalf(const char* block, int d, float* out) {
-  uint16_t h[64];
-  for (int k0 = 0; k0 < d; k0 += 64) {
-    const int m = std::min(64, d - k0);
-    std::memcpy(h, block + 2 * k0, 2 * m);
 #if defined(__x86_64__)
-    if (row_codec_detail::UsesF16C()) {
-      DecodeHalfF16C(h, m, out + k0);
-      continue;
-    }
+  if (row_codec_detail::UsesF16C()) return DecodeHalfF16C(block, d, out);
 #endif
-    for (int k = 0; k < m; ++k) out[k0 + k] = HalfToFloat(h[k]);
+  for (int k = 0; k < d; ++k) {
+    uint16_t h;
+    std::memcpy(&h, block + 2 * k, 2);
+    out[k] = HalfToFloat(h);
   }
 }
 
 void EncodeHalf(const float* row, int d, char* block) {
-  uint16_t h[64];
-  for (int k0 = 0; k0 < d; k0 += 64) {
-    const int m = std::min(64, d - k0);
 #if defined(__x86_64__)
-    if (row_codec_detail::UsesF16C()) {
-      EncodeHalfF16C(row + k0, m, h);
-      std::memcpy(block + 2 * k0, h, 2 * m);
-      continue;
-    }
+  if (row_codec_detail::UsesF16C()) return EncodeHalfF16C(row, d, block);
 #endif
-    for (int k = 0; k < m; ++k) h[k] = FloatToHalf(row[k0 + k]);
-    std::memcpy(block + 2 * k0, h, 2 * m);
+  for (int k = 0; k < d; ++k) {
+    const uint16_t h = FloatToHalf(row[k]);
+    std::memcpy(block + 2 * k, &h, 2);
   }
 }
 

@@ -188,6 +188,25 @@ void TestRows() {
   CHECK(out == flat);
 }
 
+// A block may start at any byte (a slot row after an int8 row of odd dim):
+// the same bits at an odd address as at an aligned one.
+void TestUnalignedBlocks() {
+  const int d = 19;
+  std::vector<float> row(d), back(d), aligned_back(d);
+  for (int k = 0; k < d; ++k) row[k] = 0.37f * static_cast<float>(k) - 3.1f;
+  for (StorageType t : {StorageType::kFloat32, StorageType::kFloat16, StorageType::kBFloat16,
+                        StorageType::kInt8}) {
+    const size_t bytes = graphmod::RowBytes(t, d);
+    std::vector<char> aligned(bytes), odd(bytes + 1);
+    graphmod::EncodeRow(t, row.data(), d, aligned.data());
+    graphmod::EncodeRow(t, row.data(), d, odd.data() + 1);
+    CHECK(std::memcmp(aligned.data(), odd.data() + 1, bytes) == 0);
+    graphmod::DecodeRow(t, odd.data() + 1, d, back.data());
+    graphmod::DecodeRow(t, aligned.data(), d, aligned_back.data());
+    CHECK(back == aligned_back);
+  }
+}
+
 void TestConvertRows() {
   const int d = 6, n = 3;
   std::vector<float> rows(n * d);
@@ -213,6 +232,7 @@ int main() {
   TestHalf();
   TestBFloat16();
   TestRows();
+  TestUnalignedBlocks();
   TestConvertRows();
   return graphmod_test::TestExit("row_codec_test");
 }
