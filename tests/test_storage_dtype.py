@@ -12,7 +12,8 @@
   passes a float16 and an int8 model within their rounding and still
   catches a doubled gradient; exact=True keeps such a variable dense;
 - the portable export serves the stored rows with stock ops only (a cast,
-  or int8's scale and bias), answering what graphmod's predict answers.
+  or int8's scale and bias), answering what graphmod's predict answers;
+  graphmod inspect reads the stored dims and forms.
 """
 import json
 import os
@@ -279,7 +280,7 @@ def test_exact_keeps_a_smaller_form_dense(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["float16", "int8"])
-def test_the_portable_export_serves_the_stored_rows(tmp_path, form):
+def test_the_portable_export_serves_the_stored_rows(tmp_path, capsys, form):
     import test_portable as p  # its model, query and stock-TensorFlow loader
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50, size=(256, 3))
@@ -296,6 +297,11 @@ def test_the_portable_export_serves_the_stored_rows(tmp_path, form):
     expected = np.array([x["p"] for x in est.predict(
         lambda: tf.data.Dataset.from_tensor_slices(p.QUERY).batch(len(p.QUERY_S)),
         hooks=[hook()])])
+    # graphmod inspect reads the tables' dims and forms from the checkpoint.
+    from graphmod_cli import main
+    main(["graphmod", "inspect", "--format=json", est.model_dir])
+    (emb,) = [t for t in json.loads(capsys.readouterr().out)["tables"] if t["table"] == "emb"]
+    assert emb["dim"] == 4 and emb["stored"] == [form, form], emb
     portable = graphmod.export_saved_model(est, p.receiver, str(tmp_path / "serving"),
                                            portable=True).decode()
     entries = dict(tf.train.list_variables(os.path.join(portable, "variables", "variables")))

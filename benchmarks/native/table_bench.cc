@@ -15,6 +15,9 @@
 // sections; the rest of a call is serial. At one thread, that serial share s
 // bounds the speed-up at N threads (Amdahl) by 1 / (s + (1 - s) / N).
 //
+// --layout arena|buckets and --storage float32|float16|bfloat16|int8 pick the
+// table's shard layout and how it stores rows (row_codec.h).
+//
 // Output: a Markdown table on stdout and, with --json, every figure.
 //
 //   build/table_bench --keys 8000000 --dims 16,64 --threads 1,2,4,8,16 \
@@ -117,6 +120,7 @@ struct Options {
   // (fill always: it builds the table)
   std::vector<std::string> ops = {"gather", "train", "read", "scatter", "apply"};
   std::string layout = "arena", json;
+  graphmod::StorageType storage = graphmod::StorageType::kFloat32;  // --storage float16 ...
   int shards = 16;
 };
 
@@ -149,6 +153,7 @@ void Run(const Options& o, std::vector<Figure>* out) {
       c.dim = dim;
       c.num_shards = o.shards;
       c.layout = o.layout;
+      c.values_type = c.slots_type = o.storage;
       c.init = graphmod::Initializer::kUniform;
       c.init_a = -0.05f;
       c.init_b = 0.05f;
@@ -336,6 +341,11 @@ int main(int argc, char** argv) {
       o.ops = Split(value());
     } else if (arg == "--layout") {
       o.layout = value();
+    } else if (arg == "--storage") {
+      if (!graphmod::ParseStorageType(value(), &o.storage)) {
+        std::fprintf(stderr, "--storage: float32, float16, bfloat16 or int8\n");
+        return 2;
+      }
     } else if (arg == "--shards") {
       o.shards = std::atoi(value().c_str());
     } else if (arg == "--timed") {
