@@ -15,11 +15,13 @@ its settings), over the same batches, and compares step by step:
 - each table's initializer against the variable's initial rows (their mean
   and spread, or every value for a constant one), unless warm-started.
 A table that stores its rows smaller (storage_dtype) rounds every row it
-updates, and its initial rows: each of its values may differ by the
-rounding its row went through, twice the form's half step at the value
-then (float16, bfloat16; int8: the row's step) for the initial rows and
-each update, added up; anything beyond fails, looked up or not. Its rounding
-explains the loss and the dense variables differing.
+updates, and its initial rows. The hooked model is then trained twice: with
+those tables stored as float32, compared exactly as above (the rewrite),
+and as asked, where each of their values may differ by the rounding its row
+went through: twice the form's half step at the value then (float16,
+bfloat16; int8: the row's step) for the initial rows and each update, added
+up; anything beyond fails, looked up or not. The loss and the dense
+variables of that second run are not compared (the rounding moves them).
 The same initial state: the unmodified run's first checkpoint (step 0) is
 copied into the hooked run's model_dir, which the hook adopts, so the tables
 start from the variables' very rows.
@@ -37,6 +39,7 @@ be compared: the result says so and does not pass.
 It holds every variable of each step in memory: verify a few steps of a
 model that fits memory a few times over.
 """
+import copy
 import dataclasses
 import glob
 import hashlib
@@ -148,6 +151,10 @@ class VerifyResult:
     notes: List[str] = dataclasses.field(default_factory=list)  # what was not verified
     # Under Horovod: the other ranks whose comparison failed, with their summaries
     other_ranks: List[str] = dataclasses.field(default_factory=list)
+    # Tables storing rows smaller: the run with their storage dtypes, whose
+    # rows are compared within their rounding (the loss and dense variables
+    # are not: the rounding moves them; the run above checks them exactly)
+    rounded: Optional["VerifyResult"] = None
 
     def __post_init__(self):
         for f in self.findings.values():
@@ -166,9 +173,6 @@ class VerifyResult:
     def _explained_before(self, step: int) -> str:
         """The approximation that explains a difference first seen at `step`
         (in the loss, a dense variable or a table), or ""."""
-        rounded = next((f for f in self.findings.values() if f.rounding), None)
-        if rounded is not None and step >= 1:  # its initial rows were rounded
-            return f"{rounded.variable}: {rounded.rounding}"
         d = self.diverged_at
         if d is None or step <= d:
             return ""
@@ -188,7 +192,8 @@ class VerifyResult:
         dense_ok = all(f.first_step is None or self._explained_before(f.first_step)
                        for f in self.dense.values())
         return ((self.loss_first_step is None or bool(self.loss_explained_by)) and dense_ok
-                and all(f.ok for f in self.findings.values()) and not self.other_ranks)
+                and all(f.ok for f in self.findings.values()) and not self.other_ranks
+                and (self.rounded is None or self.rounded.ok))
 
     def __bool__(self) -> bool:
         return self.ok
@@ -211,6 +216,10 @@ class VerifyResult:
             lines.append(f"  {len(self.dense)} dense variable(s): ok")
         for s in self.skipped:
             lines.append(f"  {s['variable']}: stays dense ({s['reason']})")
+        if self.rounded is not None:
+            lines.append("  with the storage dtypes asked for (a second run, rows within their "
+                         "rounding):")
+            lines += ["  " + f.line() for f in self.rounded.findings.values()]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  {line}" for r in self.other_ranks for line in r.splitlines()]
         return "\n".join(lines)
@@ -305,7 +314,6 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
 
         plain = _Recorder(dense_state)
         _estimator(estimator, plain_dir, steps).train(input_fn, steps=steps, hooks=[plain])
-        _copy_first_checkpoint(plain_dir, hooked_dir)
 
         def hooked_state():
             from graphmod.state import tables  # pylint: disable=import-outside-toplevel
@@ -314,17 +322,29 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
             return {"tables": {t.name: t.export() for t in tables(graph)},
                     "dense": {n: held[n] for n in names if n in held}}
 
-        hooked = _Recorder(hooked_state)
-        _estimator(estimator, hooked_dir, steps).train(input_fn, steps=steps,
-                                                       hooks=[hook, hooked])
+        def train_hooked(with_hook, model_dir: str) -> _Recorder:
+            _copy_first_checkpoint(plain_dir, model_dir)
+            recorder = _Recorder(hooked_state)
+            _estimator(estimator, model_dir, steps).train(input_fn, steps=steps,
+                                                          hooks=[with_hook, recorder])
+            return recorder
+
+        # Tables storing rows smaller round every update: the rewrite is
+        # checked exactly with them stored as float32, and their rounding
+        # in a second run, on the rows alone.
+        float32_hook = _float32_twin(hook)
+        hooked = train_hooked(float32_hook or hook, hooked_dir)
+        rounding = (train_hooked(hook, os.path.join(work, "stored_smaller"))
+                    if float32_hook is not None else None)
         try:
-            if plain.batches != hooked.batches:
-                step = next(i for i, (a, b) in enumerate(zip(plain.batches, hooked.batches), 1)
-                            if a != b) if len(plain.batches) == len(hooked.batches) else 1
-                raise ValueError(f"graphmod.verify: input_fn gave different batches to the two "
-                                 f"runs (first at step {step}): seed its shuffles and random "
-                                 "ops")
-            report = hook.report
+            for run in filter(None, (hooked, rounding)):
+                if plain.batches != run.batches:
+                    step = next(i for i, (a, b) in enumerate(zip(plain.batches, run.batches), 1)
+                                if a != b) if len(plain.batches) == len(run.batches) else 1
+                    raise ValueError(f"graphmod.verify: input_fn gave different batches to the "
+                                     f"runs (first at step {step}): seed its shuffles and random "
+                                     "ops")
+            report = (float32_hook or hook).report
             losses = [[a, b] for a, b in zip(plain.losses, hooked.losses)]
             loss_first = next((i for i, (a, b) in enumerate(losses, 1)
                                if not np.isclose(b, a, rtol=rtol, atol=atol)), None)
@@ -341,6 +361,14 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
                      "compare" for k in report.squeezed_keys_kept]
             result = VerifyResult(steps, losses, loss_first, findings, dense,
                                   list(report.skipped), rtol, atol, notes)
+            if rounding is not None:
+                stored = [t for t in hook.report.tables if stored_rows.approximation(
+                    t["storage_dtype"], t["slot_storage_dtype"])]
+                result.rounded = VerifyResult(
+                    steps, [[a, b] for a, b in zip(plain.losses, rounding.losses)], None,
+                    {t["variable"]: _compare_table(t, hook.report, plain.after, rounding.after,
+                                                   rtol, atol, _owned(t, ranks))
+                     for t in stored}, {}, [], rtol, atol)
         except Exception as e:  # pylint: disable=broad-except
             if ranks <= 1:
                 raise
@@ -366,6 +394,21 @@ def verify(estimator: tf.estimator.Estimator, input_fn, steps: int = 20, hook=No
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _float32_twin(hook):
+    """The hook with every table it stores smaller (storage_dtype) stored as
+    float32, or None when it stores none smaller."""
+    tables = hook.settings.tables
+    if not any(stored_rows.approximation(*stored_rows.forms(t.storage_dtype,
+                                                            t.slot_storage_dtype))
+               for t in tables.values()):
+        return None
+    twin = copy.copy(hook)  # (the hook serves one graph at a time; its runs are in turn)
+    twin.settings = dataclasses.replace(hook.settings, tables={
+        pattern: dataclasses.replace(t, storage_dtype="float32", slot_storage_dtype=None)
+        for pattern, t in tables.items()})
+    return twin
 
 
 def _estimator(estimator, model_dir: str, steps: int) -> tf.estimator.Estimator:

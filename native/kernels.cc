@@ -15,6 +15,7 @@
 
 namespace graphmod {
 
+using ::tensorflow::DataType;
 using ::tensorflow::DEVICE_CPU;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
@@ -207,35 +208,60 @@ class ApplyOp : public TableKernel {
   bool by_address_;
 };
 
+// The form rows in a tensor of `dtype` are in, moving to or from table t
+// whose `what` are stored as `stored`: float32 (decoded, or to be encoded),
+// or the table's own form (as stored, bit for bit); else an error.
+Status RowsForm(const EmbeddingTable& t, const std::string& what, DataType dtype,
+                StorageType stored, StorageType* form) {
+  if (dtype == ::tensorflow::DT_FLOAT) {
+    *form = StorageType::kFloat32;
+    return ::tensorflow::OkStatus();
+  }
+  if (dtype == StoredDataType(stored)) {
+    *form = stored;
+    return ::tensorflow::OkStatus();
+  }
+  return TableError(t, what + " as " + ::tensorflow::DataTypeString(dtype) +
+                           ": the table stores them as " + StorageTypeName(stored) +
+                           " (rows move as float32 or as stored)");
+}
+
 class ExportOp : public TableKernel {
  public:
-  using TableKernel::TableKernel;
+  explicit ExportOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tvalues", &tvalues_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tslots", &tslots_));
+  }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* t) override {
     const int64_t dim = t->config().dim, slots = t->config().num_slots;
     int64_t min_version;
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *t, 1, "min_version", &min_version));
-    // Rows come out in float32 whatever the table stores (its own form is
-    // the checkpoint's, save_kernel.cc): smaller forms are decoded here.
+    // Rows come out as stored (a saveable's checkpoint keeps them so) or
+    // as float32, decoded here.
     const StorageType vt = t->config().values_type, st = t->config().slots_type;
+    StorageType vform, sform;
+    OP_REQUIRES_OK(ctx, RowsForm(*t, "export values", tvalues_, vt, &vform));
+    OP_REQUIRES_OK(ctx, RowsForm(*t, "export slots", tslots_, st, &sform));
     Status status;
     Tensor* tensors[6];
     std::vector<char> values_buf, slots_buf;
     int64_t rows = 0;
     const std::string error = t->Export(min_version, [&](int64_t n) {
       ExportBuffers out;
-      const TensorShape shapes[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
+      const TensorShape shapes[6] = {
+          {n}, {n, StoredWidth(vform, dim)}, {n, slots, StoredWidth(sform, dim)}, {n}, {n}, {n}};
       for (int i = 0; i < 6 && status.ok(); ++i)
         status = ctx->allocate_output(i, shapes[i], &tensors[i]);
       if (!status.ok()) return out;
       rows = n;
       out.keys = tensors[0]->flat<int64_t>().data();
-      out.values = tensors[1]->flat<float>().data();
-      out.slots = tensors[2]->flat<float>().data();
-      if (vt != StorageType::kFloat32) {
+      out.values = TensorBytes(*tensors[1]);
+      out.slots = TensorBytes(*tensors[2]);
+      if (vform != vt) {
         values_buf.resize(RowBytes(vt, dim) * n);
         out.values = values_buf.data();
       }
-      if (st != StorageType::kFloat32) {
+      if (sform != st) {
         slots_buf.resize(RowBytes(st, dim) * n * slots);
         out.slots = slots_buf.data();
       }
@@ -246,13 +272,13 @@ class ExportOp : public TableKernel {
     });
     OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES_OK(ctx, StorageError(*t, error));
-    if (vt != StorageType::kFloat32)
-      ConvertRows(vt, values_buf.data(), StorageType::kFloat32, TensorBytes(*tensors[1]), rows,
-                  dim);
-    if (st != StorageType::kFloat32)
-      ConvertRows(st, slots_buf.data(), StorageType::kFloat32, TensorBytes(*tensors[2]),
-                  rows * slots, dim);
+    if (vform != vt) ConvertRows(vt, values_buf.data(), vform, TensorBytes(*tensors[1]), rows, dim);
+    if (sform != st)
+      ConvertRows(st, slots_buf.data(), sform, TensorBytes(*tensors[2]), rows * slots, dim);
   }
+
+ private:
+  DataType tvalues_, tslots_;
 };
 
 class ImportOp : public TableKernel {
@@ -266,9 +292,15 @@ class ImportOp : public TableKernel {
     OP_REQUIRES(ctx, keys.dims() == 1,
                 TableError(*t, "import keys must be a vector, got shape " +
                                    keys.shape().DebugString()));
+    // Rows come in float32 (encoded here) or as the table stores them.
+    const StorageType vt = t->config().values_type, st = t->config().slots_type;
+    StorageType vform, sform;
+    OP_REQUIRES_OK(ctx, RowsForm(*t, "import values", ctx->input(2).dtype(), vt, &vform));
+    OP_REQUIRES_OK(ctx, RowsForm(*t, "import slots", ctx->input(3).dtype(), st, &sform));
     const int64_t n = keys.NumElements();
     const char* names[6] = {"keys", "values", "slots", "counts", "last_seen", "versions"};
-    const TensorShape want[6] = {{n}, {n, dim}, {n, slots, dim}, {n}, {n}, {n}};
+    const TensorShape want[6] = {
+        {n}, {n, StoredWidth(vform, dim)}, {n, slots, StoredWidth(sform, dim)}, {n}, {n}, {n}};
     for (int i = 2; i < 7; ++i) {
       OP_REQUIRES(ctx, ctx->input(i).shape() == want[i - 1],
                   TableError(*t, std::string("import ") + names[i - 1] + " have shape " +
@@ -276,16 +308,21 @@ class ImportOp : public TableKernel {
                                      std::to_string(dim) + ", " + std::to_string(slots) +
                                      " slots) needs " + want[i - 1].DebugString()));
     }
-    // Rows come in float32 and are stored in the table's forms.
-    const StorageType vt = t->config().values_type, st = t->config().slots_type;
-    std::vector<char> values_buf(RowBytes(vt, dim) * n), slots_buf(RowBytes(st, dim) * n * slots);
-    ConvertRows(StorageType::kFloat32, ctx->input(2).tensor_data().data(), vt, values_buf.data(),
-                n, dim);
-    ConvertRows(StorageType::kFloat32, ctx->input(3).tensor_data().data(), st, slots_buf.data(),
-                n * slots, dim);
+    std::vector<char> values_buf, slots_buf;
+    const char* values = ctx->input(2).tensor_data().data();
+    const char* slot_rows = ctx->input(3).tensor_data().data();
+    if (vform != vt) {
+      values_buf.resize(RowBytes(vt, dim) * n);
+      ConvertRows(vform, values, vt, values_buf.data(), n, dim);
+      values = values_buf.data();
+    }
+    if (sform != st) {
+      slots_buf.resize(RowBytes(st, dim) * n * slots);
+      ConvertRows(sform, slot_rows, st, slots_buf.data(), n * slots, dim);
+      slot_rows = slots_buf.data();
+    }
     const std::string error = t->Import(
-        keys.flat<int64_t>().data(), values_buf.data(), slots_buf.data(),
-        ctx->input(4).flat<int64_t>().data(),
+        keys.flat<int64_t>().data(), values, slot_rows, ctx->input(4).flat<int64_t>().data(),
         ctx->input(5).flat<int64_t>().data(), ctx->input(6).flat<int64_t>().data(), n, replace_,
         IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(), TableError(*t, error));

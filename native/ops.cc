@@ -152,26 +152,37 @@ REGISTER_OP("GraphmodFusedApply")
     .Doc("GraphmodTableApply of N entries in one op; everything is checked before any "
          "table changes.");
 
+// Rows as float32, or (Tvalues / Tslots the table's stored dtype: half,
+// bfloat16, or uint8 for int8 rows of dim + 8 bytes) as the table stores them.
 REGISTER_OP("GraphmodTableExport")
     .Input("table: resource")
     .Input("min_version: int64")
     .Output("keys: int64")
-    .Output("values: float")
-    .Output("slots: float")
+    .Output("values: Tvalues")
+    .Output("slots: Tslots")
     .Output("counts: int64")
     .Output("last_seen: int64")
     .Output("versions: int64")
     .Attr("dim: int")
     .Attr("num_slots: int")
+    .Attr("Tvalues: {float, half, bfloat16, uint8} = DT_FLOAT")
+    .Attr("Tslots: {float, half, bfloat16, uint8} = DT_FLOAT")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       int dim, num_slots;
+      ::tensorflow::DataType tvalues, tslots;
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+      TF_RETURN_IF_ERROR(c->GetAttr("Tvalues", &tvalues));
+      TF_RETURN_IF_ERROR(c->GetAttr("Tslots", &tslots));
+      // (an int8 row is its scale and bias, 8 bytes, then dim codes)
+      auto width = [&](::tensorflow::DataType t) {
+        return c->MakeDim(t == ::tensorflow::DT_UINT8 ? dim + 8 : dim);
+      };
       auto n = c->UnknownDim();
       c->set_output(0, c->Vector(n));
-      c->set_output(1, c->Matrix(n, dim));
-      c->set_output(2, c->MakeShape({n, c->MakeDim(num_slots), c->MakeDim(dim)}));
+      c->set_output(1, c->Matrix(n, width(tvalues)));
+      c->set_output(2, c->MakeShape({n, c->MakeDim(num_slots), width(tslots)}));
       for (int i = 3; i < 6; ++i) c->set_output(i, c->Vector(n));
       return ::tensorflow::OkStatus();
     })
@@ -180,11 +191,13 @@ REGISTER_OP("GraphmodTableExport")
 REGISTER_OP("GraphmodTableImport")
     .Input("table: resource")
     .Input("keys: int64")
-    .Input("values: float")
-    .Input("slots: float")
+    .Input("values: Tvalues")
+    .Input("slots: Tslots")
     .Input("counts: int64")
     .Input("last_seen: int64")
     .Input("versions: int64")
+    .Attr("Tvalues: {float, half, bfloat16, uint8} = DT_FLOAT")
+    .Attr("Tslots: {float, half, bfloat16, uint8} = DT_FLOAT")
     .Attr("replace: bool = false")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)

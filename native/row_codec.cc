@@ -48,7 +48,8 @@ float FromBits(uint32_t u) {
 constexpr float kHalfMax = 65504.f;
 
 #if defined(__x86_64__)
-bool use_f16c = __builtin_cpu_supports("f16c");
+// (The F16C paths use 256-bit AVX loads and stores too.)
+bool use_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
 #else
 bool use_f16c = false;
 #endif
@@ -80,7 +81,8 @@ float HalfToFloat(uint16_t h) {
     const float v = static_cast<float>(m) * (1.f / 16777216.f);
     return FromBits(Bits(v) | sign);
   }
-  if (e == 31) return FromBits(sign | 0x7f800000 | (m << 13));
+  // A NaN reads quiet, as F16C makes it (a signalling NaN's quiet bit set).
+  if (e == 31) return FromBits(sign | 0x7f800000 | ((m != 0 ? m | 0x200 : 0) << 13));
   return FromBits(sign | ((e + 127 - 15) << 23) | (m << 13));
 }
 
@@ -95,7 +97,7 @@ float BFloat16ToFloat(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 
 bool UsesF16C() { return use_f16c; }
 void SetUseF16C(bool use) {
 #if defined(__x86_64__)
-  use_f16c = use && __builtin_cpu_supports("f16c");
+  use_f16c = use && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
 #else
   (void)use;
 #endif
@@ -212,19 +214,27 @@ void EncodeSmall(StorageType t, const float* row, int d, char* block) {
       }
       return;
     case StorageType::kInt8: {
-      float lo = d > 0 ? row[0] : 0.f, hi = lo;
-      for (int k = 1; k < d; ++k) {
-        lo = std::min(lo, row[k]);
-        hi = std::max(hi, row[k]);
+      // The range in double: a finite row spanning more than float's
+      // largest value still gets a finite scale. A row holding a NaN or an
+      // infinity stores NaN as its scale and bias, so it reads NaN
+      // throughout, as broken as it is (never a silently finite row).
+      double lo = 0, hi = 0;
+      bool finite = true;
+      for (int k = 0; k < d; ++k) {
+        finite = finite && std::isfinite(row[k]);
+        lo = k == 0 ? row[k] : std::min<double>(lo, row[k]);
+        hi = k == 0 ? row[k] : std::max<double>(hi, row[k]);
       }
-      const float scale = (hi - lo) / 255.f;
-      const float inv = scale > 0 ? 1.f / scale : 0.f;
+      const double step = (hi - lo) / 255.0;
+      const float scale = finite ? static_cast<float>(step) : std::nanf("");
+      const float bias = finite ? static_cast<float>(lo) : std::nanf("");
       std::memcpy(block, &scale, 4);
-      std::memcpy(block + 4, &lo, 4);
+      std::memcpy(block + 4, &bias, 4);
       uint8_t* code = reinterpret_cast<uint8_t*>(block + kInt8Params);
       for (int k = 0; k < d; ++k) {
-        const float q = (row[k] - lo) * inv + 0.5f;  // >= 0.5: truncation rounds
-        code[k] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, q)));
+        // To the nearest code (>= 0.5: truncation rounds).
+        const double q = step > 0 && finite ? (row[k] - lo) / step + 0.5 : 0.0;
+        code[k] = static_cast<uint8_t>(std::min(255.0, std::max(0.0, q)));
       }
       return;
     }

@@ -12,8 +12,10 @@
 //   int8      row-wise: float32 scale and bias, then d one-byte codes
 //             (0..255); a value reads code * scale + bias. Encoding takes
 //             bias = the row's minimum and scale = (max - min) / 255 and
-//             rounds each value to the nearest code: an error of at most
-//             scale / 2 per value, renewed at each update of the row.
+//             rounds each value to the nearest code: an error of about
+//             scale / 2 per value (plus the float rounding of scale and
+//             bias), renewed at each update of the row. A row holding a NaN
+//             or an infinity stores NaN scale and bias: it reads all NaN.
 //
 // A block is one row's bytes in that form (RowBytes). Checkpoints and the
 // portable export keep blocks as they are; only lookups decode.
@@ -89,7 +91,7 @@ void ConvertRows(StorageType from, const char* in, StorageType to, char* out, in
 
 namespace row_codec_detail {
 // The portable conversions of one value (F16C, where the CPU has it, must
-// give the same bits; row_codec_test checks).
+// give the same bits, NaNs read quiet; row_codec_test checks every half).
 uint16_t FloatToHalf(float x);
 float HalfToFloat(uint16_t h);
 uint16_t FloatToBFloat16(float x);

@@ -50,6 +50,19 @@ void TestHalf() {
     }
     CHECK(detail::FloatToHalf(x) == h);
   }
+  // Decoding: F16C and the portable path agree on every half, NaNs quiet.
+  if (detail::UsesF16C()) {
+    std::vector<uint16_t> all(65536);
+    for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
+    std::vector<float> hw(65536), sw(65536);
+    graphmod::DecodeRow(StorageType::kFloat16, reinterpret_cast<const char*>(all.data()), 65536,
+                        hw.data());
+    detail::SetUseF16C(false);
+    graphmod::DecodeRow(StorageType::kFloat16, reinterpret_cast<const char*>(all.data()), 65536,
+                        sw.data());
+    detail::SetUseF16C(true);
+    CHECK(std::memcmp(hw.data(), sw.data(), sizeof(float) * 65536) == 0);
+  }
   CHECK(detail::HalfToFloat(0x3c00) == 1.f);
   CHECK(detail::HalfToFloat(0x0001) == std::ldexp(1.f, -24));
   CHECK(detail::HalfToFloat(0x7bff) == 65504.f);
@@ -179,6 +192,31 @@ void TestRows() {
       detail::SetUseF16C(true);
       CHECK(hw == sw);
     }
+  }
+  // int8: a row holding a NaN or an infinity reads NaN throughout (never a
+  // silently finite row); a finite row wider than float's largest value
+  // still gets a finite scale.
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (int at : {0, 2}) {
+      std::vector<float> r = {0.5f, -0.25f, 1.f, 0.f};
+      r[at] = bad;
+      std::vector<char> b(graphmod::RowBytes(StorageType::kInt8, 4));
+      std::vector<float> o(4);
+      graphmod::EncodeRow(StorageType::kInt8, r.data(), 4, b.data());
+      graphmod::DecodeRow(StorageType::kInt8, b.data(), 4, o.data());
+      for (float v : o) CHECK(std::isnan(v));
+    }
+  }
+  {
+    std::vector<float> wide = {-3e38f, 3e38f, 0.f}, o(3);
+    std::vector<char> b(graphmod::RowBytes(StorageType::kInt8, 3));
+    graphmod::EncodeRow(StorageType::kInt8, wide.data(), 3, b.data());
+    float scale;
+    std::memcpy(&scale, b.data(), 4);
+    CHECK(std::isfinite(scale) && scale > 2e36f);
+    graphmod::DecodeRow(StorageType::kInt8, b.data(), 3, o.data());
+    CHECK(o[0] == -3e38f && std::fabs(o[2]) <= scale);
   }
   // A constant row: scale 0, every value exact.
   std::vector<float> flat(5, 0.25f), out(5);

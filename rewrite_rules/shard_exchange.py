@@ -33,7 +33,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from graphmod import horovod
-from graphmod.embeddings import fused
+from graphmod.embeddings import fused, stored_rows
 from graphmod.horovod import ids_ahead, placement
 from graphmod.horovod.exchange import BYTES_SENT
 from graphmod.rewrite import input_keys
@@ -140,7 +140,8 @@ def _shape(c: Conversion, context: Context) -> placement.TableShape:
     return placement.TableShape(
         c.table_name, settings.max_rows or c.rows, c.dim,
         len(c.update.slots) if c.update is not None else 0,
-        None if None in sizes else sum(sizes), why)
+        None if None in sizes else sum(sizes), why,
+        stored_rows.forms(settings.storage_dtype, settings.slot_storage_dtype))
 
 
 def _exchange_lookups(rw, lookups, ahead_allowed: bool):

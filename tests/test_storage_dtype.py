@@ -28,18 +28,19 @@ from graphmod.embeddings import stored_rows
 
 tf1 = tf.compat.v1
 FORMS = ["float32", "float16", "bfloat16", "int8"]
-DIM, LR = 6, 0.25
+DIM, LR = 6, 0.1  # (not a power of two: an SGD step on sum(rows^2) must round)
 BF16 = tf.bfloat16.as_numpy_dtype
 
 
 def encode_int8(rows):
-    """native/row_codec.cc's int8 rows (scale, bias, codes), in float32 numpy."""
-    rows = rows.astype(np.float32)
+    """native/row_codec.cc's int8 rows (scale, bias, codes): the range and
+    the codes in double, scale and bias stored as float32."""
+    rows = rows.astype(np.float64)
     lo, hi = rows.min(1, keepdims=True), rows.max(1, keepdims=True)
-    scale = (hi - lo) / np.float32(255)
-    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
-    codes = np.clip(np.floor((rows - lo) * inv + np.float32(0.5)), 0, 255)
-    return codes.astype(np.float32), scale, lo
+    step = (hi - lo) / 255.0
+    codes = np.clip(np.floor((rows - lo) / np.where(step > 0, step, 1) + 0.5), 0, 255)
+    codes = np.where(step > 0, codes, 0)
+    return codes.astype(np.float32), step.astype(np.float32), lo.astype(np.float32)
 
 
 def rounded(form, rows):
@@ -78,7 +79,7 @@ def test_sgd_rounds_each_update_as_stated(form):
         table, ids, rows, train = sgd_graph(form)
         export = table.export()
         with tf1.Session() as sess:
-            want = {}
+            want, rounding_moved = {}, False
             for batch in BATCHES:
                 for k in batch:
                     want.setdefault(int(k), rounded(form, initial[int(k)][None])[0])
@@ -91,13 +92,15 @@ def test_sgd_rounds_each_update_as_stated(form):
                 for k, g in grads.items():
                     step = want[k] - np.float32(LR) * g.astype(np.float32)
                     want[k] = rounded(form, step[None])[0]
+                    rounding_moved |= not np.array_equal(want[k], step)
             e = sess.run(export)
     got = dict(zip(e["keys"].tolist(), e["values"]))
     assert sorted(got) == sorted(want)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=f"{form}: key {k}")
-    if form != "float32":  # rounding really happened (or the replay checks nothing)
-        assert any(not np.array_equal(rounded("float32", initial[k]), want[k]) for k in want)
+    # The replay's rounding moved rows (else it would check nothing a float32
+    # table would not pass too).
+    assert rounding_moved == (form != "float32")
 
 
 @pytest.mark.parametrize("slot_form", ["float16", "int8"])
@@ -203,6 +206,65 @@ def test_checkpoints_keep_the_stored_form(tmp_path, form, dtype, width):
         np.testing.assert_array_equal(narrow["values"], trained["values"])
 
 
+def test_a_chain_of_two_forms_compacts_and_warm_starts_without_rounding(tmp_path):
+    """A float16 table's checkpoint, restored into a float32 table that then
+    writes a delta: the chain holds two forms. Its compaction stand-in keeps
+    float32 (no row rounded on the way), and a warm start reads each
+    checkpoint in its own form."""
+    from graphmod.checkpoint import deltas, merged
+    from graphmod.checkpoint.saver import TableSaver
+    os.makedirs(tmp_path / "m")
+    base = str(tmp_path / "m" / "model.ckpt")
+    for form in ("float16", "float32"):
+        with tf.Graph().as_default():
+            table, ids, rows, train = sgd_graph(form, optimizer=graphmod.optimizers.Adagrad(LR))
+            saver = TableSaver(sharded=True)
+            saver.build()
+            export = table.export()
+            with tf1.Session() as sess:
+                if form == "float16":
+                    sess.run(train, {ids: np.arange(20)})
+                    base = saver.save(sess, base, global_step=1)
+                else:
+                    saver.restore(sess, base)
+                    saver.start_tracking(sess)
+                    sess.run(train, {ids: np.arange(10, 30)})
+                    saver.save_delta(sess, 2)
+                    final = sess.run(export)
+    chain = deltas.committed(base)
+    assert len(chain) == 1
+    assert tf.train.load_checkpoint(base).get_tensor("t-values").dtype == np.float16
+    assert tf.train.load_checkpoint(chain[0]).get_tensor("t-values").dtype == np.float32
+    with tf.Graph().as_default():
+        (alone,), _ = merged.stand_in(base)
+        assert alone.storage_dtype == "float16"
+    with tf.Graph().as_default():
+        (both,), _ = merged.stand_in(base, deltas=chain)
+        assert both.storage_dtype == "float32"
+    # A warm start from the chain: every row as the float32 table had it.
+    with tf.Graph().as_default():
+        est_dir = str(tmp_path / "warm")
+
+        def model_fn(features, labels, mode):
+            emb = tf1.get_variable("emb", [1000, DIM])
+            e = tf.reduce_sum(tf.nn.embedding_lookup(emb, features["ids"]), 1)
+            loss = tf.reduce_mean(e)
+            return tf.estimator.EstimatorSpec(
+                mode, loss=loss,
+                train_op=tf1.train.AdagradOptimizer(0.0).minimize(loss,
+                                                                  tf1.train.get_global_step()))
+        hook = graphmod.GraphModifierHook(min_rows=100, warm_start=graphmod.WarmStartSettings(
+            [base], {"emb": "t"}))
+        est = tf.estimator.Estimator(model_fn, est_dir)
+        est.train(lambda: tf.data.Dataset.from_tensors(({"ids": [[999]]}, [0.0])), steps=1,
+                  hooks=[hook])
+        reader = tf.train.load_checkpoint(est.latest_checkpoint())
+        keys, values = reader.get_tensor("emb-keys"), reader.get_tensor("emb-values")
+    got = dict(zip(keys.tolist(), values))
+    for k, v in zip(final["keys"].tolist(), final["values"]):
+        np.testing.assert_array_equal(got[k], v, err_msg=f"key {k}")
+
+
 # --- under the hook ----------------------------------------------------------
 
 VOCAB = 300
@@ -226,6 +288,15 @@ def model_fn(features, labels, mode):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
+def test_int8_slots_are_refused_where_the_step_divides_by_them():
+    with tf.Graph().as_default():
+        for opt in (graphmod.optimizers.Adam(0.01), graphmod.optimizers.RMSProp(0.01)):
+            with pytest.raises(ValueError, match="int8 storage cannot keep"):
+                graphmod.create_table(f"t_{opt.kind}", 4, optimizer=opt, storage_dtype="int8")
+        graphmod.create_table("t_ok", 4, optimizer=graphmod.optimizers.Adam(0.01),
+                              storage_dtype="int8", slot_storage_dtype="bfloat16")
+
+
 def verify(tmp_path, form, **hook_args):
     estimator = tf.estimator.Estimator(model_fn, str(tmp_path / "model"),
                                        config=tf.estimator.RunConfig(tf_random_seed=7))
@@ -243,27 +314,31 @@ def test_verify_passes_within_the_rounding_the_report_states(tmp_path, form):
     assert f"stored as {form}" in stated
     (entry,) = hook.report.tables
     assert entry["storage_dtype"] == entry["slot_storage_dtype"] == form
-    finding = result.findings["emb"]
+    # The rewrite, checked exactly with the table stored as float32: rows,
+    # loss and the dense variable all match.
+    exact = result.findings["emb"]
+    assert exact.first_step is None and exact.compared == f"{VOCAB} rows and 1 slot(s) at 6 steps"
+    assert result.loss_first_step is None and result.dense["head"].first_step is None
+    # Then as asked: rows differ (or the allowance was never needed), within it.
+    finding = result.rounded.findings["emb"]
     assert f"within the rounding of rows stored as {form}" in finding.compared
-    # Rows do differ (or the allowance was never needed), and the dense
-    # variable with them, explained by the rounding.
-    assert finding.largest_difference > result.rtol
-    assert result.dense["head"].first_step is not None
-    assert f"stored as {form}" in result.summary().split("head (dense)")[1]
-    assert result.loss_first_step is None or "stored as" in result.loss_explained_by
+    assert finding.largest_difference > result.rtol and finding.ok, finding
+    assert "with the storage dtypes asked for" in result.summary()
 
 
-def test_verify_still_catches_a_doubled_gradient(tmp_path, monkeypatch):
+@pytest.mark.parametrize("form", ["float16", "int8"])
+def test_verify_still_catches_a_doubled_gradient(tmp_path, monkeypatch, form):
     table_apply, fused_apply = ops.graphmod_table_apply, ops.graphmod_fused_apply
     monkeypatch.setattr(ops, "graphmod_table_apply",
                         lambda h, k, g, *a, **kw: table_apply(h, k, 2 * g, *a, **kw))
     monkeypatch.setattr(ops, "graphmod_fused_apply", lambda h, k, g, *a, **kw: fused_apply(
         h, k, [2 * x for x in g], *a, **kw))
-    result, _ = verify(tmp_path, "float16")
+    result, _ = verify(tmp_path, form)
     assert not result.ok
-    finding = result.findings["emb"]
-    assert finding.unexplained_step == 1 and "a row the step looked up" in finding.unexplained, \
-        finding
+    # Caught exactly, and beyond the rounding allowance of the stored rows too.
+    for finding in (result.findings["emb"], result.rounded.findings["emb"]):
+        assert finding.unexplained_step == 1, finding
+        assert "a row the step looked up" in finding.unexplained, finding
 
 
 def test_exact_keeps_a_smaller_form_dense(tmp_path):

@@ -151,20 +151,25 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     # exporting while it trains with graphmod.horovod.enable()).
     graph_state().split_over_ranks = False
     entries = table_entries(checkpoint)
-    delta_rows = _rows_written(deltas) if storage else {}
+    written = _written(deltas)
     tables = []
     for name, e in sorted(entries.items()):
         slots = e["slots"][1] if "slots" in e else 0
         # Only the number of slot rows matters to saving and restoring.
         opt = optimizers.with_slots("", [0.0] * slots) if slots else None
-        # Rows kept in the form the checkpoint holds them in (a save writes
-        # them back bit for bit).
-        forms = dict(storage_dtype=e["values_form"],
-                     slot_storage_dtype=e.get("slots_form", e["values_form"]))
+        # Rows kept in the form the checkpoint and its deltas hold them in (a
+        # save writes them back bit for bit); float32 where they differ (a
+        # delta written after a restore into a table storing otherwise), so
+        # no row is rounded on the way.
+        delta = written.get(name, {})
+        forms = {}
+        for field, setting in (("values", "storage_dtype"), ("slots", "slot_storage_dtype")):
+            seen = {e.get(f"{field}_form", e["values_form"])} | delta.get(field, set())
+            forms[setting] = seen.pop() if len(seen) == 1 else "float32"
         dim = table_dim(e)
         # At most: a record is a 24-byte header, values and slots, 8-aligned.
         row_bytes = dim * 4 * (1 + slots) + 32
-        rows = e["keys"][0] + delta_rows.get(name, 0)
+        rows = e["keys"][0] + delta.get("rows", 0)
         large = storage and rows * row_bytes > STAND_IN_BUDGET
         tier = dict(memory_budget=STAND_IN_BUDGET, storage_path=storage) if large else {}
         tables.append(create_table(name, dim, optimizer=opt, **forms, **tier))
@@ -173,23 +178,30 @@ def stand_in(checkpoint: str, storage: Optional[str] = None, deltas: Sequence[st
     return tables, variables
 
 
-def _rows_written(deltas: Sequence[str]) -> Dict[str, int]:
-    """{table: rows} the deltas write, whole or in parts (Horovod ranks, ps
-    tasks: graphmod.checkpoint.parts.part_prefix): an estimate from their
-    indexes; an unreadable one counts none (the restore then names it)."""
-    rows: Dict[str, int] = {}
+def _written(deltas: Sequence[str]) -> Dict[str, dict]:
+    """{table: {"rows": rows, "values": forms, "slots": forms}} the deltas
+    write, whole or in parts (Horovod ranks, ps tasks:
+    graphmod.checkpoint.parts.part_prefix): rows an estimate from their
+    indexes, forms those their rows are stored in; an unreadable one counts
+    none (the restore then names it)."""
+    out: Dict[str, dict] = {}
     for delta in deltas:
         indexes = tf.io.gfile.glob(delta + ".index") + tf.io.gfile.glob(delta + ".tables-*.index")
         for index in indexes:
             try:
-                shapes = tf.train.load_checkpoint(index[:-len(".index")]).get_variable_to_shape_map()
+                reader = tf.train.load_checkpoint(index[:-len(".index")])
+                shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
             except (tf.errors.OpError, ValueError):
                 continue
             for name, shape in shapes.items():
-                if name.endswith("-keys"):  # (not -removed_keys, -pending_keys)
-                    table = name[:-len("-keys")]
-                    rows[table] = rows.get(table, 0) + shape[0]
-    return rows
+                table, _, field = name.rpartition("-")
+                if field == "keys":  # (not -removed_keys, -pending_keys)
+                    t = out.setdefault(table, {})
+                    t["rows"] = t.get("rows", 0) + shape[0]
+                elif field in ("values", "slots"):
+                    out.setdefault(table, {}).setdefault(field, set()).add(
+                        stored_rows.form_of(dtypes[name]))
+    return out
 
 
 def write(state: State, prefix: str, recover: Optional[List[str]] = None) -> Tuple[str, State]:

@@ -90,8 +90,9 @@ class _Source:
         self.shapes = reader.get_variable_to_shape_map()
         self.dtypes = reader.get_variable_to_dtype_map()
         self.chain = deltas.committed(path)
-        self._deltas = {p: tf.train.load_checkpoint(p).get_variable_to_shape_map()
-                        for p in self.chain}
+        readers = {p: tf.train.load_checkpoint(p) for p in self.chain}
+        self._deltas = {p: r.get_variable_to_shape_map() for p, r in readers.items()}
+        self._delta_dtypes = {p: r.get_variable_to_dtype_map() for p, r in readers.items()}
 
     def holds_table(self, name: str) -> bool:
         return f"{name}-keys" in self.shapes
@@ -108,14 +109,17 @@ class _Source:
         hold dense variables whole, the newest one wins."""
         return next((p for p in reversed(self.chain) if name in self._deltas[p]), self.path)
 
-    def row_shapes(self, name: str, is_table: bool) -> List[Tuple[str, List[int]]]:
-        """(checkpoint, shape) of each entry a table's rows come from."""
+    def row_shapes(self, name: str, is_table: bool) -> List[Tuple[str, List[int], tf.DType]]:
+        """(checkpoint, shape, dtype) of each entry a table's rows come from
+        (each in its own form: a delta written after a restore into a table
+        that stores rows otherwise holds them in the table's form)."""
+        def of(prefix, entry):
+            if prefix == self.path:
+                return prefix, self.shapes[entry], self.dtypes[entry]
+            return prefix, self._deltas[prefix][entry], self._delta_dtypes[prefix][entry]
         if not is_table:
-            prefix = self.variable_prefix(name)
-            shapes = self.shapes if prefix == self.path else self._deltas[prefix]
-            return [(prefix, shapes[name])]
-        return [(self.path, self.shapes[f"{name}-values"])] + [
-            (p, self._deltas[p][f"{name}-values"]) for p in self.table_deltas(name)]
+            return [of(self.variable_prefix(name), name)]
+        return [of(p, f"{name}-values") for p in [self.path] + self.table_deltas(name)]
 
 
 class WarmStarter:
@@ -198,8 +202,7 @@ class WarmStarter:
         is_table = source.holds_table(name)
         chain = source.row_shapes(name, is_table)  # the checkpoint, then its deltas
         # A table's rows as it stored them (stored_rows), a variable's as it is.
-        dtype = source.dtypes[f"{name}-values" if is_table else name]
-        for prefix, shape in chain:
+        for prefix, shape, dtype in chain:
             width = stored_rows.dim_of(dtype, shape[1]) if is_table and len(shape) == 2 else None
             if len(shape) != 2 or (width if is_table else shape[1]) != table.dim:
                 raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {prefix} has rows of "
@@ -213,12 +216,13 @@ class WarmStarter:
         else:
             seen = tf.cast(tf.timestamp(), tf.int64)
         if not is_table:  # a dense variable: row i is key i
-            prefix, shape = chain[0]
+            prefix, shape, dtype = chain[0]
             done = self._import_slices(parts, prefix, shape, name, None, seen, dtype)
         else:
-            done = self._import_slices(parts, source.path, chain[0][1], f"{name}-values", name,
+            _, shape, dtype = chain[0]
+            done = self._import_slices(parts, source.path, shape, f"{name}-values", name,
                                        seen, dtype)
-            for prefix, shape in chain[1:]:  # the deltas: removals, then changed rows
+            for prefix, shape, dtype in chain[1:]:  # the deltas: removals, then changed rows
                 with tf.control_dependencies([done]):
                     removed = _restore(prefix, f"{name}-removed_keys", tf.int64)
                     gone = tf.group([part.remove(removed) for part, _ in parts])
@@ -282,11 +286,11 @@ class WarmStarter:
 
     def _start_variable(self, v: tf.Variable, source: _Source, name: str) -> tf.Operation:
         want = v.shape.as_list()
-        prefix, have = source.row_shapes(name, is_table=False)[0]
+        prefix, have, dtype = source.row_shapes(name, is_table=False)[0]
         if list(have) != want:
             raise ValueError(f"graphmod.WarmStartSettings: '{name}' in {prefix} has "
                              f"shape {list(have)}, '{v.op.name}' has {want}")
-        read = tf.cast(_restore(prefix, name, source.dtypes[name]), v.dtype.base_dtype)
+        read = tf.cast(_restore(prefix, name, dtype), v.dtype.base_dtype)
         with tf.control_dependencies([v.initializer]):  # after its own initial value
             assign = v.assign(tf.reshape(read, want)).op
         return _logged(None, f"'{v.op.name}' from '{name}' in {prefix}", after=assign)

@@ -20,6 +20,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.training.saving import saveable_object
 
 from graphmod._ops import ops
+from graphmod.embeddings import stored_rows
 from graphmod.embeddings.initializers import TableInitializer, to_table_initializer
 from graphmod.settings import TABLE_SETTINGS, table_attrs
 from graphmod.state import graph_state
@@ -87,15 +88,24 @@ class Table:
     def size(self) -> tf.Tensor:
         return self.info()["size"]
 
-    def export(self, min_version: Any = 0) -> Dict[str, tf.Tensor]:
-        """Rows with version >= min_version: keys, values, slots, counts, last_seen, versions."""
+    def export(self, min_version: Any = 0, stored: bool = False) -> Dict[str, tf.Tensor]:
+        """Rows with version >= min_version: keys, values, slots, counts,
+        last_seen, versions. values and slots are float32, or with stored=True
+        as the table stores them (storage_dtype; stored_rows reads them)."""
         # A Python number becomes one int64 constant (a cast would be a second
         # op per table: every table's saveable exports from version 0).
         version = (tf.constant(min_version, tf.int64) if isinstance(min_version, int)
                    else tf.cast(min_version, tf.int64))
-        out = ops.graphmod_table_export(self.handle, version,
-                                        dim=self.dim, num_slots=self.num_slots)
+        values, slots = self.stored_dtypes if stored else (tf.float32, tf.float32)
+        out = ops.graphmod_table_export(self.handle, version, dim=self.dim,
+                                        num_slots=self.num_slots, Tvalues=values, Tslots=slots)
         return out._asdict()
+
+    @property
+    def stored_dtypes(self) -> Tuple[tf.DType, tf.DType]:
+        """The tensor dtypes of its values and slots as stored (stored_rows)."""
+        forms = stored_rows.forms(self.storage_dtype, self.slot_storage_dtype)
+        return stored_rows.dtype_of(forms[0]), stored_rows.dtype_of(forms[1])
 
     def export_pending(self, min_version: Any = 0) -> Dict[str, tf.Tensor]:
         """Ids counted towards admission at version >= min_version, without a
@@ -117,8 +127,8 @@ class Table:
                             tf.concat([n, [1, self.dim]], 0))
         zeros = tf.zeros(n, tf.int64)
         return ops.graphmod_table_import(
-            self.handle, keys, tf.convert_to_tensor(values, tf.float32),
-            tf.convert_to_tensor(slots, tf.float32),
+            self.handle, keys, _rows(values, self.stored_dtypes[0]),
+            _rows(slots, self.stored_dtypes[1]),
             zeros if counts is None else tf.convert_to_tensor(counts, tf.int64),
             zeros if last_seen is None else tf.convert_to_tensor(last_seen, tf.int64),
             tf.fill(n, self.info()["version"] + 1) if versions is None
@@ -276,6 +286,14 @@ def _lazy_spec(table: Table, entry: str, dtype: tf.DType,
                                     device=table.handle.device)
 
 
+def _rows(rows, stored: tf.DType) -> tf.Tensor:
+    """Rows to import: a tensor as the table stores them passes as is (a
+    checkpoint's), anything else as float32."""
+    if isinstance(rows, tf.Tensor) and rows.dtype == stored:
+        return rows
+    return tf.convert_to_tensor(rows, tf.float32)
+
+
 _DTYPES = dict(keys=tf.int64, values=tf.float32, slots=tf.float32, counts=tf.int64,
                last_seen=tf.int64, versions=tf.int64, sketch=tf.int32)
 
@@ -292,12 +310,14 @@ def _specs(table: Table, min_version: Callable[[], tf.Tensor]) -> List[saveable_
                 with tf1.name_scope(f"graphmod/{table.name}/export"), \
                         tf.control_dependencies(_unless_sharded(table)):
                     version = min_version()
-                    exported.update(rows=table.export(version),
+                    exported.update(rows=table.export(version, stored=True),
                                     pending=table.export_pending(version))
             return exported[kind][name]
         return make
 
-    specs = [_lazy_spec(table, f, _DTYPES[f], field("rows", f)) for f in _TableSaveable.FIELDS]
+    # Rows as the table stores them (the checkpoint keeps its storage_dtype).
+    dtypes = dict(_DTYPES, values=table.stored_dtypes[0], slots=table.stored_dtypes[1])
+    specs = [_lazy_spec(table, f, dtypes[f], field("rows", f)) for f in _TableSaveable.FIELDS]
     specs += [_lazy_spec(table, f"pending_{f}", _DTYPES[f], field("pending", f))
               for f in _TableSaveable.PENDING]
     specs.append(_lazy_spec(table, "format", tf.int64, lambda: _format_constant(table.graph)))
@@ -400,6 +420,11 @@ def _check_name(name: Any) -> str:
     return name
 
 
+# Optimizers whose step divides by a slot row's value (Adam's second moment,
+# RMSProp's mean square): their slots refuse int8 storage.
+DIVIDING_BY_A_SLOT = ("adam", "rmsprop")
+
+
 def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any = None,
                  seed: Optional[int] = None, shape_hint: Optional[List[int]] = None,
                  **settings) -> Table:
@@ -460,7 +485,8 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         halves; an int8 row as uint8 [scale, bias, codes]); a checkpoint of
         another form converts on restore.
       slot_storage_dtype: the same for the optimizer slot rows; None (default)
-        stores them as storage_dtype.
+        stores them as storage_dtype. Adam's and RMSProp's slots refuse
+        int8 (their step divides by a slot).
       shape_hint: [rows, dim] of a variable being replaced, for fan-based initializers.
 
     >>> t = graphmod.create_table("item", dim=8, optimizer=graphmod.optimizers.Adam(1e-3))
@@ -474,6 +500,13 @@ def create_table(name: str, dim: int, *, initializer: Any = None, optimizer: Any
         raise TypeError(f"graphmod table '{name}': optimizer must be a graphmod.optimizers "
                         f"optimizer, got {type(optimizer).__name__}")
     attrs = table_attrs(f"graphmod table '{name}'", settings)
+    slots_form = attrs["slot_storage_dtype"] or attrs["storage_dtype"]
+    if optimizer is not None and optimizer.kind in DIVIDING_BY_A_SLOT and slots_form == "int8":
+        # A row-wise int8 moment reads a true 0 as a small non-zero value
+        # where its second moment reads 0: the step divides by epsilon.
+        raise ValueError(f"graphmod table '{name}': {type(optimizer).__name__} divides by a "
+                         f"slot row, which int8 storage cannot keep (a 0 reads as a fraction of "
+                         f"the row's range): set slot_storage_dtype='float32' or 'bfloat16'")
     max_rows, num_shards = attrs["max_rows"], attrs["num_shards"]
     if 0 <= max_rows < 64 * num_shards and attrs["when_full"] != "refuse":
         from absl import logging

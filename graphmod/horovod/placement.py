@@ -40,7 +40,9 @@ with one placement restores into any other, and onto any number of ranks.
 """
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
+
+from graphmod.embeddings import stored_rows
 
 PLACEMENTS = ("auto", "sharded", "replicated")
 # A table whose copy holds at most this many bytes is replicated (auto).
@@ -68,6 +70,7 @@ class TableShape:
     slots: int = 0
     ids_per_step: Optional[int] = None
     not_replicable: str = ""
+    forms: Tuple[str, str] = ("float32", "float32")  # how values and slots are stored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +104,9 @@ def distinct_ids(ids: int, rows: int) -> float:
 
 
 def row_bytes(shape: TableShape) -> int:
-    return 4 * shape.dim * (1 + shape.slots) + ROW_OVERHEAD_BYTES
+    values, slots = shape.forms
+    return (stored_rows.row_bytes(values, shape.dim)
+            + shape.slots * stored_rows.row_bytes(slots, shape.dim) + ROW_OVERHEAD_BYTES)
 
 
 def estimate(shape: TableShape, placement: str, ranks: int) -> Estimate:
