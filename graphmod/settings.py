@@ -141,8 +141,9 @@ class TableSettings(dataclasses.make_dataclass(
 
     initializer, default_value, max_rows, when_full, num_shards,
     admission_sketch_width, layout, memory_budget, storage_path, storage_dtype
-    and slot_storage_dtype are those of graphmod.create_table; prefetch (with a memory_budget): the input
-    pipeline brings up each step's rows from disk while the step before
+    and slot_storage_dtype are those of graphmod.create_table; prefetch
+    (with a memory_budget): the input pipeline brings up each step's rows
+    from disk while the step before
     trains, where it can compute the step's keys (rewrite_rules.tier_prefetch;
     it costs a second pass over the keys, which pays where a core is free or
     reads wait on the disk); False: each step reads its own;

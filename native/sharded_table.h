@@ -146,7 +146,9 @@ class ShardedTable final : public TableImpl {
   static constexpr uint32_t kNoRow = Shard::kNoRow;
 
   explicit ShardedTable(const TableConfig& config)
-      : config_(config), layout_(RecordLayout::For(config.dim, config.num_slots, config.values_type, config.slots_type)) {
+      : config_(config),
+        layout_(RecordLayout::For(config.dim, config.num_slots, config.values_type,
+                                  config.slots_type)) {
     shard_bits_ = 0;
     while ((1 << shard_bits_) < config_.num_shards) ++shard_bits_;
     for (int i = 0; i < config_.num_shards; ++i)
@@ -291,8 +293,8 @@ class ShardedTable final : public TableImpl {
   // its call, so keys an earlier call inserted are found; Shard::FindEach).
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, Fn&& fn) const;
-  // Rows in records of the layout's forms (row_codec.h); scratch: floats
-  // a call may use, kept by the caller between rows.
+  // Records hold rows in the layout's forms (row_codec.h). `scratch`: floats
+  // a call may use, kept by the caller from row to row.
   // A row's values, decoded (d floats).
   void ReadValues(const char* rec, float* out) const {
     DecodeRow(layout_.values_type, layout_.ValueBlock(rec), config_.dim, out);

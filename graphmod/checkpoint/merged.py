@@ -102,7 +102,8 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
     for prefix in readers:
         try:
             reader = tf.train.load_checkpoint(prefix)
-            shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+            shapes = reader.get_variable_to_shape_map()
+            dtypes = reader.get_variable_to_dtype_map()
         except (tf.errors.OpError, ValueError) as e:
             raise StateError(f"{prefix}: unreadable checkpoint ({str(e).splitlines()[0]})") \
                 from None
@@ -190,7 +191,8 @@ def _written(deltas: Sequence[str]) -> Dict[str, dict]:
         for index in indexes:
             try:
                 reader = tf.train.load_checkpoint(index[:-len(".index")])
-                shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+                shapes = reader.get_variable_to_shape_map()
+                dtypes = reader.get_variable_to_dtype_map()
             except (tf.errors.OpError, ValueError):
                 continue
             for name, shape in shapes.items():
