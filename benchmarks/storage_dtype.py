@@ -27,13 +27,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 from rounds import machine, write_json  # noqa: E402
+from tier_memory import proc_status  # noqa: E402
+from tiers import count  # noqa: E402
 
 B = 65536
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    return proc_status()["VmRSS"]
 
 
 def child_memory(form: str, layout: str, keys: int) -> dict:
@@ -111,12 +112,6 @@ def auc(args) -> list:
               f"float32), loss {r['loss']:.4f}, {r['examples_per_s']:,.0f} examples/s",
               flush=True)
     return out
-
-
-def count(text: str) -> int:
-    text = text.upper()
-    scale = {"K": 10**3, "M": 10**6, "G": 10**9}.get(text[-1], 1)
-    return int(float(text.rstrip("KMG")) * scale)
 
 
 def main():
