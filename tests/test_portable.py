@@ -249,3 +249,63 @@ def test_default_value_tables_read_their_default(exported, tmp_path):
     np.testing.assert_allclose(_serve(str(tmp_path / "out"), QUERY), expected,
                                rtol=1e-6, atol=1e-6)
     assert not np.allclose(expected[4:], _serve(source, QUERY)[4:])
+
+
+# Keys at both ends of int64, where the stock index keeps its markers for
+# empty and deleted buckets: stored, they move the index to a key mask; asked
+# for, unseen, they read their initial rows.
+LOWEST, HIGHEST = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+EDGE_KEYS = np.array([LOWEST, LOWEST + 1, LOWEST + 2, HIGHEST, HIGHEST - 1, 0, -1, 5], np.int64)
+EDGE_QUERY = np.concatenate([EDGE_KEYS, [LOWEST + 3, HIGHEST - 2, 7]])[:, None]
+
+
+def edge_model_fn(features, labels, mode):
+    opt = graphmod.optimizers.SGD(0.5)
+    table = graphmod.create_table("edge", 4, optimizer=opt)
+    e = graphmod.sparse_lookup(table, features["ids"], combiner="sum",
+                               is_training=mode == tf.estimator.ModeKeys.TRAIN)
+    logits = tf.reduce_sum(e * np.float32([1.0, -2.0, 3.0, 0.5]), 1)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"p": logits})
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    train = tf.group(opt.minimize(loss), tf1.assign_add(tf1.train.get_global_step(), 1))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+def test_keys_at_the_ends_of_int64_are_served_as_graphmod_serves_them(tmp_path):
+    est = tf.estimator.Estimator(edge_model_fn, model_dir=str(tmp_path / "model"))
+    labels = np.arange(len(EDGE_KEYS), dtype=np.float32) % 2
+    est.train(lambda: tf.data.Dataset.from_tensor_slices(
+        ({"ids": EDGE_KEYS[:, None]}, labels)).repeat().batch(8), steps=3)
+
+    def predict(query):
+        return np.array([p["p"] for p in est.predict(
+            lambda: tf.data.Dataset.from_tensor_slices({"ids": query}).batch(len(query)))])
+
+    def receiver_fn():
+        ids = tf1.placeholder(tf.int64, [None, 1], name="ids")
+        return tf.estimator.export.ServingInputReceiver({"ids": ids}, {"ids": ids})
+    source = graphmod.export_saved_model(est, receiver_fn, str(tmp_path / "graphmod")).decode()
+    report = portable_saved_model(source, str(tmp_path / "portable"))
+    mask = np.int64(report["tables"][0]["key_mask"])
+    assert mask != 0  # the stored LOWEST moved the index
+    # The keys the index's markers stand for under the mask: unseen, asked for.
+    query = np.concatenate([EDGE_QUERY, [[LOWEST ^ mask], [(LOWEST + 1) ^ mask]]])
+    expected = predict(query)
+    served = _serve(str(tmp_path / "portable"), {"ids": query})
+    np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
+    assert len(set(np.round(expected, 5))) == len(query)  # each key its own row
+    # Saving the served model's variables again writes the keys in row order.
+    os.makedirs(tmp_path / "resaved")
+    prefix = str(tmp_path / "resaved" / "variables")
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        tf1.saved_model.load(sess, ["serve"], str(tmp_path / "portable"))
+        meta = saved_model_pb2.SavedModel()
+        with open(os.path.join(tmp_path, "portable", "saved_model.pb"), "rb") as f:
+            meta.ParseFromString(f.read())
+        saver_def = meta.meta_graphs[0].saver_def
+        sess.run(saver_def.save_tensor_name, {saver_def.filename_tensor_name: prefix})
+    written = tf.train.load_checkpoint(os.path.join(tmp_path, "portable", "variables",
+                                                    "variables"))
+    np.testing.assert_array_equal(tf.train.load_checkpoint(prefix).get_tensor("edge-keys"),
+                                  written.get_tensor("edge-keys"))
