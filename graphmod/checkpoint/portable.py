@@ -10,13 +10,9 @@ graph through graphmod's Rewriter and validates it, as every rewrite (its
 ops are imported, never run), so that each table becomes TensorFlow's own
 lookup:
 
-  key --MutableDenseHashTableV2--> row number --gather--> `<table>-rows` variable
+  key --HashTableV2--> row number --gather--> `<table>-rows` variable
 
-The index is TensorFlow's open-addressing table (an array of keys, linear
-probing, an array of row numbers beside it). HashTableV2 (an absl map)
-answered the same finds at 1.6-2.0x the dense model's latency at batch 256
-with 1M keys, this at 1.15x (benchmarks/serving.py has the figures). The
-index is filled by the Saver's restore (a saveable), which every
+The hash table is filled by the Saver's restore (a saveable), which every
 loader runs: tf.saved_model.load, tf.compat.v1.saved_model.load,
 saved_model_cli and TF Serving. A table initializer would not be: the TF1
 loader and saved_model_cli run only the main_op. Keys and rows stay in the
@@ -48,14 +44,6 @@ from graphmod.rewrite.rewriter import Rewriter
 
 tf1 = tf.compat.v1
 _FINDS = ("GraphmodTableFind", "GraphmodFusedFind")
-# The index's markers for empty and deleted buckets; a key equal to either
-# cannot be stored or looked up. A request's key is clamped to _LOWEST or
-# above, and each table's keys are stored xor a mask (_key_mask) under which
-# none of them is _LOWEST or below: so a request for a marker reads what an
-# unseen key reads, and every stored key is found.
-_EMPTY = np.iinfo(np.int64).min
-_DELETED, _LOWEST = _EMPTY + 1, _EMPTY + 2
-_LOAD = 0.8  # the index's most keys per bucket: it is sized for its keys, never grows
 _MAIN_OP, _LEGACY_INIT_OP = "saved_model_main_op", "legacy_init_op"
 
 
@@ -242,24 +230,9 @@ def _table_spec(table, stored, state: str, reader, keep: "_Keep") -> Dict:
     if missing:
         raise NotPortable(f"{state}: holds no {', '.join(missing)} to select rows by")
     spec["rows_kept"] = keep.count(reader, name, spec["rows"])
-    spec["key_mask"] = _key_mask(reader.get_tensor(f"{name}-keys"), name)
     spec["bytes_saved"] = (spec["rows"] - spec["rows_kept"]) * (
         8 + stored_rows.row_bytes(spec["form"], spec["dim"]))
     return spec
-
-
-def _key_mask(keys: np.ndarray, table: str) -> int:
-    """An int64 mask m with k ^ m > _LOWEST for every key k: 0 unless the
-    table holds a key among int64's three lowest (then the first seeded
-    random mask that moves them all clear)."""
-    rng = np.random.default_rng(0)
-    for attempt in range(64):
-        mask = 0 if attempt == 0 else int(rng.integers(np.iinfo(np.int64).min,
-                                                 np.iinfo(np.int64).max, dtype=np.int64))
-        if not len(keys) or (keys ^ np.int64(mask)).min() > _LOWEST:
-            return mask
-    raise NotPortable(f"table {table}: no key mask keeps its keys clear of the index's "
-                      "markers (a table of adversarial keys?)")
 
 
 # --- building the stock graph ------------------------------------------------
@@ -299,22 +272,15 @@ def _stock_meta_graph(meta, graph, roots, saver_def):
 
 
 class _StockTable:
-    """One graphmod table in stock ops: a MutableDenseHashTableV2 key ^ mask
-    -> row number, the rows variable, and (a, b, b-a) of its initializer in
-    a variable."""
+    """One graphmod table in stock ops: a HashTableV2 key -> row number, the
+    rows variable, and (a, b, b-a) of its initializer in a variable."""
 
     def __init__(self, spec: Dict, suffix: str):
         self.spec = spec
         name = spec["table"]
-        # Row numbers in 4 bytes where they fit: the index is 12 B a bucket.
-        self.row_dtype = tf.int32 if spec["rows_kept"] < 2**31 - 1 else tf.int64
         with tf1.name_scope(f"portable/{name}/"):
-            buckets = 1 << max(3, int(np.ceil(np.log2(max(spec["rows_kept"], 1) / _LOAD))))
-            self.table = tf.raw_ops.MutableDenseHashTableV2(
-                empty_key=tf.constant(_EMPTY, tf.int64),
-                deleted_key=tf.constant(_DELETED, tf.int64), value_dtype=self.row_dtype,
-                value_shape=[], initial_num_buckets=buckets, max_load_factor=_LOAD,
-                shared_name=f"portable/{name}/{suffix}")
+            self.table = tf.raw_ops.HashTableV2(key_dtype=tf.int64, value_dtype=tf.int64,
+                                                shared_name=f"portable/{name}/{suffix}")
             dtype = stored_rows.dtype_of(spec["form"])
             self.rows = tf1.Variable(lambda: tf.zeros([0, spec["width"]], dtype),
                                      name="rows", shape=tf.TensorShape([None, spec["width"]]),
@@ -323,13 +289,13 @@ class _StockTable:
             # constant additions, which moved 1 in 3 initial values by 1 ulp.
             self.init_ab = tf1.Variable(lambda: tf.zeros([3]), name="init_ab",
                                         use_resource=True, collections=[])
-            self.keys_in_row_order = self._keys_in_row_order()
+            self.keys_in_row_order = _keys_in_row_order(self.table)
 
     def saveables(self) -> Dict:
         name = self.spec["table"]
         out = {f"{name}-rows": self.rows, f"{name}-init_ab": self.init_ab}
         if self.spec["rows_kept"]:  # a hash table cannot import no keys (nor is it read)
-            out[f"{name}-index"] = _IndexSaveable(self, name)
+            out[f"{name}-index"] = _IndexSaveable(self.table, self.keys_in_row_order, name)
         return out
 
     def checkpoint_entries(self, keep: "_Keep") -> Dict:
@@ -350,7 +316,8 @@ class _StockTable:
         # executor time at serving batch sizes, more than the lookup itself:
         # the find and the gather keep the keys' shape (no flatten, no
         # reshape back), and the rest runs only for batches with unseen keys.
-        index = self._find(keys)
+        index = tf.raw_ops.LookupTableFindV2(table_handle=self.table, keys=keys,
+                                             default_value=tf.constant(-1, tf.int64))
         rows = tf.gather(self.rows, tf.maximum(index, 0))  # keys.shape + [width]
         if self.spec["form"] != "float32":
             rows = stored_rows.decode_tf(rows)  # a cast, or int8's scale and bias
@@ -363,43 +330,7 @@ class _StockTable:
         # serving batches have none, and the ~80 ops of an initial row cost
         # even on no keys (measured at batch 1: 1.19x the dense model's
         # latency without the cond, 1.14x with it; a stock If op).
-        return tf.cond(tf.reduce_min(index) < 0, with_unseen, lambda: rows)
-
-    def _find(self, keys):
-        """keys' row numbers, -1 for a key the table lacks, in keys' shape."""
-        # The index takes a vector of keys (or [n, 1]); other shapes go flat
-        # and back, two ops more.
-        shape = keys.shape
-        as_is = shape.rank is not None and (shape.rank <= 1 or shape.rank == 2 and shape[1] == 1)
-        index = tf.raw_ops.LookupTableFindV2(
-            table_handle=self.table, keys=self._probe(keys if as_is else tf.reshape(keys, [-1])),
-            default_value=tf.constant(-1, self.row_dtype))
-        return index if as_is else tf.reshape(index, tf.shape(keys))
-
-    def _probe(self, keys):
-        """What the index is asked for keys: key ^ mask, clamped clear of its markers."""
-        if self.spec["key_mask"]:
-            keys = tf.bitwise.bitwise_xor(keys, tf.constant(self.spec["key_mask"], tf.int64))
-        return tf.maximum(keys, tf.constant(_LOWEST, tf.int64))
-
-    def fill(self, keys):
-        """The op that stores keys [n] (the checkpoint's, in row order) as rows 0..n-1."""
-        return tf.raw_ops.LookupTableInsertV2(
-            table_handle=self.table, keys=self._probe(keys),
-            values=tf.range(tf.size(keys, out_type=self.row_dtype)))
-
-    def _keys_in_row_order(self):
-        """The table's keys ordered by row, what `<table>-keys` held: so saving
-        this SavedModel's variables again writes the same checkpoint."""
-        buckets, rows = tf.raw_ops.LookupTableExportV2(table_handle=self.table, Tkeys=tf.int64,
-                                                       Tvalues=self.row_dtype)
-        buckets, rows = tf.reshape(buckets, [-1]), tf.reshape(rows, [-1])
-        held = tf.reshape(tf.where(buckets > _DELETED), [-1])  # empty buckets hold a marker
-        keys = tf.gather(buckets, held)
-        if self.spec["key_mask"]:
-            keys = tf.bitwise.bitwise_xor(keys, tf.constant(self.spec["key_mask"], tf.int64))
-        return tf.scatter_nd(tf.gather(rows, held)[:, None], keys,
-                             tf.shape(keys, out_type=self.row_dtype))
+        return tf.cond(tf.reduce_any(index < 0), with_unseen, lambda: rows)
 
     def _unseen_rows(self, keys):
         s = self.spec
@@ -449,17 +380,28 @@ class _Keep:
         return kept
 
 
+def _keys_in_row_order(table):
+    """The table's keys ordered by row, what `<table>-keys` held: so saving
+    this SavedModel's variables again writes the same checkpoint."""
+    keys, rows = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=tf.int64,
+                                                Tvalues=tf.int64)
+    return tf.scatter_nd(rows[:, None], keys, tf.shape(keys, out_type=tf.int64))
+
+
 class _IndexSaveable(saveable_object.SaveableObject):
     """Checkpoint entry `<table>-keys`; restoring it fills the hash table with
     key i -> row i, so every loader that restores variables fills it."""
 
-    def __init__(self, table: _StockTable, name: str):
-        self.stock = table
-        spec = saveable_object.SaveSpec(table.keys_in_row_order, "", name + "-keys")
-        super().__init__(table.table, [spec], name + "-index")
+    def __init__(self, table, keys_in_row_order, name):
+        self.table = table
+        spec = saveable_object.SaveSpec(keys_in_row_order, "", name + "-keys")
+        super().__init__(table, [spec], name + "-index")
 
     def restore(self, restored_tensors, restored_shapes):
-        return self.stock.fill(restored_tensors[0])
+        keys = restored_tensors[0]
+        return tf.raw_ops.LookupTableImportV2(
+            table_handle=self.table, keys=keys,
+            values=tf.range(tf.size(keys, out_type=tf.int64)))
 
 
 def _is_stock(op_type: str) -> bool:
