@@ -18,7 +18,8 @@ namespace graphmod {
 
 class ArenaRowStore final {
  public:
-  explicit ArenaRowStore(const RecordLayout& layout) : stride_(layout.stride) {}
+  explicit ArenaRowStore(const RecordLayout& layout)
+      : stride_(layout.stride), read_bytes_(sizeof(RecordHeader) + layout.values_bytes) {}
   ArenaRowStore(const ArenaRowStore&) = delete;
   ArenaRowStore& operator=(const ArenaRowStore&) = delete;
 
@@ -41,7 +42,15 @@ class ArenaRowStore final {
     return blocks_[block] + offset * stride_;
   }
   int64_t Key(uint32_t row) const { return Header(Record(row))->key; }
-  GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const { __builtin_prefetch(Record(row)); }
+  // Every line of the record's header and values (what a lookup reads and
+  // writes): records are packed at their stride, so a 152-byte float32 or
+  // an 88-byte float16 record of dim 16 spans two or three lines, and a
+  // lookup that prefetched only the first missed on its values.
+  GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const {
+    const uintptr_t rec = reinterpret_cast<uintptr_t>(Record(row));
+    for (uintptr_t line = rec & ~uintptr_t{63}; line < rec + read_bytes_; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line));
+  }
   uint8_t Generation(uint32_t row) const { return generation_[row]; }
   bool IsCurrent(uint64_t row, uint8_t generation) const {
     return row < rows_ && generation_[row] == generation;
@@ -90,6 +99,7 @@ class ArenaRowStore final {
   char* NewBlock(size_t bytes);
 
   size_t stride_;
+  size_t read_bytes_;  // header + values of a record
   std::vector<char*> blocks_;
   std::vector<Memory> slabs_;  // owns the blocks' memory
   char* slab_cursor_ = nullptr;
