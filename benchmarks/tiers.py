@@ -2,18 +2,18 @@
 all in memory, training on skewed ids.
 
 Each arm runs in a fresh process (so its RSS is its own): it fills a table
-with KEYS rows (dim 16, Adagrad: one slot row), then times STEPS training
-steps of B ids drawn Zipf(a) over the keys (popular ranks scattered over the
-key space): a lookup that inserts, then an Adagrad apply by handle, as the
-hook's rewrite runs them. Arms:
+with KEYS rows (dim 16, Adagrad: one slot row), then trains on batches of B
+ids drawn Zipf(a), for a = 1.05 and 1.2, over the keys (popular ranks
+scattered over the key space): a lookup that inserts, then an Adagrad apply
+by handle, as the hook's rewrite runs them. Arms:
   memory  every row in memory (the arena layout)
   tier    memory_budget=0.25 (a quarter of the rows in memory, the rest in
           segment files under --storage, a local disk)
   prefetch  tier, and the input pipeline prefetches each batch's cold rows
           while the step before trains (what rule tier_prefetch builds:
           dataset.map(Table.prefetch).prefetch(1))
-Every arm reads its batches from the same tf.data pipeline (prefetch(1)).
-for Zipf a = 1.05 and 1.2. Each arm times two windows of STEPS steps:
+Every arm reads the same batches from a tf.data pipeline (prefetch(1)),
+and times two windows of STEPS steps:
   after_fill  the first steps after the fill (and 5 warm-up steps): the
               fill inserted the keys in order, so memory holds the last
               quarter inserted, not the popular ones; the window is a
@@ -21,7 +21,8 @@ for Zipf a = 1.05 and 1.2. Each arm times two windows of STEPS steps:
   steady      after SETTLE steps more: the popular rows are in memory and
               the hit ratio has stopped rising (at Zipf 1.05 from 0.64
               after the fill to ~0.80 by step 300; measured 2026-11-29 in
-              12 windows of 40 steps), what a long training run sees
+              12 windows of 40 steps at 1M keys; more keys take more
+              steps), what a long training run sees
 Printed per arm and window: examples/s (one id an example),
 process CPU-seconds per 1k examples, the tier's hit ratio (ids found in
 memory; with prefetch, of those the step itself had to read), rows and bytes
@@ -43,6 +44,7 @@ Usage: python benchmarks/tiers.py [--keys 1000000 | 200M] [--rounds 3] [--storag
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,7 +58,7 @@ from rounds import machine, ratio_per_round, spread, write_json  # noqa: E402
 B, DIM, STEPS, WARMUP, SETTLE = 16384, 16, 40, 5, 300
 ZIPFS = (1.05, 1.2)
 ARMS = ("memory", "tier", "prefetch")
-WINDOWS = ("steady", "after_fill")
+WINDOWS = ("after_fill", "steady")
 
 
 def zipf_batches(keys, a, steps, seed):
@@ -68,7 +70,6 @@ def zipf_batches(keys, a, steps, seed):
 
 def run_arm(arm, a, keys, storage):
     """One arm in this process: {window: {examples_s, cpu_per_k, hit_ratio, ...}}."""
-    import resource
     import tensorflow as tf
     import graphmod
     tf1 = tf.compat.v1
@@ -105,8 +106,6 @@ def run_arm(arm, a, keys, storage):
         for _ in range(SETTLE):  # the popular rows come into memory
             sess.run(train)
         out["steady"] = timed(sess, train, counters)
-    for window in out.values():
-        window["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
 
@@ -119,7 +118,9 @@ def timed(sess, train, counters):
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     after = sess.run(counters)
     delta = {k: int(after[k] - before[k]) for k in after}
-    return dict(examples_s=B * STEPS / wall, cpu_per_k=cpu / (B * STEPS / 1e3),
+    # rss_mib: the process's peak so far, at the window's end.
+    return dict(rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                examples_s=B * STEPS / wall, cpu_per_k=cpu / (B * STEPS / 1e3),
                 hit_ratio=1 - delta["promoted"] / max(delta["lookups"], 1),
                 prefetched_per_step=delta["prefetched"] / STEPS,
                 disk_rows_per_step=delta["disk_reads"] / STEPS,

@@ -43,9 +43,10 @@ class ArenaRowStore final {
   }
   int64_t Key(uint32_t row) const { return Header(Record(row))->key; }
   // Every line of the record's header and values (what a lookup reads and
-  // writes): records are packed at their stride, so a 152-byte float32 or
-  // an 88-byte float16 record of dim 16 spans two or three lines, and a
-  // lookup that prefetched only the first missed on its values.
+  // writes; the slots wait for the update): records are packed at their
+  // stride, so at dim 16 the 88 bytes of a float32 header and values span
+  // two or three lines and the 56 of a float16 one often two, where a
+  // prefetch of the first line only left the values to miss.
   GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const {
     const uintptr_t rec = reinterpret_cast<uintptr_t>(Record(row));
     for (uintptr_t line = rec & ~uintptr_t{63}; line < rec + read_bytes_; line += 64)

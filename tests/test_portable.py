@@ -251,8 +251,8 @@ def test_default_value_tables_read_their_default(exported, tmp_path):
     assert not np.allclose(expected[4:], _serve(source, QUERY)[4:])
 
 
-# Keys at both ends of int64 (where a stock table might keep markers):
-# stored, they are found; asked for, unseen, they read their initial rows.
+# Keys at both ends of int64: stored, they are found; asked for, unseen,
+# they read their initial rows.
 LOWEST, HIGHEST = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 EDGE_KEYS = np.array([LOWEST, LOWEST + 1, LOWEST + 2, HIGHEST, HIGHEST - 1, 0, -1, 5], np.int64)
 EDGE_QUERY = np.concatenate([EDGE_KEYS, [LOWEST + 3, HIGHEST - 2, 7]])[:, None]
@@ -287,11 +287,10 @@ def test_keys_at_the_ends_of_int64_are_served_as_graphmod_serves_them(tmp_path):
     source = graphmod.export_saved_model(est, receiver_fn, str(tmp_path / "graphmod")).decode()
     report = portable_saved_model(source, str(tmp_path / "portable"))
     assert report["tables"][0]["rows_kept"] == len(EDGE_KEYS)
-    query = EDGE_QUERY
-    expected = predict(query)
-    served = _serve(str(tmp_path / "portable"), {"ids": query})
+    expected = predict(EDGE_QUERY)
+    served = _serve(str(tmp_path / "portable"), {"ids": EDGE_QUERY})
     np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
-    assert len(set(np.round(expected, 5))) == len(query)  # each key its own row
+    assert len(set(np.round(expected, 5))) == len(EDGE_QUERY)  # each key its own row
     # Saving the served model's variables again writes the keys in row order.
     os.makedirs(tmp_path / "resaved")
     prefix = str(tmp_path / "resaved" / "variables")
@@ -304,5 +303,8 @@ def test_keys_at_the_ends_of_int64_are_served_as_graphmod_serves_them(tmp_path):
         sess.run(saver_def.save_tensor_name, {saver_def.filename_tensor_name: prefix})
     written = tf.train.load_checkpoint(os.path.join(tmp_path, "portable", "variables",
                                                     "variables"))
-    np.testing.assert_array_equal(tf.train.load_checkpoint(prefix).get_tensor("edge-keys"),
-                                  written.get_tensor("edge-keys"))
+    resaved = tf.train.load_checkpoint(prefix)
+    assert sorted(resaved.get_variable_to_shape_map()) == sorted(
+        written.get_variable_to_shape_map())
+    for name in written.get_variable_to_shape_map():
+        np.testing.assert_array_equal(resaved.get_tensor(name), written.get_tensor(name), name)
