@@ -11,7 +11,8 @@ memory  A fresh process per form and layout creates a dim-16 table with
 auc     examples/hook_demo.py's model (DeepFM-style, 8 categorical features,
         Adagrad), trained with GraphModifierHook as is and with every table
         stored as each form, on the same data from the same seeded initial
-        weights: eval AUC and its difference to float32's. The issue's goals: float16 within 0.002, int8 within 0.005.
+        weights: eval AUC and its difference to float32's. The issue's
+        goals: float16 within 0.002, int8 within 0.005.
 
 Usage: python benchmarks/storage_dtype.py [--part memory|auc|both] [--keys 4M]
            [--forms float32,float16,bfloat16,int8] [--train_steps 1500] [--json out.json]

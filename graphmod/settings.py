@@ -143,10 +143,10 @@ class TableSettings(dataclasses.make_dataclass(
     admission_sketch_width, layout, memory_budget, storage_path, storage_dtype
     and slot_storage_dtype are those of graphmod.create_table; prefetch
     (with a memory_budget): the input pipeline brings up each step's rows
-    from disk while the step before
-    trains, where it can compute the step's keys (rewrite_rules.tier_prefetch;
-    it costs a second pass over the keys, which pays where a core is free or
-    reads wait on the disk); False: each step reads its own;
+    from disk while the step before trains, where it can compute the step's
+    keys (rewrite_rules.tier_prefetch; it costs a second pass over the
+    keys, which pays where a core is free or reads wait on the disk);
+    False: each step reads its own;
     access_threshold, eviction_threshold and eviction_unit those of
     graphmod.FeatureSpec; placement, on several Horovod ranks: "sharded"
     (each key's row on one rank), "replicated" (every row on every rank) or

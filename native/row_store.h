@@ -7,9 +7,9 @@
 // values are one block of the layout's values_type and each of num_slots
 // slot rows a block of its slots_type (row_codec.h: float32, or smaller).
 // A row store hands out row numbers (32-bit, per shard) for records; the
-// key index maps keys to them. A record never moves while its
-// row is live: lookups return row handles that optimizers use later in the
-// same step, and the index is rebuilt without touching the records.
+// key index maps keys to them. A record never moves while its row is live:
+// lookups return row handles that optimizers use later in the same step,
+// and the index is rebuilt without touching the records.
 //
 // The contract (checked at compile time by CheckRowStore<Store>(); every
 // implementation also runs the conformance tests of row_store_conformance.h):

@@ -1113,19 +1113,16 @@ void TestStoredForms() {
 int main(int argc, char** argv) {
   for (const char* each : {"arena", "buckets", "arena+tier", "arena+float16",
                            "arena+tier+float16"}) {
-    const std::string name = each;
-    storage = name.find("float16") != std::string::npos ? graphmod::StorageType::kFloat16
-                                                        : graphmod::StorageType::kFloat32;
+    const std::string name = each;  // layout[+tier][+float16]
+    layout = name.substr(0, name.find('+'));
+    tiered = name.find("+tier") != std::string::npos;
+    storage = name.find("+float16") != std::string::npos ? graphmod::StorageType::kFloat16
+                                                         : graphmod::StorageType::kFloat32;
+    std::printf("layout %s\n", each);
     if (storage != graphmod::StorageType::kFloat32) {  // small records: the concurrent saves
-      layout = "arena";
-      tiered = name.find("tier") != std::string::npos;
-      std::printf("layout %s\n", each);
       TestConcurrentSaves();
       continue;
     }
-    layout = std::string(each).substr(0, std::string(each).find('+'));
-    tiered = layout != each;
-    std::printf("layout %s\n", each);
     // --concurrency: only the multi-threaded tests (the ThreadSanitizer build).
     if (argc > 1 && std::string(argv[1]) == "--concurrency") {
       for (int round = 0; round < 3; ++round) TestConcurrentUse();
