@@ -52,6 +52,12 @@ class ArenaRowStore final {
     for (uintptr_t line = rec & ~uintptr_t{63}; line < rec + read_bytes_; line += 64)
       __builtin_prefetch(reinterpret_cast<const void*>(line));
   }
+  // A handle's generation lives apart from the record (it outlives the
+  // row): unfetched, it was a training lookup's third miss a key, the one
+  // its pipeline left in the open (half the lookup's time at 8M keys).
+  GRAPHMOD_PREFETCHER void PrefetchGeneration(uint64_t row) const {
+    if (row < generation_.size()) __builtin_prefetch(generation_.data() + row);
+  }
   uint8_t Generation(uint32_t row) const { return generation_[row]; }
   bool IsCurrent(uint64_t row, uint8_t generation) const {
     return row < rows_ && generation_[row] == generation;

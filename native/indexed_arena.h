@@ -84,10 +84,16 @@ class IndexedArena {
   // Stores never shrink RowBound, so it holds for every handle given out.
   bool MayOwn(uint64_t bits) const { return RowOf(bits) < store_.RowBound(); }
   GRAPHMOD_PREFETCHER void PrefetchA(uint64_t h) const { index_.PrefetchGroup(h); }
-  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h) const {
-    index_.PrefetchCandidate(h, [this](uint32_t row) { store_.Prefetch(row); });
+  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h, bool handle) const {
+    index_.PrefetchCandidate(h, [this, handle](uint32_t row) {
+      store_.Prefetch(row);
+      if (handle) store_.PrefetchGeneration(row);
+    });
   }
   GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const { store_.Prefetch(row); }
+  GRAPHMOD_PREFETCHER void PrefetchHandle(uint64_t bits) const {
+    store_.PrefetchGeneration(RowOf(bits));
+  }
   // The key's home group and the groups after it: at least two groups and 8
   // candidates, at most 16 groups.
   template <class Fn>

@@ -105,7 +105,8 @@ class RowBuckets {
     __builtin_prefetch(BucketAt(base(), b1));
     PrefetchRecord(RecordIn(base(), b1 * kSlots + Preferred(h)));
   }
-  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h) const {
+  // (A handle's generation is in the bucket header stage A fetched.)
+  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h, bool) const {
     if (buckets_ == 0) return;
     const size_t b1 = Home(h);
     const BucketHeader* hd = HeaderOf(b1);
@@ -121,6 +122,14 @@ class RowBuckets {
     }
   }
   GRAPHMOD_PREFETCHER void Prefetch(uint32_t ref) const { PrefetchRecord(Record(ref)); }
+  // The bucket header a handle of this epoch names (one of another epoch
+  // or of the stash is left to Resolve: rare).
+  GRAPHMOD_PREFETCHER void PrefetchHandle(uint64_t bits) const {
+    const uint32_t ref = static_cast<uint32_t>(bits);
+    if (static_cast<uint8_t>(bits >> 32) == epoch_ && !(ref & kStashBit) &&
+        ref / kSlots < buckets_)
+      __builtin_prefetch(HeaderOf(ref / kSlots));
+  }
 
   template <class Fn>
   void VisitNear(uint64_t h, Fn&& fn) const;

@@ -43,10 +43,12 @@
 //     bool MayOwn(uint64_t bits) const;
 //     // The lookup pipeline's two prefetch stages, a key's hash alone in
 //     // hand: A runs ~16 keys ahead of the probe, B ~8 keys ahead (A's
-//     // lines have arrived and may steer what B fetches).
+//     // lines have arrived and may steer what B fetches). With `handle`
+//     // (a training lookup), B also fetches what HandleBits will read.
 //     void PrefetchA(uint64_t h) const;
-//     void PrefetchB(uint64_t h) const;
+//     void PrefetchB(uint64_t h, bool handle) const;
 //     void Prefetch(uint32_t ref) const;  // a record, ahead of Record(ref)
+//     void PrefetchHandle(uint64_t bits) const;  // what Resolve(bits) reads
 //     // fn(ref, record) for the live rows near hash h, until fn has returned
 //     // true (a candidate) 8 times or the neighbourhood is exhausted:
 //     // eviction samples its victims there.
@@ -113,8 +115,12 @@ constexpr bool CheckShardStorage() {
                 "bool MayOwn(uint64_t bits) const");
   static_assert(std::is_same<decltype(std::declval<C&>().PrefetchA(uint64_t{})), void>::value,
                 "void PrefetchA(uint64_t h) const");
-  static_assert(std::is_same<decltype(std::declval<C&>().PrefetchB(uint64_t{})), void>::value,
-                "void PrefetchB(uint64_t h) const");
+  static_assert(
+      std::is_same<decltype(std::declval<C&>().PrefetchB(uint64_t{}, bool{})), void>::value,
+      "void PrefetchB(uint64_t h, bool handle) const");
+  static_assert(
+      std::is_same<decltype(std::declval<C&>().PrefetchHandle(uint64_t{})), void>::value,
+      "void PrefetchHandle(uint64_t bits) const");
   static_assert(std::is_same<decltype(std::declval<C&>().Prefetch(uint32_t{})), void>::value,
                 "void Prefetch(uint32_t ref) const");
   static_assert(std::is_same<decltype(std::declval<C&>().VisitNear(

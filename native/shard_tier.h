@@ -161,7 +161,7 @@ class ShardTier {
     if (!store_ || store_->counters().rows == 0) return "";
     std::vector<std::pair<int64_t, uint64_t>> misses;  // (key, hash); an apply's keys repeat
     const int64_t spared_then = stage_for - kSparedVersions + 1;  // by that step's spill
-    shard.FindEach(keys, h, static_cast<int64_t>(n), [&](int64_t i, uint32_t ref) {
+    shard.FindEach(keys, h, static_cast<int64_t>(n), false, [&](int64_t i, uint32_t ref) {
       if (ref == kNoRow)
         misses.emplace_back(keys[i], h[i]);
       else if (stage_for > 0 && shard.HeaderOf(ref)->version < spared_then)
