@@ -156,8 +156,11 @@ def session_checkpoint(creator) -> Optional[str]:
     return getattr(creator, "_checkpoint_filename_with_path", None)
 
 
-def set_session_checkpoint_dir(creator, checkpoint_dir: str) -> None:
-    """Makes a ChiefSessionCreator restore checkpoint_dir's latest checkpoint (see session_checkpoint)."""
+def set_session_checkpoint_dir(creator, checkpoint_dir: Optional[str]) -> None:
+    """Makes a ChiefSessionCreator restore checkpoint_dir's latest checkpoint
+    (see session_checkpoint); None: none (SessionManager restores nothing
+    without a checkpoint_dir or path).
+    """
     creator._checkpoint_dir = checkpoint_dir  # pylint: disable=protected-access
 
 

@@ -295,14 +295,14 @@ class ShardedTable final : public TableImpl {
   template <typename Fn>
   void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, bool handles,
                        Fn&& fn) const;
-  // Records hold rows in the layout's forms (row_codec.h). `scratch`: floats
-  // a call may use, kept by the caller from row to row.
-  // Every line of a record, for writing.
+  // Every line of a record (header, values, slots), for writing.
   GRAPHMOD_PREFETCHER void PrefetchForUpdate(const char* rec) const {
     const uintptr_t start = reinterpret_cast<uintptr_t>(rec);
     for (uintptr_t line = start & ~uintptr_t{63}; line < start + layout_.stride; line += 64)
       __builtin_prefetch(reinterpret_cast<const void*>(line), 1);
   }
+  // Records hold rows in the layout's forms (row_codec.h). `scratch`: floats
+  // a call may use, kept by the caller from row to row.
   // A row's values, decoded (d floats).
   void ReadValues(const char* rec, float* out) const {
     DecodeRow(layout_.values_type, layout_.ValueBlock(rec), config_.dim, out);

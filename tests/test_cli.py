@@ -629,9 +629,11 @@ def test_the_demo_models_diff_fits_one_screen(tmp_path):
     terminal diff names every converted variable, its table and the rules
     applied, in one screen."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # (TMPDIR: the demo's model_dirs go under the test's own directory.)
     done = subprocess.run([sys.executable, os.path.join(here, "examples", "hook_demo.py"),
                            "--train_steps=5", "--batch_size=64"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [l for l in done.stdout.splitlines() if l.startswith("what the hook changed:")]
     command = line.split(": ", 1)[1].split()

@@ -4,6 +4,7 @@ tables stay bounded while next-day AUC matches the hook without them."""
 import glob
 import os
 import sys
+import tempfile
 
 import pytest
 import tensorflow as tf
@@ -14,7 +15,8 @@ import streaming_days  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def test_admission_and_eviction_bound_the_tables_at_equal_auc():
+def test_admission_and_eviction_bound_the_tables_at_equal_auc(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's model_dirs
     plain = streaming_days.run(False, days=4, rows_per_day=24_000)
     bounded = streaming_days.run(True, days=4, rows_per_day=24_000)
     p, b = plain["history"], bounded["history"]

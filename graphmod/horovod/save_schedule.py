@@ -279,8 +279,7 @@ def coordinate(estimator, incremental, graph: tf.Graph) -> Optional[SaveSchedule
             # Rank 0's copy, or, when it has none, nothing (not whatever this
             # host holds at rank 0's path).
             tf_private.set_session_checkpoint_dir(
-                creator, os.path.dirname(mirror) if mirror is not None
-                else tempfile.mkdtemp(prefix="graphmod_no_checkpoint_"))
+                creator, os.path.dirname(mirror) if mirror is not None else None)
     if rank > 0 and rank0_dir is not None:
         if mine["model_dir"] is not None and mine["model_dir"] != rank0_dir:
             pointer = os.path.join(mine["model_dir"], POINTER)
