@@ -54,7 +54,7 @@ class ArenaRowStore final {
   }
   // A handle's generation lives apart from the record (it outlives the
   // row): unfetched, it was a training lookup's third miss a key, the one
-  // its pipeline left in the open (half the lookup's time at 8M keys).
+  // its pipeline left in the open (half the profile's samples at 8M keys).
   GRAPHMOD_PREFETCHER void PrefetchGeneration(uint64_t row) const {
     if (row < generation_.size()) __builtin_prefetch(generation_.data() + row);
   }

@@ -84,10 +84,10 @@ class IndexedArena {
   // Stores never shrink RowBound, so it holds for every handle given out.
   bool MayOwn(uint64_t bits) const { return RowOf(bits) < store_.RowBound(); }
   GRAPHMOD_PREFETCHER void PrefetchA(uint64_t h) const { index_.PrefetchGroup(h); }
-  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h, bool handle) const {
-    index_.PrefetchCandidate(h, [this, handle](uint32_t row) {
+  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h, LookupKind kind) const {
+    index_.PrefetchCandidate(h, [this, kind](uint32_t row) {
       store_.Prefetch(row);
-      if (handle) store_.PrefetchGeneration(row);
+      if (kind == LookupKind::kTrain) store_.PrefetchGeneration(row);  // for HandleBits
     });
   }
   GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const { store_.Prefetch(row); }

@@ -105,8 +105,9 @@ class RowBuckets {
     __builtin_prefetch(BucketAt(base(), b1));
     PrefetchRecord(RecordIn(base(), b1 * kSlots + Preferred(h)));
   }
-  // (A handle's generation is in the bucket header stage A fetched.)
-  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h, bool) const {
+  // (A handle's generation is in the bucket header that stage A, or for a
+  // key in its second bucket this stage, fetches; stash rows' are not.)
+  GRAPHMOD_PREFETCHER void PrefetchB(uint64_t h, LookupKind) const {
     if (buckets_ == 0) return;
     const size_t b1 = Home(h);
     const BucketHeader* hd = HeaderOf(b1);

@@ -43,12 +43,16 @@
 //     bool MayOwn(uint64_t bits) const;
 //     // The lookup pipeline's two prefetch stages, a key's hash alone in
 //     // hand: A runs ~16 keys ahead of the probe, B ~8 keys ahead (A's
-//     // lines have arrived and may steer what B fetches). With `handle`
-//     // (a training lookup), B also fetches what HandleBits will read.
+//     // lines have arrived and may steer what B fetches). For a training
+//     // lookup (LookupKind::kTrain) B also fetches what HandleBits reads
+//     // beyond the lines it fetches anyway.
 //     void PrefetchA(uint64_t h) const;
-//     void PrefetchB(uint64_t h, bool handle) const;
+//     void PrefetchB(uint64_t h, LookupKind kind) const;
 //     void Prefetch(uint32_t ref) const;  // a record, ahead of Record(ref)
-//     void PrefetchHandle(uint64_t bits) const;  // what Resolve(bits) reads
+//     // What Resolve(bits) reads, ahead of it: takes any 48 bits (stale,
+//     // of another epoch, never handed out) and fetches nothing outside
+//     // the layout's memory for them.
+//     void PrefetchHandle(uint64_t bits) const;
 //     // fn(ref, record) for the live rows near hash h, until fn has returned
 //     // true (a candidate) 8 times or the neighbourhood is exhausted:
 //     // eviction samples its victims there.
@@ -74,6 +78,10 @@
 #include "native/row_store.h"
 
 namespace graphmod {
+
+// What a lookup makes of the rows it finds, for the layouts' prefetches:
+// their values (a read), or their values and handles (a training lookup).
+enum class LookupKind { kRead, kTrain };
 
 namespace shard_storage_detail {
 struct Visitor {  // a ForEachLive callback, for the check below
@@ -116,8 +124,8 @@ constexpr bool CheckShardStorage() {
   static_assert(std::is_same<decltype(std::declval<C&>().PrefetchA(uint64_t{})), void>::value,
                 "void PrefetchA(uint64_t h) const");
   static_assert(
-      std::is_same<decltype(std::declval<C&>().PrefetchB(uint64_t{}, bool{})), void>::value,
-      "void PrefetchB(uint64_t h, bool handle) const");
+      std::is_same<decltype(std::declval<C&>().PrefetchB(uint64_t{}, LookupKind{})), void>::value,
+      "void PrefetchB(uint64_t h, LookupKind kind) const");
   static_assert(
       std::is_same<decltype(std::declval<C&>().PrefetchHandle(uint64_t{})), void>::value,
       "void PrefetchHandle(uint64_t bits) const");

@@ -161,12 +161,13 @@ class ShardTier {
     if (!store_ || store_->counters().rows == 0) return "";
     std::vector<std::pair<int64_t, uint64_t>> misses;  // (key, hash); an apply's keys repeat
     const int64_t spared_then = stage_for - kSparedVersions + 1;  // by that step's spill
-    shard.FindEach(keys, h, static_cast<int64_t>(n), false, [&](int64_t i, uint32_t ref) {
+    const auto sort_out = [&](int64_t i, uint32_t ref) {
       if (ref == kNoRow)
         misses.emplace_back(keys[i], h[i]);
       else if (stage_for > 0 && shard.HeaderOf(ref)->version < spared_then)
         staged_.push_back({keys[i], h[i], stage_for});
-    });
+    };
+    shard.FindEach(keys, h, static_cast<int64_t>(n), LookupKind::kRead, sort_out);
     std::sort(misses.begin(), misses.end());
     misses.erase(std::unique(misses.begin(), misses.end()), misses.end());
     std::vector<int64_t> cold(misses.size());

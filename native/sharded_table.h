@@ -290,17 +290,10 @@ class ShardedTable final : public TableImpl {
   }
   // Calls fn(p, row or kNoRow) for shard s's distinct keys of the batch (p
   // indexes the batch's partition order; each key is resolved just before
-  // its call, so keys an earlier call inserted are found; Shard::FindEach,
-  // `handles` as there).
+  // its call, so keys an earlier call inserted are found; Shard::FindEach).
   template <typename Fn>
-  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, bool handles,
+  void ForEachResolved(const Shard& shard, const Batch& batch, int64_t s, LookupKind kind,
                        Fn&& fn) const;
-  // Every line of a record (header, values, slots), for writing.
-  GRAPHMOD_PREFETCHER void PrefetchForUpdate(const char* rec) const {
-    const uintptr_t start = reinterpret_cast<uintptr_t>(rec);
-    for (uintptr_t line = start & ~uintptr_t{63}; line < start + layout_.stride; line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line), 1);
-  }
   // Records hold rows in the layout's forms (row_codec.h). `scratch`: floats
   // a call may use, kept by the caller from row to row.
   // A row's values, decoded (d floats).
@@ -326,6 +319,17 @@ class ShardedTable final : public TableImpl {
       std::fill(scratch->begin(), scratch->end(), config_.slot_init[k]);
       EncodeRow(layout_.slots_type, scratch->data(), d, slot);
     }
+  }
+  // A record's lines, for writing, ahead of its update: its first 192
+  // bytes (at most 4 lines), so a dim-16 record (56-152 B) whole and a
+  // longer one's start, which the L2 streamer follows with the rest (every
+  // line of four records ahead would overfill the core's fill buffers).
+  GRAPHMOD_PREFETCHER void PrefetchForUpdate(const char* rec) const {
+    constexpr size_t kMostBytes = 192;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(rec);
+    const uintptr_t end = start + std::min(layout_.stride, kMostBytes);
+    for (uintptr_t line = start & ~uintptr_t{63}; line < end; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 1);
   }
   // One optimizer step on a record: in place in float32, else decoded into
   // scratch, updated in float32 and encoded back.
@@ -364,9 +368,9 @@ class ShardedTable final : public TableImpl {
 template <class Rows>
 template <typename Fn>
 void ShardedTable<Rows>::ForEachResolved(const Shard& shard, const Batch& batch, int64_t s,
-                                          bool handles, Fn&& fn) const {
+                                          LookupKind kind, Fn&& fn) const {
   const int64_t b = batch.begin[s];
-  shard.FindEach(batch.id + b, batch.hash + b, batch.distinct_end[s] - b, handles,
+  shard.FindEach(batch.id + b, batch.hash + b, batch.distinct_end[s] - b, kind,
                  [&](int64_t i, uint32_t row) { fn(b + i, row); });
 }
 
@@ -467,7 +471,7 @@ std::string ShardedTable<Rows>::FindOrInsert(const int64_t* keys, int64_t n, int
       // (A read failing here, after a concurrent spill, fails the call with
       // the other keys' rows looked up: unlike the first pass, rarely.)
       error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
-      ForEachResolved(shard, batch, s, true, [&](int64_t p, uint32_t row) {
+      ForEachResolved(shard, batch, s, LookupKind::kTrain, [&](int64_t p, uint32_t row) {
         const int64_t key = batch.id[p];
         const uint32_t occurrences = batch.count[p];
         float* out = mode.Out(p);
@@ -579,7 +583,7 @@ std::string ShardedTable<Rows>::Find(const int64_t* keys, int64_t n, float* valu
       const Shard& shard = *shards_[s];
       std::lock_guard<std::mutex> lock(shard.mu);
       misses.clear();
-      ForEachResolved(shard, batch, s, false, [&](int64_t p, uint32_t row) {
+      ForEachResolved(shard, batch, s, LookupKind::kRead, [&](int64_t p, uint32_t row) {
         float* out = mode.Out(p);
         if (row != kNoRow) {
           ReadValues(shard.rows.Record(row), out);
@@ -705,12 +709,13 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
       if (ids_are_handles) {
         // What each Resolve reads is fetched a few handles ahead: its line
         // (a generation, a bucket header) is a miss at random.
-        constexpr int64_t kAhead = 8;
+        constexpr int64_t kHandlesAhead = 8;
         const int64_t end = batch.begin[s + 1];
-        for (int64_t p = batch.begin[s]; p < std::min(end, batch.begin[s] + kAhead); ++p)
+        for (int64_t p = batch.begin[s]; p < std::min(end, batch.begin[s] + kHandlesAhead); ++p)
           shard.rows.PrefetchHandle(HandleBitsOf(batch.id[p]));
         for (int64_t p = batch.begin[s]; p < end; ++p) {
-          if (p + kAhead < end) shard.rows.PrefetchHandle(HandleBitsOf(batch.id[p + kAhead]));
+          if (p + kHandlesAhead < end)
+            shard.rows.PrefetchHandle(HandleBitsOf(batch.id[p + kHandlesAhead]));
           // Freed since the lookup (removed, evicted, cleared): another key
           // may hold the row now.
           uint32_t row;
@@ -723,20 +728,20 @@ std::string ShardedTable<Rows>::Apply(const Optimizer& opt, const int64_t* ids,
       } else {  // keys, resolved with the lookups' prefetching pipeline
         std::vector<int64_t> unreadable;  // stay on disk: their gradients are not applied
         error.Note(PromoteAgain(shard, s, batch, version, spills, &unreadable));
-        ForEachResolved(shard, batch, s, false, [&](int64_t p, uint32_t row) {
+        ForEachResolved(shard, batch, s, LookupKind::kRead, [&](int64_t p, uint32_t row) {
           if (row != kNoRow) groups.Add(row, grads + batch.order[p] * d);
         });
       }
       stale += dropped;
       // Each row is updated once, with the sum of its gradients (what TF's
-      // sparse apply does); every line of a record (header, values, slots)
-      // is prefetched a few rows ahead.
-      constexpr size_t kAhead = 4;
+      // sparse apply does); records are prefetched a few rows ahead.
+      constexpr size_t kRowsAhead = 4;
       const size_t rows = groups.size();
-      for (size_t k = 0; k < std::min(kAhead, rows); ++k)
+      for (size_t k = 0; k < std::min(kRowsAhead, rows); ++k)
         PrefetchForUpdate(shard.rows.Record(groups.row(k)));
       for (size_t k = 0; k < rows; ++k) {
-        if (k + kAhead < rows) PrefetchForUpdate(shard.rows.Record(groups.row(k + kAhead)));
+        if (k + kRowsAhead < rows)
+          PrefetchForUpdate(shard.rows.Record(groups.row(k + kRowsAhead)));
         char* rec = shard.rows.Record(groups.row(k));
         UpdateRecord(opt, rec, groups.grad(k), &scratch);
         shard.changes.NoteChanged(groups.row(k), Header(rec)->version, false);

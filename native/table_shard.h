@@ -64,16 +64,17 @@ struct TableShard {
   // misses at once instead of one after another: the layout's stage A
   // prefetch runs for key i + 2*kAhead, stage B (which may read what A
   // fetched) for key i + kAhead, and key i is then probed for real, its
-  // lines already in cache (shard_storage.h). `handles`: fn makes rows'
-  // handles, so stage B fetches what they read too.
+  // lines already in cache (shard_storage.h). A training lookup's fn makes
+  // the rows' handles: stage B fetches what they read too.
   template <class Fn>
-  void FindEach(const int64_t* keys, const uint64_t* h, int64_t n, bool handles, Fn&& fn) const {
+  void FindEach(const int64_t* keys, const uint64_t* h, int64_t n, LookupKind kind,
+                Fn&& fn) const {
     constexpr int64_t kAhead = 8;
     for (int64_t i = 0; i < std::min(n, 2 * kAhead); ++i) rows.PrefetchA(h[i]);
-    for (int64_t i = 0; i < std::min(n, kAhead); ++i) rows.PrefetchB(h[i], handles);
+    for (int64_t i = 0; i < std::min(n, kAhead); ++i) rows.PrefetchB(h[i], kind);
     for (int64_t i = 0; i < n; ++i) {
       if (i + 2 * kAhead < n) rows.PrefetchA(h[i + 2 * kAhead]);
-      if (i + kAhead < n) rows.PrefetchB(h[i + kAhead], handles);
+      if (i + kAhead < n) rows.PrefetchB(h[i + kAhead], kind);
       fn(i, rows.Find(keys[i], h[i]));
     }
   }

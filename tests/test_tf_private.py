@@ -106,8 +106,9 @@ class SessionProbe(tf1.train.SessionRunHook):
     """In begin(): the beginning session's saver hooks (their settings) and
     creator (its checkpoint); optionally redirects them."""
 
-    def __init__(self, timer=None, restore_dir=None, restore=None):
+    def __init__(self, timer=None, restore_dir=None, restore=None, restore_nothing=False):
         self.timer, self.restore_dir, self.restore = timer, restore_dir, restore
+        self.restore_nothing = restore_nothing
         self.seen = []
 
     def begin(self):
@@ -118,7 +119,7 @@ class SessionProbe(tf1.train.SessionRunHook):
         for h in savers:
             if self.timer is not None:
                 tf_private.set_saver_hook_timer(h, self.timer)
-        if self.restore_dir is not None:
+        if self.restore_dir is not None or self.restore_nothing:
             tf_private.set_session_checkpoint_dir(creator, self.restore_dir)
         if self.restore is not None:
             tf_private.set_session_checkpoint(creator, self.restore)
@@ -162,6 +163,11 @@ def test_the_beginning_session_s_saver_hooks_and_checkpoint_are_found_and_redire
     probe = SessionProbe(restore_dir=first.model_dir)
     second.train(input_fn, steps=1, hooks=[probe])
     assert second.get_variable_value("global_step") == 5
+    # Pointed at no dir, it restores nothing: not even its own model_dir's
+    # latest (a rank whose rank 0 has no checkpoint starts afresh).
+    again = tf.estimator.Estimator(model_fn, model_dir=second.model_dir)
+    again.train(input_fn, steps=1, hooks=[SessionProbe(restore_nothing=True)])
+    assert again.get_variable_value("global_step") == 1
     probe = SessionProbe(restore=tf.train.latest_checkpoint(first.model_dir))
     fresh = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "fresh"))
     got = [p["p"] for p in fresh.predict(input_fn, hooks=[probe])]
