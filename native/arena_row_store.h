@@ -19,7 +19,7 @@ namespace graphmod {
 class ArenaRowStore final {
  public:
   explicit ArenaRowStore(const RecordLayout& layout)
-      : stride_(layout.stride), read_bytes_(sizeof(RecordHeader) + layout.values_bytes) {}
+      : stride_(layout.stride), read_bytes_(layout.lookup_bytes()) {}
   ArenaRowStore(const ArenaRowStore&) = delete;
   ArenaRowStore& operator=(const ArenaRowStore&) = delete;
 
@@ -42,15 +42,10 @@ class ArenaRowStore final {
     return blocks_[block] + offset * stride_;
   }
   int64_t Key(uint32_t row) const { return Header(Record(row))->key; }
-  // Every line of the record's header and values (what a lookup reads and
-  // writes; the slots wait for the update): records are packed at their
-  // stride, so at dim 16 the 88 bytes of a float32 header and values span
-  // two or three lines and the 56 of a float16 one often two, where a
-  // prefetch of the first line only left the values to miss.
+  // Every line of the record's header and values, what a lookup reads and
+  // writes (at dim 16, 88 B in float32, 56 B in float16: two or three lines).
   GRAPHMOD_PREFETCHER void Prefetch(uint32_t row) const {
-    const uintptr_t rec = reinterpret_cast<uintptr_t>(Record(row));
-    for (uintptr_t line = rec & ~uintptr_t{63}; line < rec + read_bytes_; line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line));
+    PrefetchLines(Record(row), read_bytes_);
   }
   // A handle's generation lives apart from the record (it outlives the
   // row): unfetched, it was a training lookup's third miss a key, the one
@@ -106,7 +101,7 @@ class ArenaRowStore final {
   char* NewBlock(size_t bytes);
 
   size_t stride_;
-  size_t read_bytes_;  // header + values of a record
+  size_t read_bytes_;  // RecordLayout::lookup_bytes
   std::vector<char*> blocks_;
   std::vector<Memory> slabs_;  // owns the blocks' memory
   char* slab_cursor_ = nullptr;

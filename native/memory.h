@@ -4,6 +4,7 @@
 #define GRAPHMOD_NATIVE_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 
@@ -13,6 +14,16 @@
 #define GRAPHMOD_PREFETCHER inline __attribute__((always_inline))
 
 namespace graphmod {
+
+// Every 64-byte line of [p, p + bytes): a record packed at its stride may
+// straddle lines, and a prefetch of its first line only leaves the rest to
+// miss. kForWrite: the lines are about to be written.
+template <int kForWrite = 0>
+GRAPHMOD_PREFETCHER void PrefetchLines(const void* p, size_t bytes) {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
+  for (uintptr_t line = start & ~uintptr_t{63}; line < start + bytes; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), kForWrite);
+}
 
 constexpr size_t kHugePage = size_t{2} << 20;
 

@@ -14,7 +14,7 @@ RowBuckets::RowBuckets(const RecordLayout& layout)
       stride_(layout.stride),
       // Whole cache lines, so a bucket's header never straddles two.
       bucket_bytes_(RoundUp(sizeof(BucketHeader) + kSlots * layout.stride, 64)),
-      read_bytes_(sizeof(RecordHeader) + layout.values_bytes),
+      read_bytes_(layout.lookup_bytes()),
       stash_(new IndexedArena(layout)) {}
 
 uint32_t RowBuckets::Place(char* at, size_t buckets, IndexedArena* stash, int64_t key,

@@ -197,12 +197,7 @@ class RowBuckets {
     return BucketAt(base, ref / kSlots) + sizeof(BucketHeader) + (ref % kSlots) * stride_;
   }
   GRAPHMOD_PREFETCHER void PrefetchRecord(const char* rec) const {
-    // The lines of the header and values (what a lookup reads); slots are
-    // read by the update, later.
-    const uintptr_t first = reinterpret_cast<uintptr_t>(rec) & ~uintptr_t{63};
-    const uintptr_t last = reinterpret_cast<uintptr_t>(rec) + read_bytes_ - 1;
-    for (uintptr_t line = first; line <= last; line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line));
+    PrefetchLines(rec, read_bytes_);
   }
 
   static uint32_t MatchTag(const int8_t* tags, int8_t tag) {
@@ -247,7 +242,7 @@ class RowBuckets {
   const RecordLayout layout_;
   const size_t stride_;
   const size_t bucket_bytes_;
-  const size_t read_bytes_;  // header + values of a record
+  const size_t read_bytes_;  // RecordLayout::lookup_bytes
   Memory memory_;
   size_t memory_bytes_ = 0;
   size_t buckets_ = 0;

@@ -96,6 +96,9 @@ struct RecordLayout {
   bool float32() const {
     return values_type == StorageType::kFloat32 && slots_type == StorageType::kFloat32;
   }
+  // What a lookup reads of a record: its header and values (the slots
+  // wait for the update).
+  size_t lookup_bytes() const { return sizeof(RecordHeader) + values_bytes; }
   char* ValueBlock(char* rec) const { return rec + sizeof(RecordHeader); }
   const char* ValueBlock(const char* rec) const { return rec + sizeof(RecordHeader); }
   char* SlotBlocks(char* rec) const { return rec + sizeof(RecordHeader) + values_bytes; }

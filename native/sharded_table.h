@@ -24,6 +24,7 @@
 #include "native/bits.h"
 #include "native/change_log.h"
 #include "native/eviction.h"
+#include "native/memory.h"
 #include "native/optimizer_math.h"
 #include "native/row_store.h"
 #include "native/shard_storage.h"
@@ -326,10 +327,7 @@ class ShardedTable final : public TableImpl {
   // line of four records ahead would overfill the core's fill buffers).
   GRAPHMOD_PREFETCHER void PrefetchForUpdate(const char* rec) const {
     constexpr size_t kMostBytes = 192;
-    const uintptr_t start = reinterpret_cast<uintptr_t>(rec);
-    const uintptr_t end = start + std::min(layout_.stride, kMostBytes);
-    for (uintptr_t line = start & ~uintptr_t{63}; line < end; line += 64)
-      __builtin_prefetch(reinterpret_cast<const void*>(line), 1);
+    PrefetchLines</*kForWrite=*/1>(rec, std::min(layout_.stride, kMostBytes));
   }
   // One optimizer step on a record: in place in float32, else decoded into
   // scratch, updated in float32 and encoded back.
