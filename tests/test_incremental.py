@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 import graphmod
+from graphmod.checkpoint import deltas
 
 tf1 = tf.compat.v1
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,6 +151,17 @@ def test_full_checkpoint_plus_deltas_restore_the_state_at_the_last_delta(tmp_pat
     gone = set(snaps.states[3]["rows/keys"]) - set(state["rows/keys"])
     assert gone and gone <= set(delta.get_tensor("item_emb-removed_keys"))
     assert delta.get_tensor("global_step") == 16  # dense variables whole
+
+    # A reader that read the manifest at 3 deltas, while the training then
+    # committed the 4th, verifies the 3 it read: what it lists and what it
+    # checks are one reading of the chain (a second read would count 4 and
+    # point past its list: the export watcher's IndexError).
+    base = str(snap / "model.ckpt-0")
+    read_earlier = deltas.read_manifest(
+        str(tmp_path / "snaps" / "after_delta_3" / "model.ckpt-0"))
+    assert len(read_earlier) == 3
+    verified = deltas.committed(base, read_earlier)
+    assert [os.path.basename(p) for p in verified] == [d["name"] for d in read_earlier]
 
 
 def test_export_restores_the_deltas_too(tmp_path):

@@ -97,12 +97,15 @@ def _write_manifest(base: str, entries: List[dict]) -> None:
     _sync(folder)
 
 
-def committed(base: str) -> List[str]:
+def committed(base: str, entries: Optional[List[dict]] = None) -> List[str]:
     """Prefixes of `base`'s deltas to apply in order: the manifest's, up to
-    the first whose files are missing or fail their checksums (reported)."""
+    the first whose files are missing or fail their checksums (reported).
+    entries: the manifest as the caller already read it (read_manifest), so
+    that what it lists and what this verifies are one reading of a chain the
+    training may extend meanwhile; None reads it here."""
     out = []
     folder = directory(base)
-    entries = read_manifest(base)
+    entries = read_manifest(base) if entries is None else entries
     for i, entry in enumerate(entries):
         prefix = os.path.join(folder, entry["name"])
         bad = [name for name, crc in entry["files"].items()

@@ -79,7 +79,7 @@ def latest(model_dir: str) -> State:
     if checkpoint is None:
         raise NoCheckpoint(f"{model_dir}: holds no checkpoint")
     listed = deltas.read_manifest(checkpoint)
-    good = deltas.committed(checkpoint)
+    good = deltas.committed(checkpoint, listed)  # one reading: the training may commit meanwhile
     if len(good) < len(listed):
         raise StateError(f"{deltas.directory(checkpoint)}: delta {listed[len(good)]['name']} "
                          f"of {os.path.basename(checkpoint)} is torn (its files are missing or "
@@ -256,8 +256,13 @@ def _write(state: State, prefix: str, recover: Optional[List[str]], scratch: str
             if steps:
                 step = int(sess.run(steps[0]))
             else:  # a table-API model without a global step
-                step = (int(deltas.read_manifest(state.checkpoint)[applied - 1]["step"])
-                        if applied else int(state.checkpoint.rsplit("-", 1)[1]))
+                step = int(state.checkpoint.rsplit("-", 1)[1])
+                if applied:
+                    listed = deltas.read_manifest(state.checkpoint)
+                    if len(listed) < applied:  # truncated or dropped since the restore read it
+                        raise StateError(f"{deltas.directory(state.checkpoint)}: the delta chain "
+                                         "changed while it was read")
+                    step = int(listed[applied - 1]["step"])
             if recover is not None:
                 saver.recover_last_checkpoints(recover)
             tf.io.gfile.makedirs(os.path.dirname(prefix) or ".")

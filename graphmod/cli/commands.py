@@ -207,7 +207,7 @@ def inspect(model_dir: str, fv) -> int:
                                           estimates=planned.placement_estimates)
                            if planned is not None and planned.placement else None))
     entries = deltas.read_manifest(latest)
-    good = deltas.committed(latest)
+    good = deltas.committed(latest, entries)
     chain = [dict(name=os.path.basename(latest), kind="full")] + [
         dict(name=d["name"], kind="delta", step=d["step"], files=len(d["files"]),
              verified=i < len(good)) for i, d in enumerate(entries)]
