@@ -277,6 +277,30 @@ def test_watch_reads_on_when_the_checkpoint_it_reads_is_deleted(watched, tmp_pat
     assert versions(base) == [at, STEPS]
 
 
+def test_watch_waits_while_the_latest_checkpoint_is_saved_again(watched, tmp_path):
+    """A resumed Horovod or ps run saves its restored step again under its
+    name, its table parts written before their manifest commits them. A
+    watcher that finds the checkpoint in between waits for the save to
+    complete, instead of failing or exporting it without its tables."""
+    from graphmod.checkpoint import merged, serving_versions
+    model_dir, template, _, _ = watched
+    state = _at_step(model_dir, STEPS, str(tmp_path / "m"))
+    latest = tf.train.latest_checkpoint(state)
+    part = latest + ".tables-00000-of-00002.index"  # rank 0's part, no manifest yet
+    shutil.copy(latest + ".index", part)
+    with pytest.raises(merged.StateError, match="its save has not completed"):
+        merged.latest(state)
+    base = str(tmp_path / "serving")
+    polls = iter(range(3))
+    assert serving_versions.watch(template, state, base, poll_secs=0.01,
+                                  stop=lambda: next(polls, None) is None) == 0
+    assert versions(base) == []
+    os.remove(part)  # complete again (its tables in the checkpoint itself)
+    assert serving_versions.watch(template, state, base, poll_secs=0.01,
+                                  stop=lambda: True) == 1
+    assert versions(base) == [STEPS]
+
+
 def test_hook_option_survives_deleted_checkpoints_and_a_resume(tmp_path):
     """keep_checkpoint_max=1 deletes each full checkpoint (and its deltas)
     as the next is written, and a second train() writes a checkpoint again

@@ -45,6 +45,19 @@ def manifest_path(checkpoint: str) -> str:
     return f"{checkpoint}.tables.json"
 
 
+def unfinished(checkpoint: str) -> bool:
+    """Whether checkpoint has table parts but no manifest: its save has not
+    completed (a save of the same step again is writing them, or one was
+    killed mid-write)."""
+    if tf.io.gfile.exists(manifest_path(checkpoint)):
+        return False
+    folder, name = os.path.split(checkpoint)
+    try:
+        return any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or "."))
+    except tf.errors.NotFoundError:
+        return False
+
+
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
     """The old owners (of old_size) whose hash ranges overlap owner rank's (of size)."""
     return [j for j in range(old_size) if j * size < (rank + 1) * old_size
@@ -97,20 +110,19 @@ class TableParts:
         """Replaces the tables' contents with the keys this owner owns in the
         checkpoint; returns the parts read."""
         path = manifest_path(checkpoint)
-        old = 1
-        if tf.io.gfile.exists(path):
+        old, in_parts = 1, tf.io.gfile.exists(path)
+        if in_parts:
             with tf.io.gfile.GFile(path) as f:
                 old = json.load(f)["ranks"]
             parts = [part_prefix(checkpoint, j, old)
                      for j in overlapping(old, self.rank, self.size)]
+        elif unfinished(checkpoint):
+            raise ValueError(f"graphmod: checkpoint {checkpoint} has table parts "
+                             f"but no {os.path.basename(path)}: its save never "
+                             "completed")
         else:
-            folder, name = os.path.split(checkpoint)
-            if any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or ".")):
-                raise ValueError(f"graphmod: checkpoint {checkpoint} has table parts "
-                                 f"but no {os.path.basename(path)}: its save never "
-                                 "completed")
             parts = [checkpoint]  # written by one process: the tables are in the checkpoint
-        self._restored_size, self._restored_in_parts = old, tf.io.gfile.exists(path)
+        self._restored_size, self._restored_in_parts = old, in_parts
         sess.run(self._clear)
         imports = self._import_own if old == self.size else self._import_mine
         for part in parts:

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod.checkpoint import deltas, merged
+from graphmod.checkpoint import deltas, merged, parts
 from graphmod.checkpoint.portable import NotPortable, portable_saved_model
 
 
@@ -103,11 +103,12 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
     """Writes a version after each new state of model_dir until stop()
     returns True (checked after each poll; None: forever). A model_dir with no
     checkpoint yet is waited for; a checkpoint the training's Saver deletes
-    (max_to_keep) while it is read is passed over for the newer one. One
+    (max_to_keep) while it is read is passed over for the newer one, one
+    saved again under its name is waited for until its save completes. One
     watcher per base: what an earlier one killed mid-write left is removed.
     Returns the number of versions written."""
     _remove_half_written(base)
-    written, seen = 0, None
+    written, seen, waiting = 0, None, False
     while True:
         before = _signature(model_dir)
         report = None
@@ -115,15 +116,21 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
             try:
                 report = export_new_version(template, model_dir, base, keep=keep,
                                             min_count=min_count, seen_since=seen_since)
-                seen = before
+                seen, waiting = before, False
             except merged.NoCheckpoint:
                 pass
             except (merged.StateError, NotPortable, OSError, tf.errors.OpError) as e:
-                if _signature(model_dir) == before:
+                if _unfinished(model_dir):  # the latest checkpoint is being saved again
+                    if not waiting:
+                        logging.info("graphmod: waiting for the save of %s to complete (%s)",
+                                     _latest(model_dir), _first_line(e))
+                    waiting = True
+                elif _signature(model_dir) == before:
                     raise  # not a race with the training's saver: torn or unreadable
-                logging.info("graphmod: %s changed while read (%s); reading it again",
-                             model_dir, str(e).splitlines()[0] if str(e) else type(e).__name__)
-                continue
+                else:
+                    logging.info("graphmod: %s changed while read (%s); reading it again",
+                                 model_dir, _first_line(e))
+                    continue
         if report is not None:
             written += 1
             if on_version is not None:
@@ -134,14 +141,33 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
             time.sleep(poll_secs)
 
 
+def _latest(model_dir: str) -> Optional[str]:
+    return tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+
+
+def _unfinished(model_dir: str) -> bool:
+    """Whether the latest checkpoint's save has not completed: a Horovod rank
+    or ps task writes it again under its name (a resumed run saves its step
+    again), its table parts written before their manifest commits them."""
+    latest = _latest(model_dir)
+    return latest is not None and parts.unfinished(latest)
+
+
 def _signature(model_dir: str):
     """What changes when the training commits a state, deletes a checkpoint or
-    writes one again under its name: the state file, and the latest
-    checkpoint's index and delta manifest (name, time, size)."""
+    writes one again under its name: the state file, every file of the latest
+    checkpoint (index, data, table parts and their manifest; a part written
+    again in place too) and its delta manifest (name, time, size)."""
     files = [os.path.join(model_dir, "checkpoint")]
-    latest = tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
+    latest = _latest(model_dir)
     if latest is not None:
-        files += [latest + ".index", os.path.join(deltas.directory(latest), "manifest.json")]
+        folder, name = os.path.split(latest)
+        try:
+            own = sorted(f for f in tf.io.gfile.listdir(folder) if f.startswith(name + "."))
+        except tf.errors.NotFoundError:
+            own = []
+        files += [os.path.join(folder, f) for f in own]
+        files.append(os.path.join(deltas.directory(latest), "manifest.json"))
     out = []
     for path in files:
         try:
@@ -248,12 +274,18 @@ class ServingExport:
                     os.rename(made, template)
                 except (ValueError, OSError, tf.errors.OpError) as e:
                     # The export restores the latest checkpoint: one the training's
-                    # Saver deleted (max_to_keep) meanwhile is passed over for the next.
-                    if _signature(estimator.model_dir) == before:
+                    # Saver deleted (max_to_keep) meanwhile is passed over for the
+                    # next, one saved again under its name is waited for.
+                    if _unfinished(estimator.model_dir):
+                        if self._done():
+                            return
+                        time.sleep(self.poll_secs)
+                    elif _signature(estimator.model_dir) == before:
                         raise
-                    logging.info("graphmod: %s changed while the serving template was "
-                                 "exported (%s); exporting it again", estimator.model_dir,
-                                 str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    else:
+                        logging.info("graphmod: %s changed while the serving template was "
+                                     "exported (%s); exporting it again", estimator.model_dir,
+                                     _first_line(e))
                 finally:
                     shutil.rmtree(aside, ignore_errors=True)
             watch(template, estimator.model_dir, self.base, keep=self.keep,
@@ -262,7 +294,11 @@ class ServingExport:
         except BaseException as e:  # pylint: disable=broad-except
             self.error = e
             logging.error("graphmod: serving export into %s stopped: %s", self.base,
-                          str(e).splitlines()[0] if str(e) else type(e).__name__)
+                          _first_line(e))
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _made(folder: str) -> str:
