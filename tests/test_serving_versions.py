@@ -289,7 +289,7 @@ def test_watch_waits_while_the_latest_checkpoint_is_saved_again(watched, tmp_pat
     part = latest + ".tables-00000-of-00002.index"  # rank 0's part, no manifest yet
     shutil.copy(latest + ".index", part)
     with pytest.raises(merged.StateError, match="its save has not completed"):
-        merged.latest(state)
+        merged.table_entries(latest)
     base = str(tmp_path / "serving")
     polls = iter(range(3))
     assert serving_versions.watch(template, state, base, poll_secs=0.01,

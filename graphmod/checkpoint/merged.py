@@ -72,15 +72,12 @@ def latest(model_dir: str) -> State:
     delta the manifest lists but whose files are torn is an error here (a
     training restore stops before it; an export must not pass off an older
     state as the latest)."""
-    from graphmod.checkpoint import deltas, parts  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint import deltas  # pylint: disable=import-outside-toplevel
     if not tf.io.gfile.isdir(model_dir):
         raise NoCheckpoint(f"{model_dir}: no such directory")
     checkpoint = latest_checkpoint(model_dir)
     if checkpoint is None:
         raise NoCheckpoint(f"{model_dir}: holds no checkpoint")
-    if parts.unfinished(checkpoint):  # its own index holds no tables: read, it would lack them
-        raise StateError(f"{checkpoint}: its save has not completed (table parts without "
-                         f"{os.path.basename(parts.manifest_path(checkpoint))})")
     listed = deltas.read_manifest(checkpoint)
     good = deltas.committed(checkpoint, listed)  # one reading: the training may commit meanwhile
     if len(good) < len(listed):
@@ -93,8 +90,11 @@ def latest(model_dir: str) -> State:
 
 def table_entries(checkpoint: str) -> Dict[str, dict]:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
-    from graphmod.checkpoint.parts import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.parts import TableParts, manifest_path, unfinished  # pylint: disable=import-outside-toplevel
     readers = [checkpoint]
+    if unfinished(checkpoint):  # its own index holds no tables: read, it would lack them
+        raise StateError(f"{checkpoint}: its save has not completed (table parts without "
+                         f"{os.path.basename(manifest_path(checkpoint))})")
     if TableParts.in_parts(checkpoint):
         with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
             manifest = json.load(f)
