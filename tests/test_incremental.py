@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 import graphmod
-from graphmod.checkpoint import deltas
+from graphmod.checkpoint import deltas, merged
 
 tf1 = tf.compat.v1
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -129,7 +129,8 @@ def train_with_snapshots(tmp_path, steps=17):
     return snaps
 
 
-def test_full_checkpoint_plus_deltas_restore_the_state_at_the_last_delta(tmp_path):
+def test_full_checkpoint_plus_deltas_restore_the_state_at_the_last_delta(tmp_path,
+                                                                         monkeypatch):
     snaps = train_with_snapshots(tmp_path)
     assert sorted(snaps.states) == [1, 2, 3, 4]  # deltas at steps 4, 8, 12, 16
     state = snaps.states[4]
@@ -152,16 +153,19 @@ def test_full_checkpoint_plus_deltas_restore_the_state_at_the_last_delta(tmp_pat
     assert gone and gone <= set(delta.get_tensor("item_emb-removed_keys"))
     assert delta.get_tensor("global_step") == 16  # dense variables whole
 
-    # A reader that read the manifest at 3 deltas, while the training then
-    # committed the 4th, verifies the 3 it read: what it lists and what it
-    # checks are one reading of the chain (a second read would count 4 and
-    # point past its list: the export watcher's IndexError).
-    base = str(snap / "model.ckpt-0")
-    read_earlier = deltas.read_manifest(
-        str(tmp_path / "snaps" / "after_delta_3" / "model.ckpt-0"))
-    assert len(read_earlier) == 3
-    verified = deltas.committed(base, read_earlier)
-    assert [os.path.basename(p) for p in verified] == [d["name"] for d in read_earlier]
+    # A delta committed while a reader reads the chain: what it lists and
+    # what it verifies are one reading (listing 3 and verifying 4 pointed
+    # past the list: the export watcher's IndexError).
+    raced = tmp_path / "raced"
+    shutil.copytree(snap, raced)
+    tf1.train.update_checkpoint_state(str(raced), str(raced / "model.ckpt-0"))
+    earlier = deltas.read_manifest(str(tmp_path / "snaps" / "after_delta_3" / "model.ckpt-0"))
+    readings, real_read = iter([earlier]), deltas.read_manifest
+    # The first reading is the one from before the 4th delta's commit.
+    monkeypatch.setattr(deltas, "read_manifest",
+                        lambda base: next(readings, None) or real_read(base))
+    raced_state = merged.latest(str(raced))
+    assert (len(raced_state.deltas), raced_state.step) == (3, 12)
 
 
 def test_export_restores_the_deltas_too(tmp_path):

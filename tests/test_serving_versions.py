@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import graphmod
-from graphmod.checkpoint import deltas
+from graphmod.checkpoint import deltas, merged, parts
 from graphmod.checkpoint.serving_versions import versions
 from graphmod_cli import main
 from test_portable import LOAD, QUERY, QUERY_IDS, WORDS, _run, model_fn, receiver
@@ -277,17 +277,37 @@ def test_watch_reads_on_when_the_checkpoint_it_reads_is_deleted(watched, tmp_pat
     assert versions(base) == [at, STEPS]
 
 
+def _as_rank_parts(checkpoint):
+    """Rewrites a one-process checkpoint as one Horovod rank saves it: the
+    tables in a part beside it (graphmod.checkpoint.parts), the checkpoint
+    itself the dense variables only. Its manifest is left to be committed."""
+    part = parts.part_prefix(checkpoint, 0, 1)
+    for f in tf.io.gfile.glob(checkpoint + ".index") + tf.io.gfile.glob(checkpoint + ".data-*"):
+        os.rename(f, part + f[len(checkpoint):])
+    reader = tf.train.load_checkpoint(part)
+    with tf.Graph().as_default():
+        dense = [tf1.Variable(reader.get_tensor(name), name=name) for name in
+                 merged.dense_entries(part, merged.table_entries(part))]
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            tf1.train.Saver(dense).save(sess, checkpoint, write_meta_graph=False,
+                                        write_state=False)
+
+
 def test_watch_waits_while_the_latest_checkpoint_is_saved_again(watched, tmp_path):
-    """A resumed Horovod or ps run saves its restored step again under its
-    name, its table parts written before their manifest commits them. A
-    watcher that finds the checkpoint in between waits for the save to
-    complete, instead of failing or exporting it without its tables."""
-    from graphmod.checkpoint import merged, serving_versions
+    """A resumed Horovod run saves its restored step again under its name,
+    its table parts written before their manifest commits them. A watcher
+    that finds the checkpoint in between waits for the save to complete,
+    instead of failing or exporting the checkpoint without its tables; then
+    it exports what the parts hold."""
+    from graphmod.checkpoint import serving_versions
     model_dir, template, _, _ = watched
     state = _at_step(model_dir, STEPS, str(tmp_path / "m"))
     latest = tf.train.latest_checkpoint(state)
-    part = latest + ".tables-00000-of-00002.index"  # rank 0's part, no manifest yet
-    shutil.copy(latest + ".index", part)
+    deltas.drop(latest)  # a save again under its name drops its deltas first (RankParts.save)
+    whole = str(tmp_path / "whole")
+    assert serving_versions.export_new_version(template, state, whole)["step"] == STEPS
+    _as_rank_parts(latest)
     with pytest.raises(merged.StateError, match="its save has not completed"):
         merged.table_entries(latest)
     base = str(tmp_path / "serving")
@@ -295,10 +315,12 @@ def test_watch_waits_while_the_latest_checkpoint_is_saved_again(watched, tmp_pat
     assert serving_versions.watch(template, state, base, poll_secs=0.01,
                                   stop=lambda: next(polls, None) is None) == 0
     assert versions(base) == []
-    os.remove(part)  # complete again (its tables in the checkpoint itself)
+    parts.commit(latest, 1)  # every part written: the save completes
     assert serving_versions.watch(template, state, base, poll_secs=0.01,
                                   stop=lambda: True) == 1
     assert versions(base) == [STEPS]
+    np.testing.assert_array_equal(_served(os.path.join(base, str(STEPS)), tmp_path),
+                                  _served(os.path.join(whole, str(STEPS)), tmp_path))
 
 
 def test_hook_option_survives_deleted_checkpoints_and_a_resume(tmp_path):

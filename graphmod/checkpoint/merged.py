@@ -92,9 +92,6 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
     from graphmod.checkpoint.parts import TableParts, manifest_path, unfinished  # pylint: disable=import-outside-toplevel
     readers = [checkpoint]
-    if unfinished(checkpoint):  # its own index holds no tables: read, it would lack them
-        raise StateError(f"{checkpoint}: its save has not completed (table parts without "
-                         f"{os.path.basename(manifest_path(checkpoint))})")
     if TableParts.in_parts(checkpoint):
         with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
             manifest = json.load(f)
@@ -120,7 +117,13 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
             totals[entry] = list(shape) if old is None else [old[0] + shape[0]] + list(shape[1:])
             if entry in ("values", "slots"):  # the rows' stored form (stored_rows)
                 totals[f"{entry}_form"] = stored_rows.form_of(dtypes[name])
-    return {t: e for t, e in tables.items() if "keys" in e and "values" in e}
+    tables = {t: e for t, e in tables.items() if "keys" in e and "values" in e}
+    # Tables neither in the checkpoint nor committed in parts beside it: its
+    # parts are being written (or were, by a save that was killed).
+    if not tables and readers == [checkpoint] and unfinished(checkpoint):
+        raise StateError(f"{checkpoint}: its save has not completed (table parts without "
+                         f"{os.path.basename(manifest_path(checkpoint))})")
+    return tables
 
 
 def table_dim(entry: dict) -> int:

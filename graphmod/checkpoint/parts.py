@@ -45,17 +45,17 @@ def manifest_path(checkpoint: str) -> str:
     return f"{checkpoint}.tables.json"
 
 
+def has_parts(checkpoint: str) -> bool:
+    """Whether a part of checkpoint's tables is in its folder."""
+    return any(".tables-" in f for f in _own_part_files(checkpoint))
+
+
 def unfinished(checkpoint: str) -> bool:
     """Whether checkpoint has table parts but no manifest: its save has not
-    completed (a save of the same step again is writing them, or one was
-    killed mid-write)."""
-    if tf.io.gfile.exists(manifest_path(checkpoint)):
-        return False
-    folder, name = os.path.split(checkpoint)
-    try:
-        return any(f.startswith(name + ".tables-") for f in tf.io.gfile.listdir(folder or "."))
-    except tf.errors.NotFoundError:
-        return False
+    completed (Horovod ranks saving the same step again write them before
+    it, or such a save was killed), or a one-process save under its name
+    was removing them."""
+    return not tf.io.gfile.exists(manifest_path(checkpoint)) and has_parts(checkpoint)
 
 
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
@@ -116,7 +116,7 @@ class TableParts:
                 old = json.load(f)["ranks"]
             parts = [part_prefix(checkpoint, j, old)
                      for j in overlapping(old, self.rank, self.size)]
-        elif unfinished(checkpoint):
+        elif has_parts(checkpoint):
             raise ValueError(f"graphmod: checkpoint {checkpoint} has table parts "
                              f"but no {os.path.basename(path)}: its save never "
                              "completed")
@@ -258,10 +258,8 @@ def commit(checkpoint: str, size: int) -> None:
         json.dump(dict(format=1, ranks=size, files=files), f, indent=1)
     tf.io.gfile.rename(tmp, manifest_path(checkpoint), overwrite=True)
     # Parts an earlier save under this name wrote on another number of owners.
-    name = os.path.basename(checkpoint)
-    for f in tf.io.gfile.listdir(folder or "."):
-        match = _PART_FILE.fullmatch(f)
-        if match and match[1] == name and ".tables-" in f and f not in files:
+    for f in _own_part_files(checkpoint):
+        if ".tables-" in f and f not in files:
             tf.io.gfile.remove(os.path.join(folder, f))
 
 
@@ -294,11 +292,9 @@ def remove_parts(checkpoint: str) -> None:
     tables in the checkpoint (one process) replaces them."""
     if tf.io.gfile.exists(manifest_path(checkpoint)):
         tf.io.gfile.remove(manifest_path(checkpoint))
-    folder, name = os.path.split(checkpoint)
-    for f in tf.io.gfile.listdir(folder or "."):
-        match = _PART_FILE.fullmatch(f)
-        if match and match[1] == name:
-            tf.io.gfile.remove(os.path.join(folder, f))
+    folder = os.path.dirname(checkpoint)
+    for f in _own_part_files(checkpoint):
+        tf.io.gfile.remove(os.path.join(folder, f))
 
 
 def remove_orphans(folder: str) -> None:
@@ -307,6 +303,16 @@ def remove_orphans(folder: str) -> None:
         match = _PART_FILE.fullmatch(name)
         if match and not tf.io.gfile.exists(os.path.join(folder, match[1] + ".index")):
             tf.io.gfile.remove(os.path.join(folder, name))
+
+
+def _own_part_files(checkpoint: str) -> List[str]:
+    """The names of checkpoint's table parts and manifest in its folder."""
+    folder, name = os.path.split(checkpoint)
+    try:
+        listed = tf.io.gfile.listdir(folder or ".")
+    except tf.errors.NotFoundError:
+        return []
+    return [f for f in listed if (m := _PART_FILE.fullmatch(f)) and m[1] == name]
 
 
 # A file of a checkpoint's table parts: group 1 is the checkpoint's name.

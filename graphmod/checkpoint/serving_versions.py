@@ -108,7 +108,7 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
     watcher per base: what an earlier one killed mid-write left is removed.
     Returns the number of versions written."""
     _remove_half_written(base)
-    written, seen, waiting = 0, None, False
+    written, seen, waiting = 0, None, _Waiting()
     while True:
         before = _signature(model_dir)
         report = None
@@ -116,21 +116,16 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
             try:
                 report = export_new_version(template, model_dir, base, keep=keep,
                                             min_count=min_count, seen_since=seen_since)
-                seen, waiting = before, False
+                seen = before
+                waiting.over()
             except merged.NoCheckpoint:
                 pass
             except (merged.StateError, NotPortable, OSError, tf.errors.OpError) as e:
-                if _unfinished(model_dir):  # the latest checkpoint is being saved again
-                    if not waiting:
-                        logging.info("graphmod: waiting for the save of %s to complete (%s)",
-                                     _latest(model_dir), _first_line(e))
-                    waiting = True
-                elif _signature(model_dir) == before:
+                # Read again at the next poll (not at once: an error that recurs
+                # while the training commits faster than an export takes
+                # would never reach stop()).
+                if not _retried(model_dir, before, e, waiting):
                     raise  # not a race with the training's saver: torn or unreadable
-                else:
-                    logging.info("graphmod: %s changed while read (%s); reading it again",
-                                 model_dir, _first_line(e))
-                    continue
         if report is not None:
             written += 1
             if on_version is not None:
@@ -141,34 +136,81 @@ def watch(template: str, model_dir: str, base: str, *, keep: int = 5, poll_secs:
             time.sleep(poll_secs)
 
 
+class _Waiting:
+    """How long a reader has waited for an unfinished save: logged when it
+    starts, and again every WARN_SECS while it lasts (a save killed
+    mid-write leaves the checkpoint so until someone removes it)."""
+    WARN_SECS = 600
+
+    def __init__(self):
+        self.since: Optional[float] = None
+        self._told = 0.0
+
+    def on(self, checkpoint: str, e: BaseException) -> None:
+        now = time.time()
+        if self.since is None:
+            self.since = self._told = now
+            logging.info("graphmod: waiting for the save of %s to complete (%s)", checkpoint,
+                         _first_line(e))
+        elif now - self._told >= self.WARN_SECS:
+            self._told = now
+            logging.warning("graphmod: the save of %s has not completed for %.0f s (%s); a "
+                            "save killed mid-write leaves it so, and the training's restore "
+                            "refuses it too", checkpoint, now - self.since, _first_line(e))
+
+    def over(self) -> None:
+        self.since = None
+
+
+def _retried(model_dir: str, before, e: BaseException, waiting: _Waiting) -> bool:
+    """Whether a failed read of model_dir's state is one to read again: its
+    latest checkpoint's save has not completed (waited for), or the
+    training changed it while it was read (its signature, taken `before`)."""
+    if _unfinished(model_dir):
+        waiting.on(_latest(model_dir), e)
+        return True
+    if _signature(model_dir) != before:
+        logging.info("graphmod: %s changed while read (%s); reading it again", model_dir,
+                     _first_line(e))
+        return True
+    return False
+
+
 def _latest(model_dir: str) -> Optional[str]:
     return tf.train.latest_checkpoint(model_dir) if tf.io.gfile.isdir(model_dir) else None
 
 
 def _unfinished(model_dir: str) -> bool:
-    """Whether the latest checkpoint's save has not completed: a Horovod rank
-    or ps task writes it again under its name (a resumed run saves its step
-    again), its table parts written before their manifest commits them."""
+    """Whether the latest checkpoint's save has not completed: Horovod ranks
+    write it again under its name (a resumed run saves its step again), its
+    table parts before their manifest commits them. (A ps task's save keeps
+    the old manifest while it writes its part again in place: a read that
+    fails meanwhile sees the signature change.)"""
     latest = _latest(model_dir)
     return latest is not None and parts.unfinished(latest)
 
 
 def _signature(model_dir: str):
     """What changes when the training commits a state, deletes a checkpoint or
-    writes one again under its name: the state file, every file of the latest
-    checkpoint (index, data, table parts and their manifest; a part written
-    again in place too) and its delta manifest (name, time, size)."""
+    writes one again under its name: the state file, the names of the latest
+    checkpoint's files (a part written again in place shows its temporary
+    files until its index is renamed into place), the time and size of its
+    indexes and manifests, and its delta manifest's. Data files by name
+    only: one stat a file would be hundreds of requests a poll on a remote
+    model_dir of many ranks."""
     files = [os.path.join(model_dir, "checkpoint")]
     latest = _latest(model_dir)
+    names = ()
     if latest is not None:
         folder, name = os.path.split(latest)
         try:
-            own = sorted(f for f in tf.io.gfile.listdir(folder) if f.startswith(name + "."))
+            names = tuple(sorted(f for f in tf.io.gfile.listdir(folder)
+                                 if f.startswith(name + ".")))
         except tf.errors.NotFoundError:
-            own = []
-        files += [os.path.join(folder, f) for f in own]
+            pass
+        files += [os.path.join(folder, f) for f in names if f.endswith((".index", ".json"))]
         files.append(os.path.join(deltas.directory(latest), "manifest.json"))
-    out = []
+    out = [names]
     for path in files:
         try:
             stat = tf.io.gfile.stat(path)
@@ -264,7 +306,7 @@ class ServingExport:
                 if self._done():
                     return
                 time.sleep(self.poll_secs)
-            template = os.path.join(self.base, ".template")
+            template, waiting = os.path.join(self.base, ".template"), _Waiting()
             while not os.path.isdir(template):
                 before = _signature(estimator.model_dir)
                 aside = tempfile.mkdtemp(prefix=".tmp-template-", dir=_made(self.base))
@@ -275,17 +317,12 @@ class ServingExport:
                 except (ValueError, OSError, tf.errors.OpError) as e:
                     # The export restores the latest checkpoint: one the training's
                     # Saver deleted (max_to_keep) meanwhile is passed over for the
-                    # next, one saved again under its name is waited for.
-                    if _unfinished(estimator.model_dir):
-                        if self._done():
-                            return
-                        time.sleep(self.poll_secs)
-                    elif _signature(estimator.model_dir) == before:
+                    # next, one being saved again under its name is waited for.
+                    if not _retried(estimator.model_dir, before, e, waiting):
                         raise
-                    else:
-                        logging.info("graphmod: %s changed while the serving template was "
-                                     "exported (%s); exporting it again", estimator.model_dir,
-                                     _first_line(e))
+                    if self._done():
+                        return
+                    time.sleep(self.poll_secs)
                 finally:
                     shutil.rmtree(aside, ignore_errors=True)
             watch(template, estimator.model_dir, self.base, keep=self.keep,
