@@ -256,7 +256,8 @@ COMMANDS: Dict[str, tuple] = {
                "OUT/<global step> (TF Serving's version layout; written aside, renamed\n"
                "whole) from the template SavedModel's graph and the new state, keeping the\n"
                "newest --keep versions. Prints one JSON line per version. Runs until\n"
-               "interrupted or --until-step is reached."),
+               "--until-step is reached, or SIGTERM or Ctrl-C (after the version being\n"
+               "written; a second one stops it at once)."),
 }
 
 

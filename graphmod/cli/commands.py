@@ -351,17 +351,29 @@ def export_watch(model_dir: str, base: str, fv) -> int:
                               rows={t["table"]: t["rows_kept"] for t in version["tables"]})),
               flush=True)
 
-    def reached():
-        return fv.until_step is not None and bool(newest) and newest[0] >= fv.until_step
+    signals = []
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt  # so a version half written is removed on the way out
-    signal.signal(signal.SIGTERM, interrupted)
+    def stop_after_this_version(signum, frame):
+        # A flag, not an exception: raised inside a TensorFlow call (a stat
+        # that is raising NotFoundError itself) it comes out as pybind11's
+        # RuntimeError instead. A second signal stops at once: a version half
+        # written is a .tmp- folder TF Serving skips, the next watcher removes.
+        if signals:
+            raise KeyboardInterrupt
+        signals.append(signum)
+        # os.write: a print here could land inside one the loop is making.
+        os.write(2, b"graphmod: stopping after the version being written\n")
+
+    def stop():
+        return bool(signals) or (fv.until_step is not None and bool(newest)
+                                 and newest[0] >= fv.until_step)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop_after_this_version)
     with _export_errors(base):
         try:
             serving_versions.watch(template, model_dir, base, keep=fv.keep,
                                    poll_secs=fv.poll_secs, min_count=fv.min_count,
-                                   seen_since=_seen_since(fv.seen_since, None), stop=reached,
+                                   seen_since=_seen_since(fv.seen_since, None), stop=stop,
                                    on_version=report)
         except KeyboardInterrupt:
             pass
