@@ -337,6 +337,28 @@ def test_inspect_lists_tables_plan_and_verified_chain(model_dir, capsys):
     assert code == 1 and "TORN" in out
 
 
+def test_inspect_of_a_checkpoint_deleted_while_read_says_so(model_dir, tmp_path, capsys,
+                                                            monkeypatch):
+    """The training's Saver deletes the checkpoint inspect is reading, and
+    its deltas (max_to_keep): one line saying so, exit 2, not a torn chain."""
+    from graphmod.checkpoint import deltas
+    copy = str(tmp_path / "copy")
+    shutil.copytree(model_dir, copy)
+    tf1.train.update_checkpoint_state(copy, os.path.join(copy, "model.ckpt-2"))  # has deltas
+    real_committed = deltas.committed
+
+    def saver_deletes_it(base, entries=None):
+        for name in os.listdir(copy):
+            if name.startswith(os.path.basename(base) + "."):
+                os.remove(os.path.join(copy, name))
+        shutil.rmtree(deltas.directory(base))
+        return real_committed(base, entries)
+    monkeypatch.setattr(deltas, "committed", saver_deletes_it)
+    code, out, err = run(capsys, "inspect", copy)
+    assert code == 2 and out == "", (code, out)
+    assert "model.ckpt-2: deleted while it was read" in err and err.count("\n") == 1, err
+
+
 def test_inspect_shows_the_bytes_last_sent_a_step(model_dir, tmp_path, capsys):
     """The newest graphmod/exchange/bytes_sent a training graph logged (what
     a rank sent the other Horovod ranks) is printed beside the tables."""

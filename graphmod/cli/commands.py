@@ -187,6 +187,26 @@ def inspect(model_dir: str, fv) -> int:
     latest = merged.latest_checkpoint(model_dir)
     if latest is None:
         raise InputError(f"{model_dir}: holds no checkpoint")
+    try:
+        out = _inspected(model_dir, latest)
+    except tf.errors.NotFoundError as e:
+        if tf.io.gfile.exists(latest + ".index"):
+            raise InputError(f"{latest}: {(str(e).splitlines() or ['not found'])[0]}") from None
+        out = None
+    torn = out is None or not all(c["verified"] for c in out["chain"] if c["kind"] == "delta")
+    if torn and not tf.io.gfile.exists(latest + ".index"):
+        # Files missing because the checkpoint is gone, not torn: a live model_dir.
+        raise InputError(f"{latest}: deleted while it was read (the training keeps its newest "
+                         "max_to_keep checkpoints); inspect the model_dir again")
+    if fv.format == "json":
+        print(json.dumps(out, indent=1))
+    else:
+        print(_inspect_text(out), end="")
+    return FINDINGS if torn else OK
+
+
+def _inspected(model_dir: str, latest: str) -> dict:
+    """What inspect prints of model_dir's latest checkpoint."""
     plan = read_plan(model_dir) or {}
     by_table = {p.table: p for p in plan.values()}
     tables = []
@@ -215,14 +235,9 @@ def inspect(model_dir: str, fv) -> int:
     counters = _counters(model_dir)
     for t in tables:
         t["counters"] = counters.get(t["table"])
-    out = dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.in_parts(latest),
-               tables=tables, plan={v: p.table for v, p in sorted(plan.items())}, chain=chain,
-               exchange=counters.get("exchange"))
-    if fv.format == "json":
-        print(json.dumps(out, indent=1))
-    else:
-        print(_inspect_text(out), end="")
-    return FINDINGS if len(good) < len(entries) else OK
+    return dict(model_dir=model_dir, checkpoint=latest, sharded=TableParts.in_parts(latest),
+                tables=tables, plan={v: p.table for v, p in sorted(plan.items())}, chain=chain,
+                exchange=counters.get("exchange"))
 
 
 def _counters(model_dir: str) -> dict:
