@@ -306,8 +306,15 @@ def test_watch_waits_while_the_latest_checkpoint_is_saved_again(watched, tmp_pat
     latest = tf.train.latest_checkpoint(state)
     deltas.drop(latest)  # a save again under its name drops its deltas first (RankParts.save)
     whole = str(tmp_path / "whole")
+    # Stray parts beside a one-process checkpoint (its save killed while
+    # removing an earlier save's parts): it holds its tables, it is complete.
+    stray = parts.part_prefix(latest, 1, 2) + ".index"
+    shutil.copy(latest + ".index", stray)
+    assert not merged.unfinished(latest)
     assert serving_versions.export_new_version(template, state, whole)["step"] == STEPS
+    os.remove(stray)
     _as_rank_parts(latest)
+    assert merged.unfinished(latest)
     with pytest.raises(merged.StateError, match="its save has not completed"):
         merged.table_entries(latest)
     base = str(tmp_path / "serving")

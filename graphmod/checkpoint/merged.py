@@ -90,7 +90,7 @@ def latest(model_dir: str) -> State:
 
 def table_entries(checkpoint: str) -> Dict[str, dict]:
     """{table: {entry: shape}} of a checkpoint's tables (its parts' too)."""
-    from graphmod.checkpoint.parts import TableParts, manifest_path, unfinished  # pylint: disable=import-outside-toplevel
+    from graphmod.checkpoint.parts import TableParts, manifest_path  # pylint: disable=import-outside-toplevel
     readers = [checkpoint]
     if TableParts.in_parts(checkpoint):
         with tf.io.gfile.GFile(manifest_path(checkpoint)) as f:
@@ -118,12 +118,27 @@ def table_entries(checkpoint: str) -> Dict[str, dict]:
             if entry in ("values", "slots"):  # the rows' stored form (stored_rows)
                 totals[f"{entry}_form"] = stored_rows.form_of(dtypes[name])
     tables = {t: e for t, e in tables.items() if "keys" in e and "values" in e}
-    # Tables neither in the checkpoint nor committed in parts beside it: its
-    # parts are being written (or were, by a save that was killed).
     if not tables and readers == [checkpoint] and unfinished(checkpoint):
         raise StateError(f"{checkpoint}: its save has not completed (table parts without "
                          f"{os.path.basename(manifest_path(checkpoint))})")
     return tables
+
+
+def unfinished(checkpoint: str) -> bool:
+    """Whether checkpoint's save has not completed: its tables neither in it
+    nor committed in parts beside it (no manifest), but parts of them there.
+    Horovod ranks saving the same step again write their parts before the
+    manifest (or such a save was killed). A one-process checkpoint with
+    stray parts (its save killed while removing them) holds its tables: it
+    is complete."""
+    from graphmod.checkpoint.parts import TableParts, has_parts  # pylint: disable=import-outside-toplevel
+    if TableParts.in_parts(checkpoint) or not has_parts(checkpoint):
+        return False
+    try:
+        names = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError):
+        return True  # (its index is being written again too)
+    return not any(n.endswith("-keys") for n in names)
 
 
 def table_dim(entry: dict) -> int:

@@ -50,14 +50,6 @@ def has_parts(checkpoint: str) -> bool:
     return any(".tables-" in f for f in _own_part_files(checkpoint))
 
 
-def unfinished(checkpoint: str) -> bool:
-    """Whether checkpoint has table parts but no manifest: its save has not
-    completed (Horovod ranks saving the same step again write them before
-    it, or such a save was killed), or a one-process save under its name
-    was removing them."""
-    return not tf.io.gfile.exists(manifest_path(checkpoint)) and has_parts(checkpoint)
-
-
 def overlapping(old_size: int, rank: int, size: int) -> List[int]:
     """The old owners (of old_size) whose hash ranges overlap owner rank's (of size)."""
     return [j for j in range(old_size) if j * size < (rank + 1) * old_size

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 import tensorflow as tf
 from absl import logging
 
-from graphmod.checkpoint import deltas, merged, parts
+from graphmod.checkpoint import deltas, merged
 from graphmod.checkpoint.portable import NotPortable, portable_saved_model
 
 
@@ -187,7 +187,7 @@ def _unfinished(model_dir: str) -> bool:
     the old manifest while it writes its part again in place: a read that
     fails meanwhile sees the signature change.)"""
     latest = _latest(model_dir)
-    return latest is not None and parts.unfinished(latest)
+    return latest is not None and merged.unfinished(latest)
 
 
 def _signature(model_dir: str):
